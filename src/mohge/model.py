@@ -1,0 +1,157 @@
+"""Decoder-only transformer LM whose FFN is chosen by config: dense | moe | mohge | hmoe | modse.
+
+Pre-norm blocks with RMSNorm, RoPE and causal attention through ``F.scaled_dot_product_attention``;
+attention is plain multi-head (``mha``, what we train) or DeepSeek-V2 multi-head latent attention (``mla``,
+the release's 3B model, spec section 1.5; plain RoPE, no YaRN scaling). The first ``ffn.dense_layers`` layers
+use a dense SwiGLU (the release's "first k dense" rule), the rest the configured MoE layer.
+
+Legend: B batch, S sequence, D model width, H heads, Dh head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import LossConfig, ModelConfig
+from .experts import SwiGLU
+from .moe import LayerStats, MoELayer
+
+Tensor = torch.Tensor
+
+
+def rope_tables(seq_len: int, dim: int, base: float, device=None) -> tuple[Tensor, Tensor]:
+    """cos/sin [S, dim/2] of rotary position embeddings."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim))
+    angles_SF = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    return angles_SF.cos(), angles_SF.sin()
+
+
+def apply_rope(x_BHSd: Tensor, cos_SF: Tensor, sin_SF: Tensor) -> Tensor:
+    """Rotate channel pairs (x1, x2) = (first half, second half) of the last dim by the position angle."""
+    x1, x2 = x_BHSd.float().chunk(2, dim=-1)
+    S = x_BHSd.shape[-2]
+    cos, sin = cos_SF[:S], sin_SF[:S]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x_BHSd.dtype)
+
+
+def _linear(d_in: int, d_out: int, std: float) -> nn.Linear:
+    lin = nn.Linear(d_in, d_out, bias=False)
+    nn.init.normal_(lin.weight, 0.0, std)
+    return lin
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with RoPE."""
+
+    def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
+        super().__init__()
+        self.H, self.Dh = cfg.n_heads, cfg.d_model // cfg.n_heads
+        self.qkv = _linear(cfg.d_model, 3 * cfg.d_model, std)
+        self.out = _linear(cfg.d_model, cfg.d_model, out_std)
+
+    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, S, D = x_BSD.shape
+        q, k, v = self.qkv(x_BSD).view(B, S, 3, self.H, self.Dh).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, Dh]
+        y_BHSd = F.scaled_dot_product_attention(
+            apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True
+        )
+        return self.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
+
+
+class LatentAttention(nn.Module):
+    """DeepSeek-V2 MLA without query compression: K/V come from a shared latent of rank ``kv_lora_rank``
+    (RMS-normed), plus one decoupled RoPE key shared by all heads."""
+
+    def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
+        super().__init__()
+        self.H, self.dn, self.dr = cfg.n_heads, cfg.mla_q_head_dim, cfg.mla_rope_head_dim
+        self.dv, self.rank = cfg.mla_v_head_dim, cfg.mla_kv_lora_rank
+        self.q_proj = _linear(cfg.d_model, self.H * (self.dn + self.dr), std)
+        self.kv_down = _linear(cfg.d_model, self.rank + self.dr, std)
+        self.kv_norm = nn.RMSNorm(self.rank, eps=cfg.norm_eps)
+        self.kv_up = _linear(self.rank, self.H * (self.dn + self.dv), std)
+        self.out = _linear(self.H * self.dv, cfg.d_model, out_std)
+
+    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, S, _ = x_BSD.shape
+        q = self.q_proj(x_BSD).view(B, S, self.H, self.dn + self.dr).transpose(1, 2)
+        q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
+        latent, k_rope = self.kv_down(x_BSD).split([self.rank, self.dr], dim=-1)
+        kv = self.kv_up(self.kv_norm(latent)).view(B, S, self.H, self.dn + self.dv).transpose(1, 2)
+        k_nope, v = kv.split([self.dn, self.dv], dim=-1)
+        k_rope = apply_rope(k_rope[:, None], cos, sin).expand(B, self.H, S, self.dr)
+        q = torch.cat([q_nope, apply_rope(q_rope, cos, sin)], dim=-1)
+        k = torch.cat([k_nope, k_rope], dim=-1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(y.transpose(1, 2).reshape(B, S, self.H * self.dv))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, loss: LossConfig, moe: bool, std: float, out_std: float) -> None:
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, std, out_std)
+        self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        if moe:
+            self.ffn: nn.Module = MoELayer(cfg.d_model, cfg.ffn, cfg.router, loss, std, out_std)
+        else:
+            self.ffn = SwiGLU(cfg.d_model, cfg.ffn.dense_width, std, out_std)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, LayerStats | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        h = self.ffn_norm(x)
+        if isinstance(self.ffn, MoELayer):
+            y, stats = self.ffn(h)
+            return x + y, stats
+        return x + self.ffn(h), None
+
+
+@dataclass
+class LMOutput:
+    logits: Tensor  # [B, S, V]
+    layers: list[LayerStats]  # one per MoE layer, in depth order
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None) -> None:
+        super().__init__()
+        self.cfg, self.loss_cfg = cfg, loss or LossConfig()
+        self.loss_cfg.check_against(cfg.ffn)
+        std = cfg.init_std
+        out_std = std / math.sqrt(2 * cfg.n_layers)  # Megatron's scaled init of output projections
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        nn.init.normal_(self.embed.weight, 0.0, std)
+        dense_first = cfg.n_layers if cfg.ffn.kind == "dense" else cfg.ffn.dense_layers
+        self.blocks = nn.ModuleList(
+            Block(cfg, self.loss_cfg, moe=i >= dense_first, std=std, out_std=out_std)
+            for i in range(cfg.n_layers)
+        )
+        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, std)
+        rope_dim = cfg.mla_rope_head_dim if cfg.attention == "mla" else cfg.d_model // cfg.n_heads
+        cos, sin = rope_tables(cfg.max_seq_len, rope_dim, cfg.rope_base)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def moe_layers(self) -> list[MoELayer]:
+        return [b.ffn for b in self.blocks if isinstance(b.ffn, MoELayer)]
+
+    def forward(self, tokens_BS: Tensor) -> LMOutput:
+        if tokens_BS.shape[1] > self.cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {tokens_BS.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}"
+            )
+        x = self.embed(tokens_BS)
+        layers = []
+        for block in self.blocks:
+            x, stats = block(x, self.rope_cos, self.rope_sin)
+            if stats is not None:
+                layers.append(stats)
+        x = self.norm(x)
+        logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
+        return LMOutput(logits=logits, layers=layers)

@@ -1,0 +1,94 @@
+"""The MoE feed-forward layer of every family: MoHGE, homogeneous MoE, HMoE and MoDSE.
+
+    y = SharedExpert(x) + sum_{e in TopK(x)} w_e(x) * E_e(x)            (spec section 1.4)
+
+* ``mohge``: two-level router (groups, then experts), Group-Wise Aux Loss + Intra-Group Experts Aux Loss,
+  experts of G widths; the all-size allocation maps router order to physical (expert-parallel) order.
+* ``moe``: one width, flat top-k router, Switch balance loss (Megatron's ``aux_loss``).
+* ``hmoe``: several widths, flat router, size-weighted balance loss favouring small experts (HMoE).
+* ``modse``: several widths in pairs of constant total width, flat router, Switch loss, pair placement.
+
+Legend: B batch, S sequence, T = B*S tokens, D model width, E experts, K experts per token, G groups.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from .allocation import all_size_physical_of_router
+from .config import FFNConfig, LossConfig, RouterConfig
+from .experts import RoutedExperts, SwiGLU
+from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss
+from .routing import GroupedRouter, Routing, TopKRouter
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class LayerStats:
+    """Per-layer routing outcome of one forward pass, for losses, logs and traces."""
+
+    aux: dict[str, Tensor]  # raw aux losses (no coefficients), with gradient
+    counts_E: Tensor  # tokens per expert, router order (int64, no gradient)
+    routing: Routing | None = None  # kept only when the layer is asked to record
+
+
+class MoELayer(nn.Module):
+    def __init__(
+        self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
+    ) -> None:
+        super().__init__()
+        self.ffn_cfg, self.router_cfg, self.loss_cfg = ffn, router, loss
+        self.kind, self.E = ffn.kind, ffn.num_experts
+        self.router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(d_model, ffn, router)
+        self.experts = RoutedExperts(
+            d_model, ffn.expert_widths, ffn.experts_per_group, std, out_std, ffn.backend
+        )
+        self.shared = (
+            SwiGLU(d_model, ffn.shared_expert_width, std, out_std) if ffn.shared_expert_width else None
+        )
+        widths_E = torch.tensor(ffn.per_expert_widths, dtype=torch.float32)
+        self.register_buffer("width_E", widths_E, persistent=False)
+        self.register_buffer("size_weight_E", widths_E / widths_E.mean(), persistent=False)
+        self.register_buffer(
+            "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
+        )
+        if ffn.kind == "mohge" and ffn.num_groups % 2 == 0:
+            phys = all_size_physical_of_router(ffn.num_groups, ffn.experts_per_group)
+        else:
+            phys = list(range(self.E))
+        # Router order -> physical order (spec section 4): used for placement and per-rank load, never for
+        # the math of a single-process layer, whose output does not depend on where experts live.
+        self.register_buffer("physical_of_router", torch.tensor(phys), persistent=False)
+        self.record = False
+
+    def aux_losses(self, r: Routing) -> dict[str, Tensor]:
+        ffn, rc, lc = self.ffn_cfg, self.router_cfg, self.loss_cfg
+        if self.kind == "mohge":
+            return {
+                "group_aux": group_aux_loss(r.group_logits_TG, r.group_map_TG, self.omega_G, rc.group_topk),
+                "expert_aux": intra_group_aux_loss(
+                    r, self.E, ffn.num_groups, rc.group_topk, rc.topk, lc.expert_aux_mode
+                ),
+            }
+        counts_E = r.counts(self.E)
+        if self.kind == "hmoe":
+            return {"hmoe_penalty": switch_aux_loss(r.probs_TE, counts_E, rc.topk, self.size_weight_E)}
+        return {"expert_aux": switch_aux_loss(r.probs_TE, counts_E, rc.topk)}
+
+    def forward(self, x_BSD: Tensor) -> tuple[Tensor, LayerStats]:
+        B, S, D = x_BSD.shape
+        x_TD = x_BSD.reshape(B * S, D)
+        r = self.router(x_TD)
+        y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
+        if self.shared is not None:
+            y_TD = y_TD + self.shared(x_TD)
+        stats = LayerStats(
+            aux=self.aux_losses(r) if self.training else {},
+            counts_E=r.counts(self.E).detach(),
+            routing=r if self.record else None,
+        )
+        return y_TD.view(B, S, D), stats

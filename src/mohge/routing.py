@@ -1,0 +1,115 @@
+"""Routers: MoHGE's two-level group/expert router and the flat top-k router of the baselines.
+
+MoHGE routing follows the official release step by step (arXiv 2604.23108; spec ``shared/spec/mohge.md``
+section 2, steps G1-G4 and E1-E6). The flat router is Megatron's default top-k softmax router used by the
+homogeneous MoE, HMoE and MoDSE baselines.
+
+Legend: T tokens, D model width, G groups, n experts per group, E = G*n experts, K experts per token
+(``topk``), Kg groups per token (``group_topk``). Expert ids are in *router order* (group-major:
+id g*n + j is member j of group g) everywhere in this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import FFNConfig, RouterConfig
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Routing:
+    """What a router hands to the experts and to the losses.
+
+    idx_TK / gates_TK: the selected experts and their weights (the only inputs of the expert compute).
+    probs_TE: the dense probabilities the baselines' Switch loss reads (softmax over all E experts).
+    group_logits_TG / group_map_TG: MoHGE only, for the Group-Wise Aux Loss (softmax of the logits, and
+    which groups each token selected).
+    """
+
+    idx_TK: Tensor
+    gates_TK: Tensor
+    probs_TE: Tensor | None = None
+    group_logits_TG: Tensor | None = None
+    group_map_TG: Tensor | None = None
+
+    def dense_gates(self, num_experts: int) -> Tensor:
+        """The sparse final gates w as a dense [T, E] tensor (zeros off the top-k)."""
+        w_TE = self.gates_TK.new_zeros(self.gates_TK.shape[0], num_experts)
+        return w_TE.scatter(1, self.idx_TK, self.gates_TK)
+
+    def counts(self, num_experts: int) -> Tensor:
+        """Tokens routed to each expert, f_e (int64 [E])."""
+        return torch.bincount(self.idx_TK.reshape(-1), minlength=num_experts)
+
+
+def _linear_router(d_model: int, rows: int, std: float) -> nn.Linear:
+    lin = nn.Linear(d_model, rows, bias=False)
+    nn.init.normal_(lin.weight, mean=0.0, std=std)
+    return lin
+
+
+class GroupedRouter(nn.Module):
+    """Two-level router: sigmoid group router picks Kg groups, then a global top-k over the combined
+    group x intra-group-softmax scores of the experts in those groups."""
+
+    def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
+        super().__init__()
+        self.G, self.n, self.E = ffn.num_groups, ffn.experts_per_group, ffn.num_experts
+        self.Kg, self.K = router.group_topk, router.topk
+        self.group_score, self.gate_mode = router.group_score, router.gate_mode
+        self.group_router = _linear_router(d_model, self.G, router.init_std)  # W_G [G, D]
+        self.expert_router = _linear_router(d_model, self.E, router.init_std)  # W_E [E, D], group-major
+
+    def forward(self, x_TD: Tensor) -> Routing:
+        T = x_TD.shape[0]
+        # G1-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
+        lG_TG = self.group_router(x_TD)
+        gidx_TKg = torch.topk(lG_TG, self.Kg, dim=-1).indices  # sigmoid/softmax are monotone: same top-k
+        if self.group_score == "sigmoid":
+            s_TKg = torch.sigmoid(lG_TG.gather(1, gidx_TKg))
+            if self.Kg > 1:  # Megatron's sigmoid path normalizes only when topk > 1
+                s_TKg = s_TKg / (s_TKg.sum(-1, keepdim=True) + 1e-20)
+        else:  # Megatron softmax-after-top-k
+            s_TKg = torch.softmax(lG_TG.gather(1, gidx_TKg), dim=-1)
+        p_TG = lG_TG.new_zeros(T, self.G).scatter(1, gidx_TKg, s_TKg)
+        gmap_TG = torch.zeros(T, self.G, dtype=torch.bool, device=x_TD.device).scatter(1, gidx_TKg, True)
+        # E1-E3: intra-group softmax, scaled by the group weight (the mask is implied by p = 0).
+        q_TGn = torch.softmax(self.expert_router(x_TD).view(T, self.G, self.n), dim=-1)
+        c_TE = (q_TGn * p_TG[:, :, None]).reshape(T, self.E)
+        # E4: renormalize (a no-op up to rounding unless Kg == 1, where p is the raw sigmoid).
+        c_TE = c_TE / c_TE.sum(-1, keepdim=True)
+        # E5: global top-k among the experts of the selected groups; unselected experts are masked to
+        # -inf rather than trusting their zeros (spec: candidates can underflow to 0 in bf16).
+        emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
+        topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
+        # E6: final gates. code_exact = Megatron's softmax over the top-k *probabilities* (the release);
+        # product_renorm = the top-k combined scores renormalized to sum to 1 (spec section 6.1).
+        if self.gate_mode == "code_exact":
+            gates_TK = torch.softmax(topv_TK, dim=-1)
+        else:
+            gates_TK = topv_TK / topv_TK.sum(-1, keepdim=True)
+        return Routing(idx_TK=idx_TK, gates_TK=gates_TK, group_logits_TG=lG_TG, group_map_TG=gmap_TG)
+
+
+class TopKRouter(nn.Module):
+    """Flat router over all E experts (homogeneous MoE, HMoE, MoDSE): top-k of the logits, softmax over
+    the selected logits (Megatron's default, equal to renormalizing the full softmax over the top-k)."""
+
+    def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
+        super().__init__()
+        self.E, self.K = ffn.num_experts, router.topk
+        self.router = _linear_router(d_model, self.E, router.init_std)
+
+    def forward(self, x_TD: Tensor) -> Routing:
+        logits_TE = self.router(x_TD)
+        topv_TK, idx_TK = torch.topk(logits_TE, self.K, dim=-1)
+        gates_TK = torch.softmax(topv_TK, dim=-1)
+        probs_TE = F.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        return Routing(idx_TK=idx_TK, gates_TK=gates_TK, probs_TE=probs_TE)

@@ -1,0 +1,117 @@
+"""Byte-level BPE tokenizer (GPT-2 style), trained locally with HuggingFace `tokenizers`.
+
+Why byte level: every Unicode string is a byte string first, and all 256 bytes are in the initial
+alphabet, so no character is ever unknown and `decode(encode(s)) == s` holds exactly for any `s`
+(newlines, leading spaces, tabs, emoji included). The GPT-2 pre-tokenizer regex splits text into
+words, runs of digits, runs of punctuation and runs of whitespace before BPE merges within each piece.
+
+Special token: `<|endoftext|>` has id 0 (`EOT_ID`). It is only ever produced by the data pipeline, which
+inserts it between documents: `encode` treats the literal string "<|endoftext|>" inside a text as
+ordinary text (`encode_special_tokens = True`), so no document can forge a document boundary.
+`decode` keeps special tokens, so an id sequence containing `EOT_ID` decodes to the literal string.
+
+Training is deterministic: the same texts and vocab size give a byte-identical `tokenizer.json`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+EOT = "<|endoftext|>"
+EOT_ID = 0
+MIN_VOCAB_SIZE = 257  # 256 byte tokens + EOT
+
+__all__ = [
+    "EOT",
+    "EOT_ID",
+    "MIN_VOCAB_SIZE",
+    "decode",
+    "encode",
+    "encode_batch",
+    "encode_with_offsets",
+    "load_tokenizer",
+    "train_tokenizer",
+]
+
+
+def _new_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    # add_prefix_space=False: a prefix space would not survive the round trip.
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _save_atomic(tok: Tokenizer, out_path: Path) -> None:
+    """Write tokenizer.json through a temporary file in the same folder, then rename over the target."""
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp.{os.getpid()}")
+    try:
+        tok.save(str(tmp), pretty=True)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_path: str | os.PathLike | None = None
+) -> Tokenizer:
+    """Train a byte-level BPE with at most `vocab_size` tokens (EOT at id 0, bytes at 1..256, then merges).
+
+    The vocabulary can come out smaller than `vocab_size` when the texts run out of pairs to merge.
+    With `out_path`, the tokenizer is saved there as JSON (atomically).
+    """
+    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"vocab_size={vocab_size!r} must be an int >= {MIN_VOCAB_SIZE} (256 bytes + EOT)")
+    tok = _new_tokenizer()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOT],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    assert tok.token_to_id(EOT) == EOT_ID
+    tok.encode_special_tokens = True
+    if out_path is not None:
+        _save_atomic(tok, Path(out_path))
+    return tok
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load a tokenizer.json written by `train_tokenizer`."""
+    tok = Tokenizer.from_file(str(path))
+    if tok.token_to_id(EOT) != EOT_ID:
+        raise ValueError(f"{path}: expected {EOT} at id {EOT_ID}, found {tok.token_to_id(EOT)!r}")
+    # Not stored in tokenizer.json: the literal "<|endoftext|>" in a text is plain text.
+    tok.encode_special_tokens = True
+    return tok
+
+
+def encode(tok: Tokenizer, text: str) -> list[int]:
+    """Token ids of `text`; no special token is added or recognised."""
+    return tok.encode(text, add_special_tokens=False).ids
+
+
+def encode_batch(tok: Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` for many texts at once (in parallel inside `tokenizers`)."""
+    return [e.ids for e in tok.encode_batch(list(texts), add_special_tokens=False)]
+
+
+def encode_with_offsets(tok: Tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and, per token, the [start, end) span of Python-string (code point) indices it covers.
+
+    A character that is split over several byte tokens (e.g. an emoji) gives each of them its span.
+    """
+    enc = tok.encode(text, add_special_tokens=False)
+    return enc.ids, [tuple(o) for o in enc.offsets]
+
+
+def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
+    """Inverse of `encode`; `EOT_ID` decodes to the literal "<|endoftext|>"."""
+    return tok.decode(list(ids), skip_special_tokens=False)
