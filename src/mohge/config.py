@@ -52,7 +52,12 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
             return value
         if not isinstance(value, dict):
             _fail(path, value, f"expected a mapping for section {tp.__name__}")
-        return from_dict(tp, value, path)
+        if issubclass(tp, _Section) or not hasattr(tp, "from_dict"):
+            return from_dict(tp, value, path)
+        try:  # a component that owns its loader (mohge.data.DataConfig)
+            return tp.from_dict(value)
+        except ValueError as err:
+            raise ConfigError(f"{path}: {err}") from err
     if origin is tuple:
         if not isinstance(value, list | tuple):
             _fail(path, value, "expected a list")
@@ -374,3 +379,117 @@ def load_model_config(path: str | Path) -> ModelConfig:
     if "model" in data:
         data = data["model"]
     return ModelConfig.from_dict(data, "model")
+
+
+PRECISIONS = ("auto", "fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class TrainConfig(_Section):
+    """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
+
+    ``batch_size`` is sequences per optimizer step *per process*; ``grad_accum`` splits it into micro-batches.
+    ``precision: auto`` trains fp32 on a CPU (bf16 is ~20x slower there) and bf16 autocast on CUDA.
+    """
+
+    steps: int = 200
+    batch_size: int = 16
+    grad_accum: int = 1
+    lr: float = 3e-3
+    min_lr: float = 3e-4
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    ckpt_every: int = 50
+    keep_checkpoints: int = 2
+    log_every: int = 10
+    eval_every: int = 0
+    eval_batches: int = 8
+    device: str = "auto"
+    precision: str = "auto"
+    threads: int = 0
+    _path: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "lr", "ckpt_every", "log_every", "keep_checkpoints"):
+            _positive(self, name, getattr(self, name))
+        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed", "eval_every", "threads"):
+            if getattr(self, name) < 0:
+                _fail(self.key(name), getattr(self, name), "must be >= 0")
+        if self.min_lr > self.lr:
+            _fail(self.key("min_lr"), self.min_lr, f"exceeds lr={self.lr}")
+        if self.warmup_steps >= self.steps:
+            _fail(self.key("warmup_steps"), self.warmup_steps, f"must be < steps={self.steps}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                _fail(self.key(name), getattr(self, name), "must lie in [0, 1)")
+        if self.batch_size % self.grad_accum:
+            _fail(self.key("grad_accum"), self.grad_accum, f"must divide batch_size={self.batch_size}")
+        if self.device not in DEVICES:
+            _fail(self.key("device"), self.device, f"must be one of {DEVICES}")
+        if self.precision not in PRECISIONS:
+            _fail(self.key("precision"), self.precision, f"must be one of {PRECISIONS}")
+
+
+@dataclass(frozen=True)
+class EvalConfig(_Section):
+    """Evaluation through lm-eval and routing traces on held-out data.
+
+    ``tasks``: names of the task YAMLs shipped in ``configs/tasks`` (offline) and, when the hub is reachable,
+    lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all).
+    """
+
+    tasks: tuple[str, ...] = ("mohge_ppl",)
+    batch_size: int = 16
+    limit: int = 0
+    trace_batches: int = 16
+    _path: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _positive(self, "batch_size", self.batch_size)
+        if self.limit < 0:
+            _fail(self.key("limit"), self.limit, "must be >= 0")
+        if self.trace_batches < 0:
+            _fail(self.key("trace_batches"), self.trace_batches, "must be >= 0")
+
+
+def _data_config_type():
+    from .data import DataConfig
+
+    return DataConfig
+
+
+@dataclass(frozen=True)
+class RunConfig(_Section):
+    """One run, resolved: what ``results/<run>/config.json`` holds and ``python -m mohge.train`` reads."""
+
+    name: str = "run"
+    family: str = "mohge"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: dict = field(default_factory=dict)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    _path: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.loss.check_against(self.model.ffn)
+        # the data section belongs to mohge.data; parse it here so a bad key fails before anything runs
+        data = _coerce(_data_config_type(), self.data, self.key("data"))
+        if data.vocab_size > self.model.vocab_size:
+            _fail(self.key("data.vocab_size"), data.vocab_size, f"exceeds model.vocab_size={self.model.vocab_size}")
+        if data.seq_len > self.model.max_seq_len:
+            _fail(self.key("data.seq_len"), data.seq_len, f"exceeds model.max_seq_len={self.model.max_seq_len}")
+
+    @property
+    def data_config(self):
+        return _coerce(_data_config_type(), self.data, self.key("data"))
+
+
+def load_run_config(path: str | Path) -> RunConfig:
+    """The resolved run config (JSON written by the workflow, or YAML written by hand)."""
+    return RunConfig.from_dict(load_yaml_or_json(path))
