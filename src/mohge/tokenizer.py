@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from mohge.atomic import atomic_path
 
 EOT = "<|endoftext|>"
 EOT_ID = 0
@@ -46,20 +47,7 @@ def _new_tokenizer() -> Tokenizer:
     return tok
 
 
-def _save_atomic(tok: Tokenizer, out_path: Path) -> None:
-    """Write tokenizer.json through a temporary file in the same folder, then rename over the target."""
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp.{os.getpid()}")
-    try:
-        tok.save(str(tmp), pretty=True)
-        os.replace(tmp, out_path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def train_tokenizer(
-    texts: Iterable[str], vocab_size: int, out_path: str | os.PathLike | None = None
-) -> Tokenizer:
+def train_tokenizer(texts: Iterable[str], vocab_size: int, out_path: str | os.PathLike | None = None) -> Tokenizer:
     """Train a byte-level BPE with at most `vocab_size` tokens (EOT at id 0, bytes at 1..256, then merges).
 
     The vocabulary can come out smaller than `vocab_size` when the texts run out of pairs to merge.
@@ -79,7 +67,8 @@ def train_tokenizer(
     assert tok.token_to_id(EOT) == EOT_ID
     tok.encode_special_tokens = True
     if out_path is not None:
-        _save_atomic(tok, Path(out_path))
+        with atomic_path(out_path) as tmp:  # a killed run leaves no half-written tokenizer.json
+            tok.save(str(tmp), pretty=True)
     return tok
 
 

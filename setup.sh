@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# One-command set-up: a virtual environment in .venv with the pinned stack and this package (editable),
+# test tools included. Re-running it is safe. Usage: bash setup.sh   (PYTHON=python3.11 bash setup.sh)
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+"$PYTHON" - <<'PY' || { echo "setup.sh: Python >= 3.11 is required (set PYTHON=...)" >&2; exit 1; }
+import sys
+sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PY
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch is pinned in pyproject.toml (2.13.0): on a machine without CUDA pip takes the CPU build.
+.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -c "import mohge, mohge.kernels, torch, triton, snakemake, lm_eval; print('mohge', mohge.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
+echo "set-up done: activate with 'source .venv/bin/activate'"

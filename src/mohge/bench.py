@@ -1,0 +1,124 @@
+"""Benchmarks: every figure is a ratio against a reference measured in the same run.
+
+    python -m mohge.bench layer    # MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop (CPU)
+    python -m mohge.bench kernels  # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
+    python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
+
+``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
+the MoHGE layer through the grouped torch path, the same layer through the per-expert loop the official
+release runs, and a dense SwiGLU whose width is the MoHGE layer's activated width under uniform routing
+(top-k x mean expert width + shared width), i.e. the same activated FLOPs. Median of ``--reps`` runs after
+one warm-up run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .atomic import write_json_atomic
+from .config import FFNConfig, LossConfig, RouterConfig
+from .experts import SwiGLU
+from .moe import MoELayer
+
+
+def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:
+    """Seconds per forward+backward, one warm-up run first."""
+    times = []
+    for i in range(reps + 1):
+        x.grad = None
+        t0 = time.perf_counter()
+        fn(x).sum().backward()
+        if x.is_cuda:
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def layer_bench(args: argparse.Namespace) -> dict:
+    D, T, G, n = args.d_model, args.tokens, args.groups, args.experts_per_group
+    scale = D / 1024  # the release's widths 384..1280 at d_model 1024, scaled to this d_model
+    widths = tuple(int(round((384 + 128 * g) * scale / 8)) * 8 for g in range(G))
+    shared = 2 * D
+    ffn = FFNConfig(kind="mohge", num_experts=G * n, expert_widths=widths, shared_expert_width=shared)
+    router = RouterConfig(topk=args.topk, group_topk=args.group_topk)
+    std, out_std = 0.02, 0.02
+    torch.manual_seed(0)
+    mohge = MoELayer(D, ffn, router, LossConfig(), std, out_std)
+    loop = MoELayer(D, dataclasses.replace(ffn, backend="loop"), router, LossConfig(), std, out_std)
+    loop.load_state_dict(mohge.state_dict())
+    dense_width = int(round(args.topk * sum(widths) / G)) + shared
+    dense = SwiGLU(D, dense_width, std, out_std)
+    x = torch.randn(1, T, D, requires_grad=True)
+
+    def moe_fn(layer: MoELayer) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda inp: layer(inp)[0]
+
+    paths = {"mohge": moe_fn(mohge), "dense": dense, "loop": moe_fn(loop)}
+    results = {}
+    for name, fn in paths.items():
+        ts = time_fwd_bwd(fn, x, args.reps)
+        results[name] = statistics.median(ts)
+        flops = 3 * 2 * T * D * 3 * dense_width  # fwd + bwd of the activated FFN
+        print(f"  {name:<6} {1e3 * results[name]:9.1f} ms   {flops / results[name] / 1e9:7.1f} GFLOP/s (activated)")
+    ratios = {"mohge_over_dense": results["mohge"] / results["dense"], "loop_over_mohge": results["loop"] / results["mohge"]}
+    print(f"ratio MoHGE / dense = {ratios['mohge_over_dense']:.2f}   (target <= 1.3)")
+    print(f"ratio loop / MoHGE  = {ratios['loop_over_mohge']:.2f}   (target >= 2)")
+    return {
+        "bench": "layer",
+        "d_model": D,
+        "tokens": T,
+        "widths": list(widths),
+        "experts_per_group": n,
+        "topk": args.topk,
+        "group_topk": args.group_topk,
+        "dense_width": dense_width,
+        "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "seconds": results,
+        **ratios,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mohge.bench", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    lay = sub.add_parser("layer", help="MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop")
+    lay.add_argument("--d-model", type=int, default=512)
+    lay.add_argument("--tokens", type=int, default=8192)
+    lay.add_argument("--groups", type=int, default=8)
+    lay.add_argument("--experts-per-group", type=int, default=8)
+    lay.add_argument("--topk", type=int, default=6)
+    lay.add_argument("--group-topk", type=int, default=4)
+    lay.add_argument("--reps", type=int, default=3)
+    lay.add_argument("--json", help="write the timings and ratios here")
+    sub.add_parser("kernels", help="Triton kernels on a GPU (arguments: see `python -m mohge.kernels.bench -h`)")
+    sub.add_parser("train", help="training tokens/s, MoHGE vs MoE (arguments: see `python -m mohge.train_bench -h`)")
+    args, rest = ap.parse_known_args(argv)
+    if args.what == "kernels":
+        from .kernels.bench import main as kernels_main
+
+        return kernels_main(rest)
+    if args.what == "train":
+        from .train_bench import main as train_main
+
+        return train_main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    print(f"layer benchmark: d_model {args.d_model}, T {args.tokens}, {args.groups}x{args.experts_per_group} experts")
+    out = layer_bench(args)
+    if args.json:
+        write_json_atomic(args.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
