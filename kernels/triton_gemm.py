@@ -36,24 +36,33 @@ def _mma(a, b, acc, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def _hint(v, HINT: tl.constexpr):
+def _load_hinted(ptr, HINT: tl.constexpr):
     # Offsets and leading dims are multiples of 8 elements when the host says so: lets loads vectorise.
+    # (The hint must sit on the load itself: a multiple_of on a function argument is lost on inlining.)
+    v = tl.load(ptr)
     if HINT:
         v = tl.multiple_of(v, 8)
     return v
 
 
 @triton.jit
+def _load_tile(tile_ptr, BM: tl.constexpr, BN: tl.constexpr):
+    # This program's (expert, first row, first column); tile starts are multiples of the block sizes.
+    t = tile_ptr + 3 * tl.program_id(0)
+    return tl.load(t), tl.multiple_of(tl.load(t + 1), BM), tl.multiple_of(tl.load(t + 2), BN)
+
+
+@triton.jit
 def _row_problem(desc_ptr, e, HINT: tl.constexpr):
     d = desc_ptr + e * 9
-    a_off = _hint(tl.load(d + 0), HINT)
-    lda = _hint(tl.load(d + 1), HINT)
-    kdim = _hint(tl.load(d + 2), HINT)
+    a_off = _load_hinted(d + 0, HINT)
+    lda = _load_hinted(d + 1, HINT)
+    kdim = _load_hinted(d + 2, HINT)
     b_addr = tl.load(d + 3)
-    ldb = _hint(tl.load(d + 4), HINT)
-    ncol = _hint(tl.load(d + 5), HINT)
-    c_off = _hint(tl.load(d + 6), HINT)
-    ldc = _hint(tl.load(d + 7), HINT)
+    ldb = _load_hinted(d + 4, HINT)
+    ncol = _load_hinted(d + 5, HINT)
+    c_off = _load_hinted(d + 6, HINT)
+    ldc = _load_hinted(d + 7, HINT)
     rows = tl.load(d + 8)
     return a_off, lda, kdim, b_addr, ldb, ncol, c_off, ldc, rows
 
@@ -76,10 +85,7 @@ def _up_swiglu_kernel(
     # x   [A, D] sorted rows; expert e's rows at a_off = row0_e * D, lda = D, kdim = D
     # W1_e [2H, D] at b_addr (ldb = D): rows [0, H) give a, rows [H, 2H) give u; ncol = H
     # act ragged [C, H] at c_off = rag_e (ldc = H);  h ragged [C, 2H] = [a | u] at 2 c_off (ld 2 ldc)
-    pid = tl.program_id(0)
-    e = tl.load(tile_ptr + 3 * pid)
-    m0 = tl.load(tile_ptr + 3 * pid + 1)
-    n0 = tl.load(tile_ptr + 3 * pid + 2)
+    e, m0, n0 = _load_tile(tile_ptr, BM, BN)
     a_off, lda, kdim, b_addr, ldb, ncol, c_off, ldc, rows = _row_problem(desc_ptr, e, HINT)
     w_ptr = _weight_ptr(b_addr, x_ptr, HINT)
     rm = m0 + tl.arange(0, BM)
@@ -123,10 +129,7 @@ def _grouped_mm_kernel(
     # B_e at b_addr: element (k, n) at n * ldb + k if B_NK (a torch weight [N, K]) else k * ldb + n
     # SWIGLU_BWD: h_ptr holds [a | u] laid out like C with 2*ncol columns; the product is d(act) and
     #   the kernel writes [da | du] into C (which then has 2*ncol columns too)
-    pid = tl.program_id(0)
-    e = tl.load(tile_ptr + 3 * pid)
-    m0 = tl.load(tile_ptr + 3 * pid + 1)
-    n0 = tl.load(tile_ptr + 3 * pid + 2)
+    e, m0, n0 = _load_tile(tile_ptr, BM, BN)
     a_off, lda, kdim, b_addr, ldb, ncol, c_off, ldc, rows = _row_problem(desc_ptr, e, HINT)
     b_ptr = _weight_ptr(b_addr, a_ptr, HINT)
     rm = m0 + tl.arange(0, BM)
@@ -171,18 +174,15 @@ def _wgrad_kernel(
 ):  # fmt: skip
     # dW_e[ncol, mcol] = G_e[rows, ncol]^T @ X_e[rows, mcol], written densely (ld mcol) at out_addr
     # G_e at g_ptr + g_off (ldg), X_e at x_ptr + x_off (ldx); tile (e, n0, m0) covers dW_e[n0:+BM, m0:+BN]
-    pid = tl.program_id(0)
-    e = tl.load(tile_ptr + 3 * pid)
-    n0 = tl.load(tile_ptr + 3 * pid + 1)
-    m0 = tl.load(tile_ptr + 3 * pid + 2)
+    e, n0, m0 = _load_tile(tile_ptr, BM, BN)
     d = desc_ptr + e * 8
-    g_off = _hint(tl.load(d + 0), HINT)
-    ldg = _hint(tl.load(d + 1), HINT)
-    x_off = _hint(tl.load(d + 2), HINT)
-    ldx = _hint(tl.load(d + 3), HINT)
+    g_off = _load_hinted(d + 0, HINT)
+    ldg = _load_hinted(d + 1, HINT)
+    x_off = _load_hinted(d + 2, HINT)
+    ldx = _load_hinted(d + 3, HINT)
     rows = tl.load(d + 4)
-    ncol = _hint(tl.load(d + 5), HINT)
-    mcol = _hint(tl.load(d + 6), HINT)
+    ncol = _load_hinted(d + 5, HINT)
+    mcol = _load_hinted(d + 6, HINT)
     out_ptr = _weight_ptr(tl.load(d + 7), g_ptr, HINT)
     rn = n0 + tl.arange(0, BM)
     rm = m0 + tl.arange(0, BN)

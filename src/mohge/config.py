@@ -469,6 +469,7 @@ class RunConfig(_Section):
 
     name: str = "run"
     family: str = "mohge"
+    dataset: str = "data"
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

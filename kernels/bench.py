@@ -1,0 +1,146 @@
+"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (spec 1.1, 1.5).
+
+d_model 1024, 8 groups x 8 experts of widths 384, 512, ..., 1280, top-4 groups then top-6 experts among the
+32 candidates (random routing, as the router does at initialisation), bf16. For each T it times, forward
+and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
+
+* ``triton`` - :func:`mohge.kernels.triton_swiglu.swiglu_grouped_triton`;
+* ``dense``  - one dense SwiGLU pair of equal FLOPs: [T, D] x [D, 2 F] and [T, F] x [F, D], F = K * mean width;
+* ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
+* ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`.
+
+FLOPs = 2 T K D 3 h_mean forward (h_mean the routed slots' mean width), twice that for the backward.
+Prints a table (ratios last: triton/dense and triton/loop are throughput ratios, > 1 means triton is
+faster) and writes a CSV with columns device, date, T, path, pass, ms, tflops.
+
+    python -m mohge.kernels.bench --out results/kernels_bench.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+D_MODEL, GROUPS, PER_GROUP, GROUP_TOPK, TOPK = 1024, 8, 8, 4, 6
+WIDTHS = [384 + 128 * g for g in range(GROUPS)]
+PATHS = ("triton", "dense", "loop", "torch")
+PASSES = ("fwd", "fwd+bwd")
+
+
+def release_problem(T: int, dtype: torch.dtype, seed: int = 0):
+    """x [T, D], idx [T, K] (4 random groups, then 6 random experts of their 32), gates [T, K], weights."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    dev = "cuda"
+    groups_TG = torch.rand(T, GROUPS, generator=g, device=dev).topk(GROUP_TOPK, dim=1).indices
+    cand_TC = (groups_TG[:, :, None] * PER_GROUP + torch.arange(PER_GROUP, device=dev)).reshape(T, -1)
+    pick_TK = torch.rand(T, cand_TC.shape[1], generator=g, device=dev).topk(TOPK, dim=1).indices
+    idx_TK = cand_TC.gather(1, pick_TK)
+    gates_TK = torch.softmax(torch.randn(T, TOPK, generator=g, device=dev), dim=1).to(dtype)
+    x_TD = torch.randn(T, D_MODEL, generator=g, device=dev).to(dtype)
+    w1s = [(0.02 * torch.randn(PER_GROUP, 2 * h, D_MODEL, generator=g, device=dev)).to(dtype) for h in WIDTHS]
+    w2s = [(0.02 * torch.randn(PER_GROUP, D_MODEL, h, generator=g, device=dev)).to(dtype) for h in WIDTHS]
+    return x_TD, idx_TK, gates_TK, w1s, w2s
+
+
+def _dense_swiglu(x_TD, w1_2FD, w2_DF):
+    a_TF, u_TF = F.linear(x_TD, w1_2FD).chunk(2, dim=-1)
+    return F.linear(F.silu(a_TF) * u_TF, w2_DF)
+
+
+def _runners(T: int, dtype: torch.dtype, seed: int):
+    """{path: (forward thunk, forward+backward thunk, FLOPs of the forward)}."""
+    from .reference import swiglu_grouped_torch, swiglu_loop
+    from .triton_swiglu import swiglu_grouped_triton
+
+    x, idx, gates, w1s, w2s = release_problem(T, dtype, seed)
+    h_mean = torch.tensor(WIDTHS, device=idx.device)[idx // PER_GROUP].float().mean().item()
+    moe_leaves = [t.requires_grad_() for t in (x, gates, *w1s, *w2s)]
+    moe_flops = 2 * T * TOPK * D_MODEL * 3 * h_mean
+    F_dense = round(TOPK * h_mean)
+    w1d = (0.02 * torch.randn(2 * F_dense, D_MODEL, device="cuda")).to(dtype).requires_grad_()
+    w2d = (0.02 * torch.randn(D_MODEL, F_dense, device="cuda")).to(dtype).requires_grad_()
+    dy = torch.randn(T, D_MODEL, device="cuda").to(dtype)
+
+    def timed(fwd, leaves, flops):
+        return fwd, lambda: torch.autograd.grad(fwd(), leaves, dy), flops
+
+    def moe(fn):
+        return timed(lambda: fn(x, idx, gates, w1s, w2s), moe_leaves, moe_flops)
+
+    return {
+        "triton": moe(swiglu_grouped_triton),
+        "dense": timed(lambda: _dense_swiglu(x, w1d, w2d), [x, w1d, w2d], 2 * T * D_MODEL * 3 * F_dense),
+        "loop": moe(swiglu_loop),
+        "torch": moe(swiglu_grouped_torch),
+    }
+
+
+def _table(rows: list[dict], paths: list[str]) -> str:
+    head = ["T", "pass", *(f"{p} ms" for p in paths), *(f"{p} TF/s" for p in paths)]
+    ratios = [(a, b) for a, b in (("triton", "dense"), ("triton", "loop")) if a in paths and b in paths]
+    head += [f"{a}/{b}" for a, b in ratios]
+    lines = []
+    for T in sorted({r["T"] for r in rows}):
+        for ps in PASSES:
+            by = {r["path"]: r for r in rows if r["T"] == T and r["pass"] == ps}
+            cells = [str(T), ps, *(f"{by[p]['ms']:.3f}" for p in paths), *(f"{by[p]['tflops']:.1f}" for p in paths)]
+            cells += [f"{by[a]['tflops'] / by[b]['tflops']:.2f}x" for a, b in ratios]
+            lines.append(cells)
+    widths = [max(len(h), *(len(c[i]) for c in lines)) for i, h in enumerate(head)]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) for cells in [head, *lines])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mohge.kernels.bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536], help="token counts")
+    ap.add_argument("--paths", nargs="+", choices=PATHS, default=list(PATHS))
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--out", type=Path, default=None, help="CSV to write (device, date, T, path, pass, ms, tflops)")
+    ap.add_argument("--warmup-ms", type=float, default=50.0)
+    ap.add_argument("--rep-ms", type=float, default=200.0)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("mohge.kernels.bench: no CUDA device visible; this benchmark needs a GPU.", file=sys.stderr)
+        raise SystemExit(2)
+    from triton.testing import do_bench
+
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
+    device, date = torch.cuda.get_device_name(), datetime.now(UTC).isoformat(timespec="seconds")
+    rows = []
+    for T in args.T:
+        runners = _runners(T, dtype, args.seed)
+        if "triton" in args.paths and "torch" in args.paths:
+            with torch.no_grad():
+                y_tri, y_ref = runners["triton"][0](), runners["torch"][0]()
+            rel = ((y_tri.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()).item()
+            print(f"T={T:6d} check: max|triton - torch| / max|torch| = {rel:.2e}", flush=True)
+        for path in args.paths:
+            fwd, fwd_bwd, flops = runners[path]
+            for ps, fn, mult in (("fwd", fwd, 1), ("fwd+bwd", fwd_bwd, 3)):
+                ms = do_bench(fn, warmup=args.warmup_ms, rep=args.rep_ms, return_mode="median")
+                rows.append({"device": device, "date": date, "T": T, "path": path, "pass": ps, "ms": ms,
+                             "tflops": mult * flops / ms / 1e9})  # fmt: skip
+                print(f"T={T:6d} {path:6s} {ps:7s} {ms:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
+        del runners
+        torch.cuda.empty_cache()
+    print(f"\n{device}, {args.dtype}, d_model {D_MODEL}, widths {WIDTHS[0]}..{WIDTHS[-1]}, top-{TOPK}")
+    print(_table(rows, args.paths))
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with args.out.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["device", "date", "T", "path", "pass", "ms", "tflops"])
+            w.writeheader()
+            w.writerows({**r, "ms": f"{r['ms']:.4f}", "tflops": f"{r['tflops']:.2f}"} for r in rows)
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Resumable checkpoints: whole-folder atomic saves, sha256 manifests, and the newest valid one on resume.
+
+Layout of the scratch folder (``python -m mohge.train --scratch``; default ``OUT/.scratch``)::
+
+    step_00000050/             the state after 50 optimizer steps; the next step to run is step 50 (0-based)
+      model.safetensors        weights, fp32, names of the unwrapped module
+      state.pt                 torch.save: optimizer, scheduler, RNG states (python, numpy, torch CPU, CUDA; per rank)
+      data.json                the data position {"step": 50}: batches are a pure function of (seed, step)
+      config.json              the resolved run config
+      manifest.json            sha256 and size of every file above; written last
+    .tmp-step_00000050-PID/    a save in progress; renamed to step_00000050 in one os.replace once complete
+    train_log.jsonl            the live training log (see mohge.train)
+
+A SIGKILL at any moment leaves either the previous checkpoints untouched plus a stale ``.tmp-*`` folder, or
+the new complete folder: a folder named ``step_*`` always holds a manifest written after every other file.
+A folder whose manifest is missing or whose files do not match it (truncated, bit rot) is reported with the
+file and both hashes, and the next older valid folder is used.
+
+``load_trained(dir)`` loads a trained model from a final output folder (``model.safetensors`` +
+``config.json``) or from a checkpoint folder; evaluation, traces and the lm-eval adapter use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors.torch
+import torch
+
+from .atomic import write_bytes_atomic, write_json_atomic
+from .config import load_run_config
+
+log = logging.getLogger("mohge.checkpoint")
+
+MANIFEST = "manifest.json"
+FILES = ("model.safetensors", "state.pt", "data.json", "config.json")
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder that cannot be used: the message names the file and what is wrong with it."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------------------------------
+# RNG state: every generator a step could touch, as tensors and plain values (loadable with weights_only)
+# ----------------------------------------------------------------------------------------------------
+
+
+def capture_rng() -> dict[str, Any]:
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        if len(state["cuda"]) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            log.warning(
+                "checkpoint holds CUDA RNG states of %d devices, %d visible: CUDA RNG not restored",
+                len(state["cuda"]),
+                torch.cuda.device_count(),
+            )
+
+
+def _as_tuple(x: Any) -> Any:
+    """random.setstate needs tuples; a round trip through torch.save keeps them, JSON would not."""
+    return tuple(_as_tuple(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+# ----------------------------------------------------------------------------------------------------
+# Save, verify, find, load
+# ----------------------------------------------------------------------------------------------------
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+
+
+def save_checkpoint(
+    scratch: str | Path,
+    step: int,
+    model_state: dict[str, torch.Tensor],
+    train_state: dict[str, Any],
+    config: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Write ``scratch/step_{step:08d}`` atomically (temp folder, manifest last, one os.replace), then keep
+    only the newest ``keep`` checkpoints. An existing valid folder of the same step is left as it is."""
+    scratch = Path(scratch)
+    final = scratch / step_dir_name(step)
+    if final.exists():
+        try:
+            verify_checkpoint(final)
+            log.info("checkpoint %s already exists and is valid; not rewritten", final)
+            return final
+        except CheckpointError as err:
+            log.warning("replacing invalid checkpoint: %s", err)
+            shutil.rmtree(final)
+    tmp = scratch / f".tmp-{final.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    blobs = {
+        "model.safetensors": safetensors.torch.save({k: v.detach().cpu().contiguous() for k, v in model_state.items()}),
+        "state.pt": _torch_bytes(train_state),
+        "data.json": _json_bytes({"step": step}),
+        "config.json": _json_bytes(config),
+    }
+    for name, data in blobs.items():
+        write_bytes_atomic(tmp / name, data)
+    manifest = {
+        "format_version": 1,
+        "step": step,
+        "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()},
+    }
+    write_json_atomic(tmp / MANIFEST, manifest)
+    _fsync_dir(tmp)
+    os.replace(tmp, final)
+    _fsync_dir(scratch)
+    prune_checkpoints(scratch, keep)
+    return final
+
+
+def list_checkpoints(scratch: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every ``step_*`` folder, newest first (valid or not)."""
+    scratch = Path(scratch)
+    if not scratch.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in scratch.iterdir() if p.is_dir() and (m := _STEP_DIR.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def prune_checkpoints(scratch: str | Path, keep: int) -> None:
+    for _, path in list_checkpoints(scratch)[keep:]:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_stale_temps(scratch: str | Path) -> None:
+    """Remove ``.tmp-*`` folders left by killed saves (call before the first save of a run)."""
+    scratch = Path(scratch)
+    if scratch.is_dir():
+        for p in scratch.glob(".tmp-step_*"):
+            log.info("removing the unfinished save %s", p)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check a checkpoint folder against its manifest; return the manifest or raise CheckpointError naming
+    the file (and the expected and actual sha256 on a mismatch)."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"{mpath} is missing: the save of {path.name} did not complete")
+    try:
+        manifest = json.loads(mpath.read_text())
+        files = manifest["files"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{mpath} is unreadable: {err}") from err
+    missing = [f for f in FILES if f not in files]
+    if missing:
+        raise CheckpointError(f"{mpath} does not list {missing}")
+    for name, entry in files.items():
+        fpath = path / name
+        if not fpath.is_file():
+            raise CheckpointError(f"{fpath} is missing (listed in {MANIFEST})")
+        actual = sha256_file(fpath)
+        if actual != entry["sha256"]:
+            size = fpath.stat().st_size
+            raise CheckpointError(
+                f"{fpath} is corrupted: sha256 {actual} ({size} bytes), "
+                f"manifest expects {entry['sha256']} ({entry.get('bytes')} bytes)"
+            )
+    return manifest
+
+
+def find_latest_valid(scratch: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that passes ``verify_checkpoint`` and the problems of the newer ones skipped
+    (each logged as a warning)."""
+    problems: list[str] = []
+    for _, path in list_checkpoints(scratch):
+        try:
+            verify_checkpoint(path)
+        except CheckpointError as err:
+            problems.append(str(err))
+            log.warning("skipping checkpoint: %s", err)
+            continue
+        if problems:
+            log.warning("falling back to the previous valid checkpoint %s", path)
+        return path, problems
+    return None, problems
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and read a checkpoint folder: {"model": state dict, "state": train state, "step", "config"}."""
+    path = Path(path)
+    verify_checkpoint(path)
+    return {
+        "model": safetensors.torch.load_file(path / "model.safetensors", device=str(map_location)),
+        "state": torch.load(path / "state.pt", map_location=map_location, weights_only=True),
+        "step": json.loads((path / "data.json").read_text())["step"],
+        "config": json.loads((path / "config.json").read_text()),
+    }
+
+
+def load_trained(path: str | Path, device: str | torch.device = "cpu"):
+    """(RunConfig, LanguageModel in eval mode) from a folder with ``model.safetensors`` + ``config.json``
+    (the final output of ``mohge.train`` or a ``step_*`` checkpoint)."""
+    from .model import LanguageModel
+
+    path = Path(path)
+    for name in ("model.safetensors", "config.json"):
+        if not (path / name).is_file():
+            raise FileNotFoundError(f"{path / name} is missing: not a trained-model folder")
+    if (path / MANIFEST).is_file():
+        verify_checkpoint(path)
+    cfg = load_run_config(path / "config.json")
+    model = LanguageModel(cfg.model, cfg.loss)
+    state = safetensors.torch.load_file(path / "model.safetensors")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{path / 'model.safetensors'}: missing keys {missing}, unexpected keys {unexpected}")
+    return cfg, model.to(device).eval()
+
+
+def write_model(path: str | Path, model_state: dict[str, torch.Tensor]) -> None:
+    """Weights alone (the final ``model.safetensors``), written atomically."""
+    data = safetensors.torch.save({k: v.detach().cpu().contiguous() for k, v in model_state.items()})
+    write_bytes_atomic(path, data)
+
+
+__all__ = [
+    "CheckpointError",
+    "capture_rng",
+    "find_latest_valid",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_trained",
+    "prune_checkpoints",
+    "remove_stale_temps",
+    "restore_rng",
+    "save_checkpoint",
+    "verify_checkpoint",
+    "write_model",
+]

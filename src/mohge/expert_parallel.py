@@ -1,0 +1,584 @@
+"""Expert-parallel MoE experts on torch.distributed, and the torchrun worker that times each rank.
+
+Each of the EP ranks holds the experts a placement (:mod:`mohge.allocation`) gives it, of several widths,
+and its own share of the tokens. One forward (arXiv 2604.23108, spec section 2 step D, ``alltoall``):
+
+    dispatch:  every routed slot (t, k) goes to the rank of expert idx[t, k]: slots sorted by destination,
+               counts exchanged, token rows and local expert ids sent with ``all_to_all_single``
+    compute:   each rank runs its local experts on the rows it received (the grouped SwiGLU of
+               :mod:`mohge.kernels`, local expert ids class-major)
+    combine:   outputs return with ``all_to_all_single`` (splits swapped) and are summed per token,
+               weighted by the gates, on the token's own rank
+
+Only ``all_to_all_single`` is used: gloo handles unequal and zero splits with it, while the list form
+``all_to_all`` fails on gloo with unequal sizes. The row exchanges go through a small autograd Function,
+so gradients reach the inputs, the gates and every rank's expert weights.
+
+MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.expert_parallel
+measure --trace TRACE --out DIR``; usually launched by ``python -m mohge.utilization --measure``). For each
+layer of the trace and each strategy allowed at EP = N, the recorded routing (``.npz`` beside the trace),
+a routing rebuilt with exactly the trace's counts (``--routing counts``) or a live router on random inputs
+(``--routing live``) is dispatched, then each rank's local expert compute on its received rows is timed,
+``--repeats`` times after a warm-up, and the median is kept. Timers: CUDA events on GPUs,
+``time.perf_counter`` on CPU, where every rank runs ``torch.set_num_threads(1)``.
+
+Timing method (``--timing``). ``sequential`` (the CPU default): ranks take turns, separated by barriers;
+while one rank times its experts the others wait in the barrier (gloo waits block, they do not spin), so
+each rank's timing runs alone on an otherwise idle core. This makes per-rank timings comparable even when
+the ranks oversubscribe the cores (4 ranks on a 2-core machine); what it measures is each rank's compute
+time, not the wall time of a concurrent step (which on a real cluster is the max over ranks).
+``concurrent`` (the GPU default): all ranks time at once after one barrier, one GPU per rank, and NVML
+utilization (``pynvml``, optional: columns left empty when it is missing) is sampled on each rank's GPU
+during its timed loop.
+
+``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
+seconds, seconds_min, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
+the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
+those rows (:func:`mohge.utilization.rank_loads`), ``seconds`` the median local compute time.
+
+``check`` (``... -m mohge.expert_parallel check --out FILE.pt``): a small fixed problem run under every
+strategy, forward and backward; rank 0 saves the inputs, the weights and the gathered outputs and
+gradients, which the tests compare with the single-process ``swiglu_grouped_torch``.
+
+Legend: T tokens (of this rank), K experts per token, A = T*K routed slots, R rows received by this rank,
+D model width, E experts, W ranks (= EP size), H intermediate width of one class.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from mohge import kernels
+
+from .allocation import STRATEGIES, experts_of_rank, place
+from .utilization import (
+    Trace,
+    load_replay,
+    load_trace,
+    rank_loads,
+    routing_from_counts,
+    write_csv,
+)
+
+Tensor = torch.Tensor
+log = logging.getLogger("mohge.expert_parallel")
+
+MEASURED_COLUMNS = (
+    "model",
+    "layer",
+    "strategy",
+    "ep_size",
+    "rank",
+    "experts",
+    "tokens",
+    "flops",
+    "seconds",
+    "seconds_min",
+    "repeats",
+    "timing",
+    "device",
+    "routing",
+    "gpu_util_pct",
+    "gpu_mem_util_pct",
+)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Differentiable ``all_to_all_single`` of rows: the backward is the same exchange with splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x_ND: Tensor, send: list[int], recv: list[int], group) -> Tensor:
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        out = x_ND.new_empty((sum(recv), *x_ND.shape[1:]))
+        dist.all_to_all_single(out, x_ND.contiguous(), recv, send, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, g_MD: Tensor):
+        g_ND = g_MD.new_empty((sum(ctx.send), *g_MD.shape[1:]))
+        dist.all_to_all_single(g_ND, g_MD.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        return g_ND, None, None, None
+
+
+def local_layout(widths_E: Sequence[int], rank_of_expert: Sequence[int], ep_size: int) -> list[list[list[int]]]:
+    """Per rank, its experts grouped in width classes: classes[rho][c] = router ids, classes by width.
+
+    The local expert id of an expert is its position in the flattened (class-major) list of its rank.
+    """
+    out = []
+    for ids in experts_of_rank(rank_of_expert, ep_size):
+        by_width: dict[int, list[int]] = {}
+        for e in ids:
+            by_width.setdefault(int(widths_E[e]), []).append(e)
+        out.append([by_width[w] for w in sorted(by_width)])
+    return out
+
+
+def expert_weights(e: int, width: int, d_model: int, seed: int, std: float = 0.02) -> tuple[Tensor, Tensor]:
+    """Deterministic fp32 weights of expert e (W1 [2H, D], W2 [D, H]), the same on every rank."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + e)
+    w1 = torch.randn(2 * width, d_model, generator=g) * std
+    w2 = torch.randn(d_model, width, generator=g) * std
+    return w1, w2
+
+
+class ExpertParallelSwiGLU(nn.Module):
+    """The routed experts of one MoE layer, spread over the ranks of ``group`` by ``rank_of_expert``.
+
+    ``forward(x_TD, idx_TK, gates_TK)`` takes this rank's tokens and their routing (router ids) and returns
+    y_t = sum_k gates[t, k] * E_{idx[t, k]}(x_t), the same as the single-process expert layer.
+    ``weights[e] = (W1 [2H, D], W2 [D, H])`` needs only the experts of this rank.
+    """
+
+    def __init__(
+        self,
+        widths_E: Sequence[int],
+        rank_of_expert: Sequence[int],
+        weights: dict[int, tuple[Tensor, Tensor]],
+        group=None,
+        backend: str = "torch",
+    ) -> None:
+        super().__init__()
+        self.group, self.backend = group, backend
+        self.W, self.rank = dist.get_world_size(group), dist.get_rank(group)
+        E = len(widths_E)
+        layout = local_layout(widths_E, rank_of_expert, self.W)
+        local_id = [0] * E
+        for classes in layout:
+            for i, e in enumerate(e for ids in classes for e in ids):
+                local_id[e] = i
+        self.local_experts = [e for ids in layout[self.rank] for e in ids]  # router ids, local id order
+        self.w1 = nn.ParameterList(nn.Parameter(torch.stack([weights[e][0] for e in ids])) for ids in layout[self.rank])
+        self.w2 = nn.ParameterList(nn.Parameter(torch.stack([weights[e][1] for e in ids])) for ids in layout[self.rank])
+        self.register_buffer("rank_of_expert", torch.tensor(list(rank_of_expert)), persistent=False)
+        self.register_buffer("local_id_of_expert", torch.tensor(local_id), persistent=False)
+
+    def dispatch(self, x_TD: Tensor, idx_TK: Tensor) -> tuple[Tensor, Tensor, dict]:
+        """Send every routed slot's token row to the rank of its expert: (rows [R, D], local ids [R], plan)."""
+        T, K = idx_TK.shape
+        flat_A = idx_TK.reshape(-1)
+        dest_A = self.rank_of_expert[flat_A]
+        order_A = torch.argsort(dest_A, stable=True)  # slots grouped by destination rank
+        tok_A = torch.div(order_A, K, rounding_mode="floor")
+        send_W = torch.bincount(dest_A, minlength=self.W)
+        recv_W = torch.empty_like(send_W)
+        dist.all_to_all_single(recv_W, send_W, group=self.group)
+        send, recv = send_W.tolist(), recv_W.tolist()
+        xs_RD = _AllToAll.apply(x_TD[tok_A], send, recv, self.group)
+        le_R = flat_A.new_empty(sum(recv))
+        dist.all_to_all_single(le_R, self.local_id_of_expert[flat_A[order_A]], recv, send, group=self.group)
+        return xs_RD, le_R, {"order_A": order_A, "tok_A": tok_A, "send": send, "recv": recv, "T": T}
+
+    def compute(self, xs_RD: Tensor, le_R: Tensor) -> Tensor:
+        """Local experts on the received rows (one slot per row, gate 1)."""
+        ones_R1 = xs_RD.new_ones(xs_RD.shape[0], 1)
+        return kernels.expert_swiglu(xs_RD, le_R[:, None], ones_R1, list(self.w1), list(self.w2), self.backend)
+
+    def combine(self, out_RD: Tensor, plan: dict, gates_TK: Tensor) -> Tensor:
+        """Return the outputs to the tokens' ranks and sum them per token, weighted by the gates."""
+        back_AD = _AllToAll.apply(out_RD, plan["recv"], plan["send"], self.group)
+        gate_A = gates_TK.reshape(-1)[plan["order_A"]].to(back_AD.dtype)
+        y_TD = back_AD.new_zeros(plan["T"], back_AD.shape[1])
+        return y_TD.index_add(0, plan["tok_A"], back_AD * gate_A[:, None])
+
+    def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
+        xs_RD, le_R, plan = self.dispatch(x_TD, idx_TK)
+        return self.combine(self.compute(xs_RD, le_R), plan, gates_TK)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The torchrun worker
+
+
+def _init() -> tuple[int, int, torch.device]:
+    """Start the process group: nccl and one GPU per rank when CUDA is there, gloo on CPU otherwise."""
+    if "RANK" not in os.environ:
+        raise SystemExit("run under torchrun, e.g. python -m torch.distributed.run --standalone --nproc-per-node 2 ...")
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        if local >= torch.cuda.device_count():
+            raise SystemExit(f"LOCAL_RANK={local} but only {torch.cuda.device_count()} GPU(s) are visible")
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        device = torch.device("cuda", local)
+    else:
+        dist.init_process_group("gloo")
+        torch.set_num_threads(1)
+        torch.set_flush_denormal(True)
+        device = torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+class _NvmlSampler:
+    """Mean GPU and memory utilization (%) of this rank's GPU over a window; inert without pynvml or CUDA."""
+
+    def __init__(self, device: torch.device, period_s: float = 0.005) -> None:
+        self.handle, self.period_s, self.samples = None, period_s, []
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            p = torch.cuda.get_device_properties(device)
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            try:
+                self.handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+            except pynvml.NVMLError:
+                self.handle = pynvml.nvmlDeviceGetHandleByIndex(device.index)
+            self.nvml = pynvml
+        except Exception as err:  # optional instrument: any failure means "no NVML numbers"
+            log.info("NVML utilization unavailable: %s", err)
+            self.handle = None
+
+    def __enter__(self):
+        self.samples, self._stop = [], threading.Event()
+        if self.handle is not None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            u = self.nvml.nvmlDeviceGetUtilizationRates(self.handle)
+            self.samples.append((u.gpu, u.memory))
+            time.sleep(self.period_s)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.handle is not None:
+            self._thread.join()
+
+    def means(self) -> tuple[float | str, float | str]:
+        if not self.samples:
+            return "", ""
+        return statistics.fmean(s[0] for s in self.samples), statistics.fmean(s[1] for s in self.samples)
+
+
+def time_once(mod: ExpertParallelSwiGLU, xs_RD: Tensor, le_R: Tensor, train: bool) -> float:
+    """Seconds of one run of this rank's expert compute (forward, or forward + backward)."""
+    cuda = xs_RD.is_cuda
+    xs_RD = xs_RD.detach()
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+    else:
+        t0 = time.perf_counter()
+    if train:
+        out = mod.compute(xs_RD.requires_grad_(True), le_R)
+        out.backward(torch.ones_like(out))
+    else:
+        with torch.no_grad():
+            mod.compute(xs_RD, le_R)
+    if cuda:
+        end.record()
+        torch.cuda.synchronize()
+        dt = start.elapsed_time(end) / 1e3
+    else:
+        dt = time.perf_counter() - t0
+    if train:
+        mod.zero_grad(set_to_none=True)
+    return dt
+
+
+def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, sequential: bool, device) -> None:
+    """Fill ``entry["times"]`` (``repeats`` timings, after ``warmup`` untimed runs) for every prepared entry.
+
+    sequential: repeat-major turns over entries and ranks, each rank alone between two barriers (repeat 0:
+    strategy 0 rank 0, 1, ..., W-1, strategy 1 rank 0, ...; then repeat 1, ...), so a slow phase of a
+    shared machine is spread over all ranks and strategies instead of hitting one of them.
+    concurrent: per entry, all ranks at once after one barrier, with NVML sampling on GPUs.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for entry in entries:
+        entry["times"], entry["util"] = [], ("", "")
+    if sequential:
+        for i in range(warmup + repeats):
+            for entry in entries:
+                for turn in range(world):
+                    dist.barrier()
+                    if turn == rank:
+                        dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], train)
+                        if i >= warmup:
+                            entry["times"].append(dt)
+                dist.barrier()
+        return
+    for entry in entries:
+        sampler = _NvmlSampler(device)
+        dist.barrier()
+        with sampler:
+            for i in range(warmup + repeats):
+                dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], train)
+                if i >= warmup:
+                    entry["times"].append(dt)
+        entry["util"] = sampler.means()
+
+
+def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world: int, device):
+    """(this rank's x [T_r, D], idx [T_r, K], gates [T_r, K], global counts [E]) for one trace layer."""
+    lay = trace.layers[layer_pos]
+    D, E = args.d_model or trace.d_model, trace.num_experts
+    g = torch.Generator().manual_seed(args.seed * 7919 + 31 * lay.layer + rank)
+    if args.routing == "live":
+        from .config import FFNConfig, RouterConfig
+        from .routing import GroupedRouter, TopKRouter
+
+        T = (trace.tokens or args.tokens) // world
+        x_TD = torch.randn(T, D, generator=g)
+        G = len(trace.expert_widths)
+        kind = "mohge" if G >= 2 else "moe"
+        ffn = FFNConfig(kind=kind, num_experts=E, expert_widths=tuple(trace.expert_widths), placement="contiguous")
+        rcfg = RouterConfig(topk=trace.topk or args.topk, group_topk=min(args.group_topk, G))
+        torch.manual_seed(args.seed + lay.layer)  # same router on every rank
+        router = (GroupedRouter if kind == "mohge" else TopKRouter)(D, ffn, rcfg)
+        with torch.no_grad():
+            r = router(x_TD)
+        idx_TK, gates_TK = r.idx_TK, r.gates_TK.float()
+        counts = torch.bincount(idx_TK.reshape(-1), minlength=E).to(device)
+        dist.all_reduce(counts)
+        counts = counts.cpu()
+    else:
+        if replay is not None:
+            idx_np, gates_np = replay[lay.layer]
+        else:
+            topk = trace.topk or args.topk
+            idx_np, gates_np = routing_from_counts(lay.counts, topk, seed=args.seed + lay.layer)
+        if args.max_tokens and idx_np.shape[0] > args.max_tokens:
+            idx_np, gates_np = idx_np[: args.max_tokens], gates_np[: args.max_tokens]
+        counts = torch.bincount(torch.from_numpy(idx_np).reshape(-1), minlength=E)
+        part = np.array_split(np.arange(idx_np.shape[0]), world)[rank]
+        idx_TK, gates_TK = torch.from_numpy(idx_np[part]), torch.from_numpy(gates_np[part])
+        x_TD = torch.randn(len(part), D, generator=g)
+    return x_TD.to(device), idx_TK.to(device), gates_TK.to(device), counts.tolist()
+
+
+def measure(args: argparse.Namespace) -> int:
+    rank, world, device = _init()
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
+    trace = load_trace(args.trace)
+    replay = None
+    if args.routing in ("auto", "replay"):
+        replay = load_replay(trace)
+        if replay is None and args.routing == "replay":
+            raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
+    routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
+    timing = args.timing if args.timing != "auto" else ("concurrent" if device.type == "cuda" else "sequential")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    D = args.d_model or trace.d_model
+    widths_E = trace.widths_E
+    layers = [i for i, lay in enumerate(trace.layers) if not args.layers or lay.layer in args.layers]
+    if not layers:
+        raise SystemExit(f"none of --layers {args.layers} is in the trace ({[lay.layer for lay in trace.layers]})")
+    log.info(
+        "EP=%d on %s (%s), routing %s, timing %s, d_model %d, %s, %d repeats",
+        world,
+        device,
+        dist.get_backend(),
+        routing_kind,
+        timing,
+        D,
+        dtype,
+        args.repeats,
+    )
+    rows = []
+    for pos in layers:
+        x_TD, idx_TK, gates_TK, counts = _layer_routing(args, trace, replay, pos, rank, world, device)
+        x_TD = x_TD.to(dtype)
+        layer_id = trace.layers[pos].layer
+        y_first, entries = None, []
+        for strategy in args.strategies:
+            try:
+                ranks = place(strategy, widths_E, world, counts, trace.experts_per_group)
+            except ValueError as err:
+                log.warning("skipping: %s", err)
+                continue
+            mine = [e for e in range(len(widths_E)) if ranks[e] == rank]
+            weights = {
+                e: tuple(w.to(device, dtype) for w in expert_weights(e, widths_E[e], D, args.seed)) for e in mine
+            }
+            mod = ExpertParallelSwiGLU(widths_E, ranks, weights, backend=args.backend).to(device)
+            with torch.no_grad():
+                xs_RD, le_R, plan = mod.dispatch(x_TD, idx_TK)
+                y_TD = mod.combine(mod.compute(xs_RD, le_R), plan, gates_TK)
+            # Every strategy holds the same experts (weights seeded per expert), so outputs must agree.
+            if y_first is None:
+                y_first = y_TD
+            elif y_TD.numel():
+                diff = (y_TD.float() - y_first.float()).abs().max().item()
+                if diff > (1e-4 if dtype == torch.float32 else 5e-2):
+                    log.warning("layer %s %s: output differs from the first strategy by %.3g", layer_id, strategy, diff)
+            analytic = rank_loads(counts, widths_E, ranks, world, D, args.flop_mult)[rank]
+            assert analytic["tokens"] == xs_RD.shape[0], (analytic["tokens"], xs_RD.shape[0])
+            entries.append({"strategy": strategy, "mod": mod, "xs_RD": xs_RD, "le_R": le_R, "analytic": analytic})
+        time_entries(entries, args.repeats, args.warmup, args.train, timing == "sequential", device)
+        for entry in entries:
+            times, analytic = entry["times"], entry["analytic"]
+            rows.append(
+                {
+                    "model": trace.model,
+                    "layer": layer_id,
+                    "strategy": entry["strategy"],
+                    "ep_size": world,
+                    "rank": rank,
+                    "experts": analytic["experts"],
+                    "tokens": analytic["tokens"],
+                    "flops": analytic["flops"],
+                    "seconds": statistics.median(times),
+                    "seconds_min": min(times),
+                    "repeats": len(times),
+                    "timing": timing,
+                    "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                    "routing": routing_kind,
+                    "gpu_util_pct": entry["util"][0],
+                    "gpu_mem_util_pct": entry["util"][1],
+                }
+            )
+            log.info(
+                "layer %s %-12s rank %d: %d rows, median %.2f ms",
+                layer_id,
+                entry["strategy"],
+                rank,
+                analytic["tokens"],
+                1e3 * statistics.median(times),
+            )
+        del entries
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, rows)
+    if rank == 0:
+        all_rows = sorted((r for part in gathered for r in part), key=lambda r: (r["layer"], r["strategy"], r["rank"]))
+        path = write_csv(all_rows, Path(args.out) / "measured.csv", MEASURED_COLUMNS)
+        log.info("wrote %s (%d rows)", path, len(all_rows))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Correctness check against the single-process experts (used by the tests)
+
+CHECK_WIDTHS = (8, 12, 16, 20)  # G = 4 width classes, symmetric (8 + 20 = 12 + 16)
+CHECK_N, CHECK_D, CHECK_T, CHECK_K = 2, 16, 75, 3
+
+
+def check_problem(seed: int = 0) -> dict:
+    """The fixed small problem of ``check``: inputs, routing (expert 5 gets no token), weights, upstream grad."""
+    g = torch.Generator().manual_seed(seed)
+    E = len(CHECK_WIDTHS) * CHECK_N
+    scores_TE = torch.rand(CHECK_T, E, generator=g)
+    scores_TE[:, 5] = -1.0  # an expert that receives no token
+    idx_TK = scores_TE.topk(CHECK_K, dim=-1).indices
+    gates_TK = torch.softmax(torch.randn(CHECK_T, CHECK_K, generator=g), dim=-1)
+    w1s = [torch.randn(CHECK_N, 2 * h, CHECK_D, generator=g) * 0.3 for h in CHECK_WIDTHS]
+    w2s = [torch.randn(CHECK_N, CHECK_D, h, generator=g) * 0.3 for h in CHECK_WIDTHS]
+    return {
+        "x": torch.randn(CHECK_T, CHECK_D, generator=g),
+        "idx": idx_TK,
+        "gates": gates_TK,
+        "w1s": w1s,
+        "w2s": w2s,
+        "dy": torch.randn(CHECK_T, CHECK_D, generator=g),
+        "widths_E": [h for h in CHECK_WIDTHS for _ in range(CHECK_N)],
+    }
+
+
+def check(args: argparse.Namespace) -> int:
+    rank, world, device = _init()
+    if device.type != "cpu":
+        raise SystemExit("check runs on CPU (gloo) only")
+    p = check_problem(args.seed)
+    widths_E, E = p["widths_E"], len(p["widths_E"])
+    counts = torch.bincount(p["idx"].reshape(-1), minlength=E).tolist()
+    part = np.array_split(np.arange(CHECK_T), world)[rank]
+    flat_w1 = [w[j] for w in p["w1s"] for j in range(CHECK_N)]
+    flat_w2 = [w[j] for w in p["w2s"] for j in range(CHECK_N)]
+    results = {}
+    for strategy in args.strategies:
+        ranks = place(strategy, widths_E, world, counts, CHECK_N)
+        weights = {e: (flat_w1[e].clone(), flat_w2[e].clone()) for e in range(E) if ranks[e] == rank}
+        mod = ExpertParallelSwiGLU(widths_E, ranks, weights, backend=args.backend)
+        x = p["x"][part].clone().requires_grad_(True)
+        gates = p["gates"][part].clone().requires_grad_(True)
+        y = mod(x, p["idx"][part], gates)
+        (y * p["dy"][part]).sum().backward()
+        # Weight grads back to full class-major shapes; each expert lives on one rank, so a sum gathers them.
+        dw1s = [torch.zeros_like(w) for w in p["w1s"]]
+        dw2s = [torch.zeros_like(w) for w in p["w2s"]]
+        local = iter(mod.local_experts)
+        for gw1, gw2 in zip(mod.w1, mod.w2, strict=True):
+            for i in range(gw1.shape[0]):
+                e = next(local)
+                c, j = divmod(e, CHECK_N)
+                dw1s[c][j], dw2s[c][j] = gw1.grad[i], gw2.grad[i]
+        for t in (*dw1s, *dw2s):
+            dist.all_reduce(t)
+        gathered: list = [None] * world
+        dist.all_gather_object(gathered, (y.detach(), x.grad, gates.grad))
+        results[strategy] = {
+            "rank_of_expert": ranks,
+            "y": torch.cat([g[0] for g in gathered]),
+            "dx": torch.cat([g[1] for g in gathered]),
+            "dgates": torch.cat([g[2] for g in gathered]),
+            "dw1s": dw1s,
+            "dw2s": dw2s,
+        }
+    if rank == 0:
+        torch.save({"problem": p, "world": world, "results": results}, args.out)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchrun ... -m mohge.expert_parallel",
+        description="Expert-parallel expert layer: per-rank timing (measure) and a correctness check (check).",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("measure", help="time each rank's expert compute for every strategy (measured.csv)")
+    m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.utilization)")
+    m.add_argument("--out", type=Path, required=True, help="folder for measured.csv")
+    m.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="STRATEGY")
+    m.add_argument("--layers", nargs="+", type=int, help="layer ids to measure (default: all)")
+    m.add_argument("--routing", choices=("auto", "replay", "counts", "live"), default="auto")
+    m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--warmup", type=int, default=1)
+    m.add_argument("--timing", choices=("auto", "sequential", "concurrent"), default="auto")
+    m.add_argument("--d-model", type=int, help="override the trace's d_model for the timed experts")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default fp32 on CPU, bf16 on GPU")
+    m.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
+    m.add_argument("--train", action="store_true", help="time forward + backward")
+    m.add_argument("--flop-mult", type=float, default=6.0)
+    m.add_argument("--max-tokens", type=int, help="replay only the first N tokens of each layer")
+    m.add_argument("--tokens", type=int, default=4096, help="live routing: tokens when the trace has none")
+    m.add_argument("--topk", type=int, default=6, help="experts per token when the trace has no 'topk'")
+    m.add_argument("--group-topk", type=int, default=4, help="live routing: groups per token")
+    m.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("check", help="EP forward/backward on a small fixed problem, saved for the tests")
+    c.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")
+    c.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="STRATEGY")
+    c.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
+    c.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return measure(args) if args.command == "measure" else check(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The experiment plan: from the workflow config to one resolved, validated ``RunConfig`` per run.
+
+The Snakefile calls :func:`plan` at parse time, so every run's config is built and checked (strictly, by the
+dataclasses of :mod:`mohge.config`) before any job starts. A run is ``{dataset}-{family}-s{seed}``; its model
+is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.matched`,
+its vocabulary and context taken from the dataset.
+
+Workflow config keys (see ``configs/README.md``): ``datasets`` (name -> data section), ``model``, ``loss``,
+``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset, families, seeds}),
+``moe_width`` (the homogeneous baseline's width; null = the release's ratio), ``utilization``, ``figures``.
+
+    python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
+    python -m mohge.runs list CONFIG     # the runs a config plans
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+import typing
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from .config import ConfigError, EvalConfig, LossConfig, ModelConfig, RunConfig, TrainConfig, to_dict
+from .matched import FAMILIES, derive
+
+PLACEMENTS_FOR_STUDY = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
+
+
+def run_name(dataset: str, family: str, seed: int) -> str:
+    return f"{dataset}-{family}-s{seed}"
+
+
+def _section(config: dict, key: str) -> dict:
+    value = config.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}={value!r}: expected a mapping")
+    return value
+
+
+def plan(config: dict) -> dict[str, RunConfig]:
+    """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key."""
+    datasets = _section(config, "datasets")
+    if not datasets:
+        raise ConfigError("datasets: at least one dataset is needed")
+    base_model = _section(config, "model")
+    experiments = config.get("experiments") or []
+    if not experiments:
+        raise ConfigError("experiments: at least one experiment is needed")
+    runs: dict[str, RunConfig] = {}
+    for i, exp in enumerate(experiments):
+        where = f"experiments[{i}]"
+        ds = exp.get("dataset")
+        if ds not in datasets:
+            raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
+        data = datasets[ds]
+        for fam in exp.get("families", []):
+            if fam not in FAMILIES:
+                raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
+            seeds = exp.get("seeds", {})
+            fam_seeds = seeds.get(fam, seeds.get("default", [0])) if isinstance(seeds, dict) else seeds
+            model_dict = {
+                **base_model,
+                "vocab_size": data.get("vocab_size", 2048),
+                "max_seq_len": data.get("seq_len", 256),
+            }
+            mohge_cfg = ModelConfig.from_dict(model_dict, "model")
+            model = derive(mohge_cfg, fam, config.get("moe_width"))
+            for seed in fam_seeds:
+                name = run_name(ds, fam, seed)
+                train = {**_section(config, "train"), "seed": seed}
+                runs[name] = RunConfig.from_dict(
+                    {
+                        "name": name,
+                        "family": fam,
+                        "dataset": ds,
+                        "model": to_dict(model),
+                        "loss": _section(config, "loss"),
+                        "train": train,
+                        "data": data,
+                        "eval": _section(config, "eval"),
+                    }
+                )
+    return runs
+
+
+# ---------------------------------------------------------------- JSON schema, generated from the dataclasses
+
+
+def _schema_of(tp: Any) -> dict:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [_schema_of(a) for a in typing.get_args(tp) if a is not type(None)]
+        return {"anyOf": [*options, {"type": "null"}]}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        props = {f.name: _schema_of(hints[f.name]) for f in dataclasses.fields(tp) if f.init and f.name != "_path"}
+        return {"type": "object", "additionalProperties": False, "properties": props}
+    if origin is tuple:
+        args = typing.get_args(tp)
+        return {"type": "array", "items": _schema_of(args[0])}
+    if tp is dict or origin is dict:
+        return {"type": "object"}
+    return {
+        int: {"type": "integer"},
+        float: {"type": "number"},
+        bool: {"type": "boolean"},
+        str: {"type": "string"},
+    }[tp]
+
+
+def workflow_schema() -> dict:
+    """JSON schema of the workflow config; ``additionalProperties: false`` at every level."""
+    from .data import DataConfig
+
+    data = _schema_of(DataConfig)
+    model = _schema_of(ModelConfig)
+    for key in ("vocab_size", "max_seq_len"):  # taken from the dataset
+        model["properties"].pop(key)
+    seeds = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    experiment = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["dataset", "families"],
+        "properties": {
+            "dataset": {"type": "string"},
+            "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
+            "seeds": {
+                "anyOf": [
+                    seeds,
+                    {"type": "object", "additionalProperties": False, "properties": {k: seeds for k in (*FAMILIES, "default")}},
+                ]
+            },
+        },
+    }
+    return {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "title": "mohge workflow config (generated by `python -m mohge.runs schema`; do not edit by hand)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["datasets", "experiments"],
+        "properties": {
+            "datasets": {"type": "object", "additionalProperties": data, "minProperties": 1},
+            "model": model,
+            "loss": _schema_of(LossConfig),
+            "train": _schema_of(TrainConfig),
+            "eval": _schema_of(EvalConfig),
+            "experiments": {"type": "array", "items": experiment, "minItems": 1},
+            "moe_width": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+            "utilization": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "strategies": {"type": "array", "items": {"enum": list(PLACEMENTS_FOR_STUDY)}},
+                    "ep_sizes": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                    "measure_nproc": {"type": "integer", "minimum": 0},
+                    "measure_tokens": {"type": "integer", "minimum": 1},
+                },
+            },
+            "figures": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"bench_csv": {"type": "string"}},
+            },
+        },
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mohge.runs", description="Experiment plan and config schema.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("schema", help="print the workflow config's JSON schema")
+    ls = sub.add_parser("list", help="list the runs a workflow config plans")
+    ls.add_argument("config")
+    args = ap.parse_args(argv)
+    if args.cmd == "schema":
+        print(json.dumps(workflow_schema(), indent=2))
+        return 0
+    with open(args.config) as fh:
+        runs = plan(yaml.safe_load(fh))
+    for name, cfg in runs.items():
+        print(f"{name:<32} {cfg.model.ffn.kind:<6} steps={cfg.train.steps}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

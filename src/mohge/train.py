@@ -1,0 +1,548 @@
+"""Training: AdamW with linear warmup and cosine decay, clipping, accumulation, aux losses, DDP, resume.
+
+    python -m mohge.train --config results/<run>/config.json --out results/<run>/model [--scratch DIR]
+    torchrun --standalone --nproc_per_node=4 -m mohge.train --config ... --out ... --gpus 4
+
+The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients and the group-loss schedule
+(on once step > total_steps * group_aux_start_frac, steps counted from 0) from ``LossConfig`` (spec section 3.4).
+
+* Optimizer: AdamW (eps 1e-8); weight decay on the >= 2-D weights (attention, experts, routers, LM head),
+  none on the RMSNorm gains and the input embedding.
+* Schedule (:func:`lr_at`, a pure function of the step, so the "scheduler state" is the step alone):
+  lr * (s + 1) / warmup for s < warmup, then cosine from lr at s = warmup to min_lr at s = steps - 1.
+* Batches: step s of rank r reads ``TokenStream.get_batch(s, batch_size, seq_len, seed * 1000 + r)``, a pure
+  function of (seed, step, rank); ``grad_accum`` splits it into equal micro-batches.
+* Precision: fp32 on a CPU; bf16 autocast on CUDA (``train.precision``); weights and optimizer stay fp32.
+* Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.checkpoint`) is loaded; on a CPU the run
+  then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
+* A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
+  checkpoint is written after it, so the newest one in SCRATCH is the last good state.
+
+Log rows (SCRATCH/train_log.jsonl while running, copied to OUT at the end), one per ``log_every`` steps:
+``step`` is the 0-based index of the last step of the window; losses are means over the window (all ranks);
+``aux`` the raw aux losses (no coefficient) summed over layers, ``aux_layers`` per layer; per MoE layer
+``group_usage`` = routed slots per width class / all slots, ``mean_expert_width`` = sum_e share_e * width_e
+(the mean width of one routed slot) and ``activated_expert_width`` = topk * that (routed FFN width per token).
+
+Legend: B batch, S sequence length, L MoE layers, E experts, G width classes (MoHGE groups), K top-k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import inspect
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from . import checkpoint as ckpt
+from .atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from .config import ConfigError, RunConfig, TrainConfig, load_run_config, to_dict
+from .data import TokenStream, load_meta, prepare
+from .losses import group_aux_active, weighted_aux
+from .model import LanguageModel
+from .moe import LayerStats
+from .params import count_params
+
+log = logging.getLogger("mohge.train")
+# train fields that may change between a checkpoint and its resumption without changing the trajectory
+RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm of a step is NaN or infinite."""
+
+
+class LaunchError(RuntimeError):
+    """The processes or devices do not match what the run asked for."""
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Learning rate of 0-based step ``step``: linear warmup to ``lr``, then cosine to ``min_lr``."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    progress = min(1.0, (step - tc.warmup_steps) / max(1, tc.steps - 1 - tc.warmup_steps))
+    return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None)
+
+
+def compute_loss(
+    model: torch.nn.Module, x_BS: torch.Tensor, y_BS: torch.Tensor, cfg: RunConfig, step: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[LayerStats]]:
+    """(total, lm, weighted aux, per-layer stats) of one micro-batch at 0-based ``step``."""
+    out = model(x_BS)
+    lm = F.cross_entropy(out.logits.float().flatten(0, 1), y_BS.flatten())
+    aux = lm.new_zeros(())
+    for stats in out.layers:
+        aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)
+    return lm + aux, lm, aux, out.layers
+
+
+@torch.no_grad()
+def heldout_loss(
+    model: torch.nn.Module,
+    data_dir: str | Path,
+    split: str,
+    batch_size: int,
+    seq_len: int,
+    max_batches: int = 0,
+    autocast: torch.dtype | None = None,
+) -> dict[str, float]:
+    """Mean next-token loss and perplexity over the first ``max_batches`` (0 = all) sequential batches."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll, n = 0.0, 0
+    for i, (x, y) in enumerate(TokenStream.open(data_dir, split).iter_eval_batches(batch_size, seq_len)):
+        if max_batches and i >= max_batches:
+            break
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            logits = model(x.to(device)).logits
+        nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+        n += y.numel()
+    model.train(was_training)
+    loss = nll / max(n, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Runtime: device, precision, processes
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    rank: int
+    world: int
+    device: torch.device
+    autocast: torch.dtype | None
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+def set_deterministic(mode: bool) -> None:
+    """``torch.use_deterministic_algorithms`` without its import of the inductor config (~3 s at start-up,
+    only to set a torch.compile flag; nothing here is compiled)."""
+    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
+    if setter is None:
+        torch.use_deterministic_algorithms(mode)
+    else:
+        setter(mode)
+
+
+def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
+    """Device and process group; under torchrun (WORLD_SIZE > 1) one process per GPU, checked against what
+    is visible and against ``gpus`` when given."""
+    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise LaunchError("train.device='cuda' but torch sees no CUDA device")
+        visible = torch.cuda.device_count()
+        if gpus is not None and (visible != gpus or local_world != gpus):
+            raise LaunchError(
+                f"--gpus {gpus}: {visible} GPU(s) visible (CUDA_VISIBLE_DEVICES="
+                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), {local_world} process(es) on this node"
+            )
+        if local_world > visible:
+            raise LaunchError(f"{local_world} processes on this node but only {visible} GPU(s) visible")
+        if local_world < visible and rank == 0:
+            log.warning("using %d of the %d visible GPUs", local_world, visible)
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        if gpus:
+            raise LaunchError(f"--gpus {gpus} given but train.device resolves to cpu")
+        device = torch.device("cpu")
+    if world > 1:
+        dist.init_process_group("nccl" if kind == "cuda" else "gloo")  # env:// from torchrun
+    precision = tc.precision if tc.precision != "auto" else ("bf16" if kind == "cuda" else "fp32")
+    if precision == "bf16" and kind == "cpu" and rank == 0:
+        log.warning("bf16 autocast on a CPU is ~20x slower than fp32 here")
+    return Runtime(rank, world, device, torch.bfloat16 if precision == "bf16" else None)
+
+
+def _wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
+    """DDP without per-forward buffer broadcasts (the buffers are constants: RoPE tables, expert widths)."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    quiet = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    ids = [rt.device.index] if rt.device.type == "cuda" else None
+    return ddp(model, device_ids=ids, **{quiet: False})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Log rows
+# ----------------------------------------------------------------------------------------------------
+
+
+class WindowMeter:
+    """Sums over one log window; routing sums stay on the device until a row is written."""
+
+    def __init__(self) -> None:
+        self.steps, self.micro, self.tokens, self.time = 0, 0, 0, 0.0
+        self.sums = dict.fromkeys(("loss", "lm_loss", "aux_loss", "grad_norm"), 0.0)
+        self.counts_LE: torch.Tensor | None = None
+        self.aux_L: dict[str, torch.Tensor] = {}
+
+    def add_micro(self, layers: list[LayerStats]) -> None:
+        self.micro += 1
+        if not layers:
+            return
+        counts = torch.stack([st.counts_E for st in layers])
+        self.counts_LE = counts if self.counts_LE is None else self.counts_LE + counts
+        for name in layers[0].aux:
+            v = torch.stack([st.aux[name].detach().float() for st in layers])
+            self.aux_L[name] = v if name not in self.aux_L else self.aux_L[name] + v
+
+    def add_step(self, values: dict[str, float], tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.time += seconds
+        for k in self.sums:
+            self.sums[k] += values[k]
+
+    def row(self, step: int, lr: float, cfg: RunConfig, rt: Runtime, total_tokens: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"step": step, "lr": lr}
+        row.update({k: v / max(self.steps, 1) for k, v in self.sums.items()})
+        row["tokens"] = total_tokens
+        row["tokens_per_s"] = self.tokens / self.time if self.time > 0 else None
+        row["group_aux_active"] = group_aux_active(step, cfg.train.steps, cfg.loss.group_aux_start_frac)
+        if self.counts_LE is None:
+            return row
+        counts, aux = self.counts_LE.clone(), {k: v.clone() for k, v in self.aux_L.items()}
+        if rt.world > 1:
+            dist.all_reduce(counts)
+            for v in aux.values():
+                dist.all_reduce(v)
+        means = {k: (v / (self.micro * rt.world)).tolist() for k, v in aux.items()}
+        row["aux"] = {k: sum(v) for k, v in means.items()}
+        row["aux_layers"] = means
+        ffn = cfg.model.ffn
+        counts_LE = counts.double()
+        share_LE = counts_LE / counts_LE.sum(1, keepdim=True).clamp_min(1)
+        widths_E = torch.tensor(ffn.per_expert_widths, dtype=torch.float64, device=counts.device)
+        mean_w = (share_LE * widths_E).sum(1)
+        row["group_usage"] = share_LE.view(len(counts), ffn.num_groups, -1).sum(2).tolist()
+        row["mean_expert_width"] = mean_w.tolist()
+        row["activated_expert_width"] = (mean_w * cfg.model.router.topk).tolist()
+        return row
+
+
+def read_log(path: Path, before_step: int) -> list[dict[str, Any]]:
+    """Rows of an existing log with step < ``before_step`` (rows of steps lost to a kill are dropped, and so
+    is a line cut short by one)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s: dropping an incomplete line", path)
+                continue
+            if row.get("step", before_step) < before_step:
+                rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------------
+# Data and config checks
+# ----------------------------------------------------------------------------------------------------
+
+
+def resolved_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run config with every default filled in (what OUT/config.json and checkpoints hold)."""
+    d = to_dict(cfg)
+    d["data"] = cfg.data_config.to_dict()
+    return json.loads(json.dumps(d))
+
+
+def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtime) -> Path:
+    """The prepared data folder: ``--data`` or, without it, SCRATCH/data prepared from the config."""
+    want = json.loads(json.dumps(cfg.data_config.to_dict()))
+    if data_arg is not None:
+        data_dir = Path(data_arg)
+    else:
+        data_dir = scratch / "data"
+        fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        if rt.main and not fresh:
+            log.info("preparing the data of the config into %s", data_dir)
+            prepare(cfg.data_config, data_dir)
+        rt.barrier()
+    meta = load_meta(data_dir)
+    have = meta.get("config", {})
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: prepared {have.get(k)!r}, config {want.get(k)!r}" for k in diff[:5])
+        raise ConfigError(f"data folder {data_dir} was prepared with another data config ({detail})")
+    if meta["vocab_size"] > cfg.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's {meta['vocab_size']}")
+    return data_dir
+
+
+def check_resumable(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
+    def strip(d: dict[str, Any]) -> dict[str, Any]:
+        train = {k: v for k, v in d["train"].items() if k not in RESUMABLE_CHANGES + ("device", "precision")}
+        return {"model": d["model"], "loss": d["loss"], "data": d["data"], "train": train}
+
+    a, b = strip(saved), strip(now)
+    diff = [f"{s}.{k}" for s in a for k in set(a[s]) | set(b[s]) if a[s].get(k) != b[s].get(k)]
+    if diff:
+        raise ConfigError(f"{where} was written by another config (differs in {sorted(diff)}); use another scratch")
+
+
+# ----------------------------------------------------------------------------------------------------
+# The loop
+# ----------------------------------------------------------------------------------------------------
+
+
+def train(
+    cfg: RunConfig,
+    out: str | Path,
+    scratch: str | Path | None = None,
+    data: str | None = None,
+    require_resume: bool = False,
+    gpus: int | None = None,
+) -> dict[str, Any]:
+    """Train ``cfg`` (resuming from SCRATCH when it holds a valid checkpoint); returns the summary."""
+    rt = setup_runtime(cfg.train, gpus)
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    try:
+        if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
+            set_deterministic(True)
+        return _train(cfg, Path(out), Path(scratch) if scratch else Path(out) / ".scratch", data, require_resume, rt)
+    finally:
+        set_deterministic(deterministic)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: Runtime) -> dict:
+    wall0, tc = time.perf_counter(), cfg.train
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    scratch.mkdir(parents=True, exist_ok=True)
+    data_dir = resolve_data(cfg, data, scratch, rt)
+    stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
+    resolved = resolved_config(cfg)
+    random.seed(tc.seed)
+    np.random.seed(tc.seed)
+    torch.manual_seed(tc.seed)
+    model = LanguageModel(cfg.model, cfg.loss).to(rt.device)
+    opt = build_optimizer(model, tc, fused=rt.device.type == "cuda")
+
+    if rt.main:
+        ckpt.remove_stale_temps(scratch)
+    found = [str(ckpt.find_latest_valid(scratch)[0] or "")] if rt.main else [""]
+    if rt.world > 1:
+        dist.broadcast_object_list(found)
+    start, last_good = 0, Path(found[0]) if found[0] else None
+    if last_good is not None:
+        state = ckpt.load_checkpoint(last_good, map_location=rt.device)
+        check_resumable(state["config"], resolved, last_good)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["state"]["optimizer"])
+        rngs = state["state"]["rng"]
+        ckpt.restore_rng(rngs[rt.rank] if len(rngs) == rt.world else rngs[0])
+        start = state["step"]
+        log.info("resuming from %s (step %d of %d)", last_good, start, tc.steps)
+    elif require_resume:
+        raise ckpt.CheckpointError(f"--require-resume: no valid checkpoint in {scratch}")
+    elif ckpt.list_checkpoints(scratch):
+        log.warning("no valid checkpoint in %s: starting from scratch", scratch)
+
+    log_path = scratch / "train_log.jsonl"
+    rows = read_log(log_path, start)
+    if rt.main:
+        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
+    net: torch.nn.Module = model
+    if rt.world > 1:
+        net = _wrap_ddp(model, rt)
+    model.train()
+    micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
+    meter, trained_tokens, train_time = WindowMeter(), 0, 0.0
+
+    def save(step: int) -> Path | None:
+        rngs = [ckpt.capture_rng()]
+        if rt.world > 1:
+            rngs = [None] * rt.world
+            dist.all_gather_object(rngs, ckpt.capture_rng())
+        path = None
+        if rt.main:
+            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs}
+            path = ckpt.save_checkpoint(scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints)
+        rt.barrier()
+        return path
+
+    bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", file=sys.stderr)
+    with bar, open(log_path, "a") if rt.main else contextlib.nullcontext() as log_fh:
+        for s in range(start, tc.steps):
+            t0 = time.perf_counter()
+            lr = lr_at(s, tc)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x_BS, y_BS = stream.get_batch(s, tc.batch_size, S, tc.seed * 1000 + rt.rank)
+            sums = torch.zeros(3, device=rt.device)
+            for m in range(tc.grad_accum):
+                xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
+                sync = net.no_sync() if rt.world > 1 and m < tc.grad_accum - 1 else contextlib.nullcontext()
+                with sync:
+                    with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
+                        total, lm, aux, layers = compute_loss(net, xm, ym, cfg, s)
+                    (total / tc.grad_accum).backward()
+                sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
+                meter.add_micro(layers)
+            if rt.world > 1:
+                dist.all_reduce(sums)
+                sums /= rt.world
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
+            loss, lm_loss, aux_loss, grad_norm = torch.cat([sums, gnorm.reshape(1).float()]).tolist()
+            if not all(map(math.isfinite, (loss, lm_loss, aux_loss, grad_norm))):
+                raise NonFiniteLossError(
+                    f"non-finite loss at step {s} (loss={loss}, lm_loss={lm_loss}, aux={aux_loss}, "
+                    f"grad_norm={grad_norm}); stopped before the optimizer step; last good checkpoint: "
+                    f"{last_good or 'none'}"
+                )
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if rt.device.type == "cuda":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            train_time += dt
+            trained_tokens += tokens_per_step
+            vals = {"loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss, "grad_norm": grad_norm}
+            meter.add_step(vals, tokens_per_step, dt)
+            bar.update(1)
+            if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
+                row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
+                meter = WindowMeter()
+                if rt.main:
+                    rows.append(row)
+                    log_fh.write(json.dumps(row) + "\n")
+                    log_fh.flush()
+                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}")
+            if tc.eval_every and (s + 1) % tc.eval_every == 0:
+                if rt.main:
+                    val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
+                    row = {"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]}
+                    rows.append(row)
+                    log_fh.write(json.dumps(row) + "\n")
+                    log_fh.flush()
+                rt.barrier()
+            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
+                last_good = save(s + 1)
+
+    summary: dict[str, Any] = {}
+    if rt.main:
+        summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
+        summary["wall_time_s"] = time.perf_counter() - wall0
+        write_json_atomic(out / "summary.json", summary)
+        log.info("done: %s", json.dumps(summary))
+    rt.barrier()
+    return summary
+
+
+def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
+    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
+    tc = cfg.train
+    ckpt.write_model(out / "model.safetensors", model.state_dict())
+    write_json_atomic(out / "config.json", resolved)
+    write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
+    write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
+    last = next((r for r in reversed(rows) if "loss" in r), {})
+    params = count_params(cfg.model)
+    return {
+        "name": cfg.name,
+        "family": cfg.family,
+        "steps": tc.steps,
+        "resumed_from_step": start,
+        "tokens_trained": tc.steps * tc.batch_size * cfg.data_config.seq_len * rt.world,
+        "final_train_loss": last.get("loss"),
+        "final_lm_loss": last.get("lm_loss"),
+        "val_loss": val["loss"],
+        "val_ppl": val["ppl"],
+        "val_tokens": val["tokens"],
+        "tokens_per_s": trained_tokens / train_time if train_time > 0 else None,
+        "device": str(rt.device),
+        "world_size": rt.world,
+        "precision": "bf16" if rt.autocast is not None else "fp32",
+        "params_total": params["total_sum"],
+        "params_activated": params["activated_sum"],
+        "params_total_non_embedding": params["total_non_embedding"],
+        "params_activated_non_embedding": params["activated_non_embedding"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m mohge.train",
+        description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
+        epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
+        "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss.",
+    )
+    ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
+    ap.add_argument(
+        "--out",
+        required=True,
+        help="final outputs: model.safetensors, config.json, tokenizer.json, train_log.jsonl, summary.json",
+    )
+    ap.add_argument(
+        "--scratch", help="resumable state: step_*/ checkpoints and the live train_log.jsonl (default OUT/.scratch)"
+    )
+    ap.add_argument(
+        "--data",
+        help="prepared data folder (python -m mohge.data); default: the config's data section, "
+        "prepared into SCRATCH/data when missing",
+    )
+    ap.add_argument("--require-resume", action="store_true", help="fail instead of starting without a checkpoint")
+    ap.add_argument("--gpus", type=int, help="GPUs this run must see and use (checked against torchrun and CUDA)")
+    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = ap.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=args.log_level if rank == 0 else "WARNING",
+        format=f"%(asctime)s %(levelname)s %(name)s[{rank}]: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
+    except NonFiniteLossError as err:
+        log.error("%s", err)
+        return 3
+    except (ConfigError, ckpt.CheckpointError, FileNotFoundError, LaunchError) as err:
+        log.error("%s", err)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

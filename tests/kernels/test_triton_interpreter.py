@@ -1,0 +1,271 @@
+"""CPU tests of the Triton expert path: Triton's interpreter against the per-expert loop, fp32, awkward shapes.
+
+Why child processes. ``TRITON_INTERPRET=1`` is read when a ``@triton.jit`` decorator runs, i.e. when
+``mohge.kernels.triton_*`` is first imported, and the module then stays cached in ``sys.modules``. Setting
+it inside this pytest process would either come too late (another test imported the kernels first) or
+leak (the GPU tests of the same session would run interpreted). So the module fixture runs *this file*
+as a script in two child processes with ``TRITON_INTERPRET=1`` set before anything imports Triton; they
+compute every case and print JSON, and the tests here only compare numbers. The pytest process never
+imports the Triton kernels. The same trick compiles every kernel for Hopper (sm_90) without a GPU.
+
+Legend: T tokens, D model width, K experts per token, H expert width.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# name -> (T, K, D, widths per class, experts per class, unused expert ids, frozen weights)
+CASES = {
+    "one_token": (1, 2, 48, [20, 36], [2, 2], [], False),
+    "t127_k2_empty_expert": (127, 2, 48, [20, 36], [3, 2], [2], False),
+    "t127_k1_d40": (127, 1, 40, [24, 36], [2, 2], [], False),
+    "t24_k6_three_classes": (24, 6, 48, [20, 36, 16], [3, 3, 2], [], False),
+    "t40_k3_d36_frozen_weights": (40, 3, 36, [20, 40], [2, 2], [0], True),
+}
+TOL = 1e-4  # max |triton - loop| / max(1, max |loop|), fp32 against a float64 loop
+WORKERS = 2
+
+
+def _interpreter_usable() -> str | None:
+    """Why the interpreter cannot run here (None if it can)."""
+    try:
+        import triton
+    except ImportError:
+        return "triton is not installed"
+    tv = tuple(int(p) for p in triton.__version__.split(".")[:2])
+    nv = tuple(int(p) for p in np.__version__.split(".")[:2])
+    if tv < (3, 7) and nv >= (2, 4):
+        return f"triton {triton.__version__}'s interpreter breaks with numpy {np.__version__}"
+    return None
+
+
+def _child(args: list[str]) -> subprocess.Popen:
+    env = dict(os.environ, TRITON_INTERPRET="1", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _collect(proc: subprocess.Popen, timeout: float) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, f"interpreter worker failed:\n{err[-4000:]}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict:
+    reason = _interpreter_usable()
+    if reason:
+        pytest.skip(reason)
+    names = list(CASES)
+    procs = [_child(["--cases", *names[i::WORKERS]]) for i in range(WORKERS)]
+    results = {}
+    for p in procs:
+        results.update(_collect(p, timeout=600))
+    return results
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_forward_and_grads_match_loop(interpreter_results, name):
+    res = interpreter_results[name]
+    for tensor, (err, scale) in res["errors"].items():
+        assert err <= TOL * max(1.0, scale), f"{name}: {tensor} off by {err:.3g} (scale {scale:.3g})"
+    for e in CASES[name][5]:
+        assert res["unused_expert_grad"][str(e)] == 0.0, f"expert {e} has no token: its grads must be zero"
+
+
+def test_custom_ops_fake_shapes(interpreter_results):
+    assert interpreter_results["fake"]["mismatches"] == [], interpreter_results["fake"]["mismatches"]
+
+
+def test_kernels_compile_for_hopper():
+    """Every kernel variant the launchers use compiles to sm_90 PTX and cubin (ptxas ships with triton)."""
+    pytest.importorskip("triton.backends.nvidia")
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--compile"],
+        env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    res = _collect(proc, timeout=600)
+    assert res["failed"] == {}, res["failed"]
+    # aligned bf16 GEMMs must use Hopper's wgmma and asynchronous (pipelined) copies
+    for name, feats in res["features"].items():
+        if name.startswith("bf16 ") and "gemm" in name:
+            assert feats["wgmma"] and feats["cp_async"], (name, feats)
+
+
+def test_tile_list_covers_each_output_once():
+    from mohge.kernels.triton_schedule import tile_list
+
+    m_E, n_E = np.array([0, 1, 33, 16, 5]), np.array([20, 36, 20, 0, 48])
+    tiles = tile_list(m_E, n_E, 16, 16)
+    for e in range(m_E.size):
+        cover = np.zeros((m_E[e], n_E[e]), dtype=int)
+        for _, m0, n0 in tiles[tiles[:, 0] == e]:
+            cover[m0 : m0 + 16, n0 : n0 + 16] += 1
+        assert np.all(cover == 1), e
+    assert not np.any(tiles[:, 0] == 0) and not np.any(tiles[:, 0] == 3), "empty extents get no tile"
+
+
+# ---------------------------------------------------------------- child-process side (never run by pytest)
+
+
+def _make_case(T, K, D, widths, ns, unused, frozen, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    E = sum(ns)
+    allowed = torch.tensor([e for e in range(E) if e not in unused])
+    idx = torch.stack([allowed[torch.randperm(allowed.numel(), generator=g)[:K]] for _ in range(T)])
+    x = torch.randn(T, D, generator=g)
+    w1s = [torch.randn(n, 2 * h, D, generator=g) / D**0.5 for n, h in zip(ns, widths, strict=True)]
+    w2s = [torch.randn(n, D, h, generator=g) / h**0.5 for n, h in zip(ns, widths, strict=True)]
+    gates = torch.rand(T, K, generator=g) + 0.1
+    dy = torch.randn(T, D, generator=g)
+    leaves = [x, gates] + ([] if frozen else [*w1s, *w2s])
+    for t in leaves:
+        t.requires_grad_(True)
+    return x, idx, gates, w1s, w2s, dy, leaves
+
+
+def _run_case(name: str) -> dict:
+    import torch
+
+    from mohge.kernels.reference import swiglu_loop
+    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+
+    T, K, D, widths, ns, unused, frozen = CASES[name]
+    x, idx, gates, w1s, w2s, dy, leaves = _make_case(*CASES[name])
+    y = swiglu_grouped_triton(x, idx, gates, w1s, w2s)
+    grads = torch.autograd.grad(y, leaves, dy)
+    d = [t.detach().double().requires_grad_(t.requires_grad) for t in (x, gates, *w1s, *w2s)]
+    x64, g64, w64 = d[0], d[1], d[2:]
+    nc = len(w1s)
+    y64 = swiglu_loop(x64, idx, g64, w64[:nc], w64[nc:])
+    leaves64 = [x64, g64] + ([] if frozen else w64)
+    ref = torch.autograd.grad(y64, leaves64, dy.double(), allow_unused=True)  # an unused class gets None
+    ref = [torch.zeros_like(t) if r is None else r for t, r in zip(leaves64, ref, strict=True)]
+    labels = ["x", "gates"] + ([] if frozen else [f"w1[{c}]" for c in range(nc)] + [f"w2[{c}]" for c in range(nc)])
+    errors = {"y": [(y.double() - y64).abs().max().item(), y64.abs().max().item()]}
+    for label, a, b in zip(labels, grads, ref, strict=True):
+        errors["d" + label] = [(a.double() - b).abs().max().item(), b.abs().max().item()]
+    unused_grad = {}
+    if not frozen:
+        per_expert = [(c, j) for c, n in enumerate(ns) for j in range(n)]
+        for e in unused:
+            c, j = per_expert[e]
+            unused_grad[str(e)] = float(grads[2 + c][j].abs().max() + grads[2 + nc + c][j].abs().max())
+    else:
+        unused_grad = {str(e): 0.0 for e in unused}
+    return {"errors": errors, "unused_expert_grad": unused_grad}
+
+
+def _check_fakes() -> dict:
+    """Each custom op's fake implementation gives the real output's shapes and dtypes."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from mohge.kernels.triton_permute import combine_rows_op, gate_grad_op, gather_rows_op
+    from mohge.kernels.triton_projections import OPS
+    from mohge.kernels.triton_swiglu import route
+
+    x, idx, gates, w1s, w2s, dy, _ = _make_case(9, 2, 48, [20, 36], [2, 2], [], True)
+    E = 4
+    order, tok, inv, counts = route(idx, E)
+
+    def calls(x, gates, w1s, w2s, dy, order, tok, inv):
+        xs = gather_rows_op(x, tok)
+        act, h = OPS["up_swiglu"](xs, w1s, counts)
+        out = OPS["down_proj"](act, w2s, counts)
+        dg, dout = gate_grad_op(dy, out, order, gates)
+        dh = OPS["down_proj_bwd"](dout, h, w2s, counts)
+        dxs = OPS["up_proj_bwd_x"](dh, w1s, counts)
+        return [xs, act, h, out, combine_rows_op(out, inv, gates), combine_rows_op(dxs, inv, None),
+                dg, dout, dh, dxs, *OPS["grad_w1"](dh, xs, w1s, counts), *OPS["grad_w2"](dout, act, w2s, counts)]  # fmt: skip
+
+    args = (x.detach(), gates.detach(), w1s, w2s, dy, order, tok, inv)
+    real = calls(*args)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else [mode.from_tensor(w) for w in a] for a in args]
+        fake = calls(*fake_args)
+    bad = [i for i, (r, f) in enumerate(zip(real, fake, strict=True)) if r.shape != f.shape or r.dtype != f.dtype]
+    return {"mismatches": bad}
+
+
+def _compile_all() -> dict:
+    """Compile every launched kernel variant for cuda sm_90 (no GPU needed), bf16 (hinted) and fp32."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from mohge.kernels import triton_gemm as G
+    from mohge.kernels import triton_permute as P
+
+    def compile_for(fn, types: dict, constexprs: dict, num_warps=4, num_stages=3):
+        sig = {n: "constexpr" if n in constexprs else types[n] for n in fn.arg_names}
+        aligned = [n for n in fn.arg_names if n in types and (types[n].startswith("*") or n == "D")]
+        attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+        src = ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs)
+        opts = {"num_warps": num_warps, "num_stages": num_stages}
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=opts)
+
+    variants = []
+    for dt, hint, (bm, bn, bk, nw, ns), prec in [
+        ("bf16", True, (128, 128, 64, 8, 3), "tf32"),
+        ("bf16", False, (128, 128, 64, 8, 3), "tf32"),
+        ("fp32", False, (64, 64, 32, 4, 2), "ieee"),
+    ]:
+        c = dict(HINT=hint, UPCAST=False, PRECISION=prec, BM=bm, BN=bn, BK=bk)
+        rows = {n: f"*{dt}" for n in ("a_ptr", "c_ptr", "h_ptr", "x_ptr", "act_ptr", "g_ptr")}
+        rows.update(desc_ptr="*i64", tile_ptr="*i64")
+        tag = f"{dt}{'' if hint else '_nohint'}"
+        variants.append((f"{tag} gemm up_swiglu", G._up_swiglu_kernel, rows, c, nw, ns))
+        for b_nk, sw in [(True, False), (False, True), (False, False)]:
+            cc = dict(c, B_NK=b_nk, SWIGLU_BWD=sw)
+            variants.append((f"{tag} gemm mm B_NK={b_nk} SWIGLU_BWD={sw}", G._grouped_mm_kernel, rows, cc, nw, ns))
+        variants.append((f"{tag} gemm wgrad", G._wgrad_kernel, rows, c, nw, ns))
+    for dt in ("bf16", "fp32"):
+        perm = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", rows_ptr=f"*{dt}", y_ptr=f"*{dt}", dy_ptr=f"*{dt}",
+                    dout_ptr=f"*{dt}", src_ptr="*i64", inv_ptr="*i64", order_ptr="*i64", gate_ptr="*fp32",
+                    gates_ptr="*fp32", dgates_ptr="*fp32", A="i32", T="i32", K="i32", D="i32")  # fmt: skip
+        variants.append((f"{dt} gather", P._gather_rows_kernel, perm, dict(BR=16, BD=256), 4, 1))
+        variants.append((f"{dt} combine", P._combine_rows_kernel, perm, dict(HAS_GATE=True, BT=16, BD=256), 4, 1))
+        variants.append((f"{dt} gate_grad", P._gate_grad_kernel, perm, dict(BR=16, BD=256), 4, 1))
+    failed, features = {}, {}
+    for name, fn, types, cexpr, nw, ns in variants:
+        try:
+            ptx = compile_for(fn, types, cexpr, nw, ns).asm["ptx"]
+        except Exception as exc:  # report every failing variant, not just the first
+            failed[name] = f"{type(exc).__name__}: {str(exc)[-800:]}"
+            continue
+        features[name] = {"wgmma": "wgmma" in ptx, "cp_async": bool(re.search(r"cp\.async", ptx))}
+    return {"failed": failed, "features": features}
+
+
+def _main(argv: list[str]) -> None:
+    if argv[0] == "--compile":
+        print(json.dumps(_compile_all()))
+        return
+    assert argv[0] == "--cases" and os.environ.get("TRITON_INTERPRET") == "1"
+    import torch
+
+    torch.set_num_threads(1)
+    results = {name: _run_case(name) for name in argv[1:]}
+    if CASES and argv[1] == next(iter(CASES)):
+        results["fake"] = _check_fakes()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -1,0 +1,73 @@
+# Validation, wildcard constraints and input functions; no rules here.
+import json
+
+from mohge.config import to_dict
+from mohge.runs import plan
+
+# Every run's config is resolved and validated now, at parse time: a bad config fails before any job.
+RUNS = plan(config)
+DATASETS = sorted({cfg.dataset for cfg in RUNS.values()})
+MAIN_DATASET = config["experiments"][0]["dataset"]
+UTIL = config.get("utilization", {})
+
+
+wildcard_constraints:
+    run="|".join(RUNS),
+    dataset="|".join(DATASETS),
+
+
+def run_config(wildcards):
+    return RUNS[wildcards.run]
+
+
+def run_config_json(wildcards):
+    """The resolved config as a string: a params entry, so a changed config reruns the run."""
+    return json.dumps(to_dict(RUNS[wildcards.run]), sort_keys=True)
+
+
+def dataset_config_json(wildcards):
+    cfg = next(c for c in RUNS.values() if c.dataset == wildcards.dataset)
+    return json.dumps({"data": cfg.data}, sort_keys=True)
+
+
+def data_dir(wildcards):
+    return f"work/data/{RUNS[wildcards.run].dataset}"
+
+
+def data_meta(wildcards):
+    return f"{data_dir(wildcards)}/meta.json"
+
+
+def runs_where(family=None, dataset=None, source=None):
+    return [
+        name
+        for name, cfg in RUNS.items()
+        if (family is None or cfg.family == family)
+        and (dataset is None or cfg.dataset == dataset)
+        and (source is None or cfg.data_config.source == source)
+    ]
+
+
+def trace_runs():
+    """Runs whose routing traces feed the utilization study and F3: one seed of each MoE family."""
+    return [n for n, c in RUNS.items() if c.family != "dense" and c.train.seed == min(
+        o.train.seed for o in RUNS.values() if o.family == c.family and o.dataset == c.dataset)]
+
+
+def launcher(resources):
+    """torchrun for multi-GPU jobs (the SLURM profile sets `gpu`), plain python otherwise."""
+    gpus = int(resources.get("gpu", 0))
+    if gpus > 1:
+        return f"torchrun --standalone --nproc_per_node={gpus} -m"
+    return "python -m"
+
+
+def all_tables():
+    return expand("results/tables/{table}.{ext}", table=["T1_main", "T2_params", "T3_balance"], ext=["csv", "md", "tex"])
+
+
+FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F6_kernels"]
+
+
+def all_figures():
+    return expand("figures/{fig}.{ext}", fig=FIGURES, ext=["png", "pdf"])

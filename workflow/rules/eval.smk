@@ -1,0 +1,45 @@
+rule evaluate:
+    # lm-eval, fully offline: perplexity on held-out text, cloze, continuation choice and graded tasks
+    # built from the dataset's held-out split, plus val/test loss computed directly.
+    input:
+        model="work/runs/{run}/model.safetensors",
+        meta=data_meta,
+    output:
+        metrics="results/runs/{run}/metrics.json",
+    params:
+        ckpt="work/runs/{run}",
+        data=data_dir,
+    log:
+        "logs/eval/{run}.log",
+    benchmark:
+        "benchmarks/eval/{run}.tsv"
+    threads: 1
+    resources:
+        gpu=0,
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 30 * attempt,
+    shell:
+        "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} > {log} 2>&1"
+
+
+rule trace:
+    # Routing on held-out data: tokens per expert and group, per layer and difficulty level. The replayable
+    # per-token routing (.npz) stays in work/; the small JSON summary is copied into results/.
+    input:
+        model="work/runs/{run}/model.safetensors",
+        meta=data_meta,
+    output:
+        trace="work/runs/{run}/trace.json",
+        summary="results/runs/{run}/trace.json",
+    params:
+        ckpt="work/runs/{run}",
+        data=data_dir,
+    log:
+        "logs/trace/{run}.log",
+    threads: 1
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 20 * attempt,
+    shell:
+        "python -m mohge.traces --ckpt {params.ckpt} --data {params.data} --out {output.trace} > {log} 2>&1"
+        " && cp {output.trace} {output.summary}"

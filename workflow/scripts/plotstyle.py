@@ -1,0 +1,233 @@
+"""Shared style and glue of every table and figure script: colours, labels, statistics, saving, invocation.
+
+Figures never need a GPU (STYLE.md, principle 6): the scripts import pandas, matplotlib and this module, nothing
+else. Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
+Colours are the Okabe-Ito palette (safe under the common colour-vision deficiencies); each family also has its
+own marker, so the figures read in greyscale too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import traceback
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
+FAMILY_COLORS = {
+    "mohge": "#D55E00",  # vermillion: the method
+    "moe": "#0072B2",  # blue
+    "moe_equal": "#56B4E9",  # sky blue: the same architecture as moe, narrower
+    "hmoe": "#009E73",  # bluish green
+    "modse": "#CC79A7",  # reddish purple
+    "dense": "#555555",  # grey
+}
+FAMILY_MARKERS = {"mohge": "o", "moe": "s", "moe_equal": "D", "hmoe": "^", "modse": "v", "dense": "X"}
+FAMILY_LABELS = {
+    "mohge": "MoHGE",
+    "moe": "MoE",
+    "moe_equal": "MoE (equal params)",
+    "hmoe": "HMoE",
+    "modse": "MoDSE",
+    "dense": "Dense",
+}
+STRATEGIES = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
+STRATEGY_COLORS = {"contiguous": "#E69F00", "all_size": "#D55E00", "modse_pairs": "#CC79A7", "flop_lpt": "#009E73"}
+STRATEGY_LABELS = {
+    "contiguous": "contiguous",
+    "all_size": "all-size (MoHGE)",
+    "modse_pairs": "MoDSE pairs",
+    "flop_lpt": "FLOP-greedy (LPT)",
+}
+LEVELS = ("easy", "medium", "hard")
+LEVEL_COLORS = {"easy": "#9ECAE1", "medium": "#4292C6", "hard": "#08306B"}  # light to dark: ordinal
+PATHS = ("triton", "dense", "loop", "torch")
+PATH_COLORS = {"triton": "#D55E00", "dense": "#555555", "loop": "#0072B2", "torch": "#009E73"}
+OTHER_COLOR = "#999999"
+PNG_DPI = 200
+PNG_METADATA = {"Software": None}
+PDF_METADATA = {"CreationDate": None, "ModDate": None, "Producer": None, "Creator": None}
+# Single and double column widths of a two-column paper, inches.
+WIDTH_1COL, WIDTH_2COL = 3.4, 7.0
+
+plt.rcParams.update(
+    {
+        "font.size": 9,
+        "axes.titlesize": 9.5,
+        "axes.labelsize": 9,
+        "xtick.labelsize": 8,
+        "ytick.labelsize": 8,
+        "legend.fontsize": 7.5,
+        "legend.frameon": False,
+        "figure.titlesize": 10,
+        "axes.spines.top": False,
+        "axes.spines.right": False,
+        "axes.grid": True,
+        "grid.alpha": 0.3,
+        "grid.linewidth": 0.5,
+        "lines.linewidth": 1.5,
+        "lines.markersize": 5,
+        "figure.constrained_layout.use": True,
+        "pdf.fonttype": 42,  # TrueType in the PDF: text stays selectable and editable
+        "svg.hashsalt": "mohge",
+    }
+)
+
+
+def family_label(family: str, width: int | None = None) -> str:
+    """'MoHGE', 'MoE (1024)' when the homogeneous width is given, ...; unknown names pass through."""
+    if width is not None and family in ("moe", "moe_equal"):
+        return f"MoE ({width})"
+    return FAMILY_LABELS.get(family, str(family))
+
+
+def family_style(family: str) -> dict:
+    return {"color": FAMILY_COLORS.get(family, OTHER_COLOR), "marker": FAMILY_MARKERS.get(family, "o")}
+
+
+def strategy_label(strategy: str) -> str:
+    return STRATEGY_LABELS.get(strategy, str(strategy))
+
+
+def ordered(values: Iterable, order: Iterable) -> list:
+    """The distinct values, those named in ``order`` first in that order, the rest sorted after them."""
+    present = list(dict.fromkeys(values))
+    order = list(order)
+    return [v for v in order if v in present] + sorted((v for v in present if v not in order), key=str)
+
+
+# ---- statistics: mean and 95% confidence interval over seeds (Student t), without scipy ---------------------
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
+_T975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student t quantile t(0.975, df): the table for df 1..30, a Cornish-Fisher series beyond."""
+    if df < 1:
+        raise ValueError(f"df={df}: needs at least two samples")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
+    """(mean, half-width of the 95% CI, n) of the non-missing values; the half-width is NaN with one value."""
+    s = pd.Series(list(values), dtype=float).dropna()
+    n = len(s)
+    if n == 0:
+        return math.nan, math.nan, 0
+    if n == 1:
+        return float(s.iloc[0]), math.nan, 1
+    return float(s.mean()), t975(n - 1) * float(s.std(ddof=1)) / math.sqrt(n), n
+
+
+def summarise(df: pd.DataFrame, by: list[str], cols: list[str]) -> pd.DataFrame:
+    """One row per ``by`` group: n, then <col>_mean and <col>_ci95 of every column (over seeds)."""
+    rows = []
+    for key, g in df.groupby(by, sort=False, dropna=False):
+        row = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True)) | {"n": len(g)}
+        for c in cols:
+            row[f"{c}_mean"], row[f"{c}_ci95"], _ = mean_ci(g[c])
+        rows.append(row)
+    return pd.DataFrame(rows, columns=[*by, "n", *(f"{c}_{s}" for c in cols for s in ("mean", "ci95"))])
+
+
+def param_scale(values: Iterable[float]) -> tuple[float, str]:
+    """(divisor, unit) that brings parameter counts to a readable size: K, M or B."""
+    top = max((abs(v) for v in values if v == v), default=0.0)
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if top >= div:
+            return div, unit
+    return 1.0, ""
+
+
+# ---- reading and drawing ------------------------------------------------------------------------------------
+def read_csv(path: str | Path | None) -> pd.DataFrame:
+    """The CSV, or an empty frame when the path is missing, absent or has no rows."""
+    if not path or not Path(path).is_file() or Path(path).stat().st_size == 0:
+        return pd.DataFrame()
+    return pd.read_csv(path)
+
+
+def as_level(series: pd.Series) -> pd.Series:
+    """A ``layer`` column mixes ints and 'all': compare it as strings."""
+    return series.astype(str)
+
+
+def label_ends(ax, items: list[tuple[float, float, str, str]], min_gap: float = 0.06) -> None:
+    """Direct labels to the right of line ends: items (x, y, text, colour), nudged apart by ``min_gap`` of the axis."""
+    lo, hi = ax.get_ylim()
+    gap = (hi - lo) * min_gap
+    placed: list[float] = []
+    for x, y, text, color in sorted(items, key=lambda it: it[1]):
+        y = max(y, placed[-1] + gap) if placed else y
+        placed.append(y)
+        ax.annotate(text, (x, y), xytext=(4, 0), textcoords="offset points", va="center", color=color, fontsize=7.5)
+
+
+def placeholder(ax, message: str) -> None:
+    """An empty panel that says why it is empty (a figure is always produced, and always honest)."""
+    ax.set_axis_off()
+    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="#444444", wrap=True)
+
+
+def placeholder_figure(outputs: dict, title: str, message: str) -> None:
+    fig, ax = plt.subplots(figsize=(WIDTH_1COL * 1.5, 2.4))
+    fig.suptitle(title)
+    placeholder(ax, message)
+    save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+def save(fig, png_path: str | Path | None, pdf_path: str | Path | None) -> None:
+    """PNG at a fixed dpi and PDF, both without timestamps or software versions: reruns are byte-identical."""
+    for path, kwargs in ((png_path, {"dpi": PNG_DPI, "metadata": PNG_METADATA}), (pdf_path, {"metadata": PDF_METADATA})):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, **kwargs)
+    plt.close(fig)
+
+
+# ---- invocation: Snakemake's script: directive or the command line -------------------------------------------
+def _pairs(items: list[str] | None, parse: bool = False) -> dict:
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"{item!r}: expected key=value")
+        if parse:
+            with contextlib.suppress(json.JSONDecodeError):
+                value = json.loads(value)
+        out[key] = value
+    return out
+
+
+def run(main: Callable[[dict, dict, dict], None], smk=None) -> None:
+    """Call ``main(inputs, outputs, params)`` from the ``snakemake`` object (logging to its log) or from argv."""
+    if smk is None:
+        p = argparse.ArgumentParser(description=(main.__doc__ or "").strip().splitlines()[0])
+        p.add_argument("--in", dest="inputs", action="append", metavar="KEY=PATH", help="an input file")
+        p.add_argument("--out", dest="outputs", action="append", metavar="KEY=PATH", help="an output file")
+        p.add_argument("--param", dest="params", action="append", metavar="KEY=VALUE", help="a parameter (JSON)")
+        a = p.parse_args()
+        main(_pairs(a.inputs), _pairs(a.outputs), _pairs(a.params, parse=True))
+        return
+    args = dict(smk.input.items()), dict(smk.output.items()), dict(smk.params.items())
+    if not smk.log:
+        main(*args)
+        return
+    with open(smk.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        try:
+            main(*args)
+        except Exception:
+            traceback.print_exc()
+            raise
