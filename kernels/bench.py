@@ -33,10 +33,9 @@ PATHS = ("triton", "dense", "loop", "torch")
 PASSES = ("fwd", "fwd+bwd")
 
 
-def release_problem(T: int, dtype: torch.dtype, seed: int = 0):
+def release_problem(T: int, dtype: torch.dtype, seed: int = 0, dev: str = "cuda"):
     """x [T, D], idx [T, K] (4 random groups, then 6 random experts of their 32), gates [T, K], weights."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    dev = "cuda"
+    g = torch.Generator(device=dev).manual_seed(seed)
     groups_TG = torch.rand(T, GROUPS, generator=g, device=dev).topk(GROUP_TOPK, dim=1).indices
     cand_TC = (groups_TG[:, :, None] * PER_GROUP + torch.arange(PER_GROUP, device=dev)).reshape(T, -1)
     pick_TK = torch.rand(T, cand_TC.shape[1], generator=g, device=dev).topk(TOPK, dim=1).indices

@@ -15,10 +15,9 @@ Legend: C tokens of one expert, D model width, H expert width, N/M output column
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
-
-from .triton_schedule import INTERPRET
 
 # Problem table columns of the row GEMMs (int64 [E, 9]); offsets and leading dims are in elements.
 ROW_FIELDS = ("a_off", "lda", "kdim", "b_addr", "ldb", "ncol", "c_off", "ldc", "rows")
@@ -203,10 +202,13 @@ def _wgrad_kernel(
     tl.store(out_ptr + rn[:, None] * mcol + rm[None, :], acc.to(g_ptr.dtype.element_ty), mask=ok)
 
 
-def launch_options(dtype) -> dict:
-    """Constexprs shared by every launch for inputs of ``dtype``."""
-    import torch
+# Whether these kernels run in Triton's interpreter: fixed when the @triton.jit decorators above ran (by
+# TRITON_INTERPRET at import time), so ask the decorated object rather than the environment now.
+INTERPRET = not isinstance(_mma, triton.runtime.JITFunction)
 
+
+def launch_options(dtype: torch.dtype) -> dict:
+    """Constexprs shared by every launch for inputs of ``dtype``."""
     return {
         "UPCAST": INTERPRET,
         "PRECISION": "ieee" if dtype == torch.float32 else "tf32",

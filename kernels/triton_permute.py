@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_schedule import INTERPRET
+from .triton_gemm import INTERPRET
 
 Tensor = torch.Tensor
 
@@ -109,7 +109,9 @@ def gather_rows(x_TD: Tensor, src_A: Tensor) -> Tensor:
 def combine_rows(rows_AD: Tensor, inv_TK: Tensor, gates_TK: Tensor | None) -> Tensor:
     """y[t] = sum_k gates[t, k] * rows[inv[t, k]] (gates omitted: a plain sum). [A, D] -> [T, D]."""
     if rows_AD.dim() != 2 or inv_TK.dim() != 2:
-        raise ValueError(f"combine_rows wants rows [A, D], inv [T, K]; got {tuple(rows_AD.shape)}, {tuple(inv_TK.shape)}")
+        raise ValueError(
+            f"combine_rows wants rows [A, D], inv [T, K]; got {tuple(rows_AD.shape)}, {tuple(inv_TK.shape)}"
+        )
     if gates_TK is not None and (gates_TK.shape != inv_TK.shape or gates_TK.device != rows_AD.device):
         raise ValueError(f"gates {tuple(gates_TK.shape)} must match inv {tuple(inv_TK.shape)} on {rows_AD.device}")
     rows_AD = rows_AD.contiguous()
@@ -139,7 +141,9 @@ def gate_grad(dy_TD: Tensor, out_AD: Tensor, order_A: Tensor, gates_TK: Tensor) 
     dout_AD = torch.empty_like(out_AD)
     BR, BD = _blocks(D)
     if A:
-        _gate_grad_kernel[(triton.cdiv(A, BR),)](dy_TD, out_AD, order_A, gates_TK, dgates_TK, dout_AD, A, K, D, BR=BR, BD=BD)
+        _gate_grad_kernel[(triton.cdiv(A, BR),)](
+            dy_TD, out_AD, order_A, gates_TK, dgates_TK, dout_AD, A, K, D, BR=BR, BD=BD
+        )
     return dgates_TK, dout_AD
 
 

@@ -19,7 +19,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .triton_gemm import _grouped_mm_kernel, _up_swiglu_kernel, _wgrad_kernel, launch_options
+from .triton_gemm import (
+    INTERPRET,
+    ROW_FIELDS,
+    WGRAD_FIELDS,
+    _grouped_mm_kernel,
+    _up_swiglu_kernel,
+    _wgrad_kernel,
+    launch_options,
+)
 from .triton_schedule import (
     ExpertLayout,
     class_widths,
@@ -50,14 +58,18 @@ def _check_ragged(name: str, t: Tensor, numel: int) -> Tensor:
     return t.contiguous()
 
 
-def _table(*cols) -> np.ndarray:
-    """Stack per-expert columns (arrays, or scalars broadcast over experts) into an int64 [E, F] table."""
-    E = next(c.size for c in cols if isinstance(c, np.ndarray))
-    return np.stack([np.broadcast_to(np.asarray(c, dtype=np.int64), (E,)) for c in cols], axis=1)
+def _table(fields: tuple[str, ...], **cols) -> np.ndarray:
+    """Per-expert problem table int64 [E, F], columns in kernel order (scalars broadcast over experts)."""
+    assert set(cols) == set(fields), (sorted(cols), fields)
+    E = next(c.size for c in cols.values() if isinstance(c, np.ndarray))
+    table = np.empty((E, len(fields)), dtype=np.int64)
+    for i, name in enumerate(fields):
+        table[:, i] = cols[name]
+    return table
 
 
 def _launch(kernel, args, desc, m_E, n_E, dtype, hint: bool, **constexprs) -> None:
-    b = gemm_blocks(dtype)
+    b = gemm_blocks(dtype, INTERPRET)
     tiles = tile_list(m_E, n_E, b.bm, b.bn)
     if tiles.shape[0] == 0:
         return
@@ -78,7 +90,9 @@ def up_swiglu(xs_AD: Tensor, w1s: list[Tensor], counts: list[int]) -> tuple[Tens
     act_R = xs_AD.new_empty(lay.rag_total)
     h_R = xs_AD.new_empty(2 * lay.rag_total)
     C, H = lay.count, lay.width
-    desc = _table(lay.row0 * D, D, D, addr, D, H, lay.rag, H, C)
+    desc = _table(
+        ROW_FIELDS, a_off=lay.row0 * D, lda=D, kdim=D, b_addr=addr, ldb=D, ncol=H, c_off=lay.rag, ldc=H, rows=C
+    )
     _launch(_up_swiglu_kernel, (xs_AD, act_R, h_R), desc, C, H, xs_AD.dtype, lay.aligned and aligned)
     return act_R, h_R
 
@@ -92,7 +106,9 @@ def down_proj(act_R: Tensor, w2s: list[Tensor], counts: list[int]) -> Tensor:
     addr, aligned = expert_addresses(w2s)
     out_AD = act_R.new_empty(lay.num_rows, D)
     C, H = lay.count, lay.width
-    desc = _table(lay.rag, H, H, addr, H, D, lay.row0 * D, D, C)
+    desc = _table(
+        ROW_FIELDS, a_off=lay.rag, lda=H, kdim=H, b_addr=addr, ldb=H, ncol=D, c_off=lay.row0 * D, ldc=D, rows=C
+    )
     hint = lay.aligned and aligned
     _launch(_grouped_mm_kernel, (act_R, out_AD, out_AD), desc, C, np.full_like(C, D), act_R.dtype, hint,
             B_NK=True, SWIGLU_BWD=False)  # fmt: skip
@@ -109,7 +125,9 @@ def down_proj_bwd(dout_AD: Tensor, h_R: Tensor, w2s: list[Tensor], counts: list[
     addr, aligned = expert_addresses(w2s)
     dh_R = torch.empty_like(h_R)
     C, H = lay.count, lay.width
-    desc = _table(lay.row0 * D, D, D, addr, H, H, 2 * lay.rag, 2 * H, C)
+    desc = _table(
+        ROW_FIELDS, a_off=lay.row0 * D, lda=D, kdim=D, b_addr=addr, ldb=H, ncol=H, c_off=2 * lay.rag, ldc=2 * H, rows=C
+    )
     _launch(_grouped_mm_kernel, (dout_AD, dh_R, h_R), desc, C, H, dout_AD.dtype, lay.aligned and aligned,
             B_NK=False, SWIGLU_BWD=True)  # fmt: skip
     return dh_R
@@ -124,7 +142,18 @@ def up_proj_bwd_x(dh_R: Tensor, w1s: list[Tensor], counts: list[int]) -> Tensor:
     addr, aligned = expert_addresses(w1s)
     dxs_AD = dh_R.new_empty(lay.num_rows, D)
     C, H = lay.count, lay.width
-    desc = _table(2 * lay.rag, 2 * H, 2 * H, addr, D, D, lay.row0 * D, D, C)
+    desc = _table(
+        ROW_FIELDS,
+        a_off=2 * lay.rag,
+        lda=2 * H,
+        kdim=2 * H,
+        b_addr=addr,
+        ldb=D,
+        ncol=D,
+        c_off=lay.row0 * D,
+        ldc=D,
+        rows=C,
+    )
     hint = lay.aligned and aligned
     _launch(_grouped_mm_kernel, (dh_R, dxs_AD, dxs_AD), desc, C, np.full_like(C, D), dh_R.dtype, hint,
             B_NK=False, SWIGLU_BWD=False)  # fmt: skip
@@ -140,7 +169,9 @@ def grad_w1(dh_R: Tensor, xs_AD: Tensor, w1s: list[Tensor], counts: list[int]) -
     dws = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in w1s]
     addr, aligned = expert_addresses(dws)
     C, H = lay.count, lay.width
-    desc = _table(2 * lay.rag, 2 * H, lay.row0 * D, D, C, 2 * H, D, addr)
+    desc = _table(
+        WGRAD_FIELDS, g_off=2 * lay.rag, ldg=2 * H, x_off=lay.row0 * D, ldx=D, rows=C, ncol=2 * H, mcol=D, out_addr=addr
+    )
     _launch(_wgrad_kernel, (dh_R, xs_AD), desc, 2 * H, np.full_like(C, D), xs_AD.dtype, lay.aligned and aligned)
     return dws
 
@@ -154,7 +185,7 @@ def grad_w2(dout_AD: Tensor, act_R: Tensor, w2s: list[Tensor], counts: list[int]
     dws = [torch.empty(w.shape, dtype=w.dtype, device=w.device) for w in w2s]
     addr, aligned = expert_addresses(dws)
     C, H = lay.count, lay.width
-    desc = _table(lay.row0 * D, D, lay.rag, H, C, D, H, addr)
+    desc = _table(WGRAD_FIELDS, g_off=lay.row0 * D, ldg=D, x_off=lay.rag, ldx=H, rows=C, ncol=D, mcol=H, out_addr=addr)
     _launch(_wgrad_kernel, (dout_AD, act_R), desc, np.full_like(C, D), H, dout_AD.dtype, lay.aligned and aligned)
     return dws
 
@@ -179,7 +210,10 @@ def _register_ops() -> dict:
         return int(sum(counts))
 
     ops["up_swiglu"].register_fake(
-        lambda xs, w1s, counts: (xs.new_empty(_rag_total(w1s, counts, True)), xs.new_empty(2 * _rag_total(w1s, counts, True)))
+        lambda xs, w1s, counts: (
+            xs.new_empty(_rag_total(w1s, counts, True)),
+            xs.new_empty(2 * _rag_total(w1s, counts, True)),
+        )
     )
     ops["down_proj"].register_fake(lambda act, w2s, counts: act.new_empty(rows(counts), w2s[0].shape[1]))
     ops["down_proj_bwd"].register_fake(lambda dout, h, w2s, counts: torch.empty_like(h))

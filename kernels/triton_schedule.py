@@ -25,16 +25,12 @@ Legend: E experts, C tokens of one expert, A routed rows, D model width, H exper
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 Tensor = torch.Tensor
-
-# Triton decides at decoration time whether kernels are interpreted; read the same switch once.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @dataclass(frozen=True)
@@ -48,9 +44,9 @@ class Blocks:
     num_stages: int
 
 
-def gemm_blocks(dtype: torch.dtype) -> Blocks:
+def gemm_blocks(dtype: torch.dtype, interpret: bool) -> Blocks:
     """Block sizes: small in the interpreter (several tiles per expert on test shapes), MMA-sized on GPU."""
-    if INTERPRET:
+    if interpret:
         return Blocks(16, 16, 16, 4, 1)
     if dtype == torch.float32:
         return Blocks(64, 64, 32, 4, 2)
@@ -116,7 +112,11 @@ def expert_addresses(ws) -> tuple[np.ndarray, bool]:
 
 
 def to_device(desc: np.ndarray, tiles: np.ndarray, device: torch.device) -> tuple[Tensor, Tensor]:
-    """One host-to-device copy for both tables; returns (desc, tiles) views of it."""
+    """One host-to-device copy for both tables; returns (desc, tiles) views of it.
+
+    non_blocking: a blocking copy would synchronise the stream before every launch. From pageable memory
+    cudaMemcpyAsync stages the host buffer before it returns, so freeing ``flat`` afterwards is safe.
+    """
     flat = np.concatenate([desc.reshape(-1), tiles.reshape(-1)]).astype(np.int64)
-    buf = torch.from_numpy(flat).to(device)
+    buf = torch.from_numpy(flat).to(device, non_blocking=True)
     return buf[: desc.size], buf[desc.size :]

@@ -25,9 +25,9 @@ from __future__ import annotations
 import torch
 
 from .reference import check_contract
+from .triton_gemm import INTERPRET
 from .triton_permute import combine_rows_op, gate_grad_op, gather_rows_op
 from .triton_projections import OPS
-from .triton_schedule import INTERPRET
 
 Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

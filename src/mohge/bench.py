@@ -69,7 +69,10 @@ def layer_bench(args: argparse.Namespace) -> dict:
         results[name] = statistics.median(ts)
         flops = 3 * 2 * T * D * 3 * dense_width  # fwd + bwd of the activated FFN
         print(f"  {name:<6} {1e3 * results[name]:9.1f} ms   {flops / results[name] / 1e9:7.1f} GFLOP/s (activated)")
-    ratios = {"mohge_over_dense": results["mohge"] / results["dense"], "loop_over_mohge": results["loop"] / results["mohge"]}
+    ratios = {
+        "mohge_over_dense": results["mohge"] / results["dense"],
+        "loop_over_mohge": results["loop"] / results["mohge"],
+    }
     print(f"ratio MoHGE / dense = {ratios['mohge_over_dense']:.2f}   (target <= 1.3)")
     print(f"ratio loop / MoHGE  = {ratios['loop_over_mohge']:.2f}   (target >= 2)")
     return {

@@ -42,7 +42,11 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
 def run_row(results: Path, run: str) -> dict:
     """One row of runs.csv: identity, parameters, held-out quality, every lm-eval metric, speed."""
     d = results / "runs" / run
-    cfg, summary, metrics = _read_json(d / "config.json"), _read_json(d / "summary.json"), _read_json(d / "metrics.json")
+    cfg, summary, metrics = (
+        _read_json(d / "config.json"),
+        _read_json(d / "summary.json"),
+        _read_json(d / "metrics.json"),
+    )
     params = _read_json(d / "params.json")
     row = {
         "run": run,
@@ -135,11 +139,23 @@ def group_rows(results: Path, run: str) -> list[dict]:
 
 def param_rows(name: str, family: str, counts: dict) -> list[dict]:
     rows = [
-        {"config": name, "family": family, "component": c, "total": counts["total"][c], "activated": counts["activated"][c]}
+        {
+            "config": name,
+            "family": family,
+            "component": c,
+            "total": counts["total"][c],
+            "activated": counts["activated"][c],
+        }
         for c in COMPONENTS
     ]
     rows.append(
-        {"config": name, "family": family, "component": "total", "total": counts["total_sum"], "activated": counts["activated_sum"]}
+        {
+            "config": name,
+            "family": family,
+            "component": "total",
+            "total": counts["total_sum"],
+            "activated": counts["activated_sum"],
+        }
     )
     rows.append(
         {
@@ -189,7 +205,9 @@ def utilization_frames(results: Path, traced: Sequence[str]) -> tuple[pd.DataFra
                 )
             )
         a = pd.read_csv(d / "analytic.csv")
-        ranks.append(a.assign(source=run)[["source", "strategy", "ep_size", "layer", "rank", "flops", "params", "tokens"]])
+        ranks.append(
+            a.assign(source=run)[["source", "strategy", "ep_size", "layer", "rank", "flops", "params", "tokens"]]
+        )
     return pd.concat(summaries, ignore_index=True), pd.concat(ranks, ignore_index=True)
 
 

@@ -219,9 +219,7 @@ class FFNConfig(_Section):
         """All-size allocation and MoDSE pairs need even G and widths symmetric around their mean (spec 4.3)."""
         G, ws = self.num_groups, sorted(self.expert_widths)
         if G % 2:
-            _fail(
-                self.key("expert_widths"), self.expert_widths, f"{self.placement} placement needs an even G"
-            )
+            _fail(self.key("expert_widths"), self.expert_widths, f"{self.placement} placement needs an even G")
         if len({ws[i] + ws[G - 1 - i] for i in range(G // 2)}) != 1:
             _fail(
                 self.key("expert_widths"),
@@ -365,9 +363,7 @@ def load_yaml_or_json(path: str | Path) -> dict:
     try:
         data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
     except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(
-            f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'YAML'}: {err}"
-        ) from err
+        raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'YAML'}: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(data).__name__}")
     return data

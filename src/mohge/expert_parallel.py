@@ -16,20 +16,23 @@ so gradients reach the inputs, the gates and every rank's expert weights.
 
 MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.expert_parallel
 measure --trace TRACE --out DIR``; usually launched by ``python -m mohge.utilization --measure``). For each
-layer of the trace and each strategy allowed at EP = N, the recorded routing (``.npz`` beside the trace),
-a routing rebuilt with exactly the trace's counts (``--routing counts``) or a live router on random inputs
-(``--routing live``) is dispatched, then each rank's local expert compute on its received rows is timed,
-``--repeats`` times after a warm-up, and the median is kept. Timers: CUDA events on GPUs,
-``time.perf_counter`` on CPU, where every rank runs ``torch.set_num_threads(1)``.
+layer of the trace, the recorded routing (``.npz`` beside the trace), a routing rebuilt with exactly the
+trace's counts (``--routing counts``) or a live router on random inputs (``--routing live``) is split over
+the ranks by tokens and dispatched under every strategy allowed at EP = N; then each rank's local expert
+compute on the rows it received is timed ``--repeats`` times after a warm-up and the median is kept (the
+fastest repeat too). Timers: CUDA events on GPUs, ``time.perf_counter`` on CPU, where every rank runs
+``torch.set_num_threads(1)``. Only the expert compute is timed, not the all-to-alls.
 
-Timing method (``--timing``). ``sequential`` (the CPU default): ranks take turns, separated by barriers;
-while one rank times its experts the others wait in the barrier (gloo waits block, they do not spin), so
-each rank's timing runs alone on an otherwise idle core. This makes per-rank timings comparable even when
-the ranks oversubscribe the cores (4 ranks on a 2-core machine); what it measures is each rank's compute
-time, not the wall time of a concurrent step (which on a real cluster is the max over ranks).
-``concurrent`` (the GPU default): all ranks time at once after one barrier, one GPU per rank, and NVML
-utilization (``pynvml``, optional: columns left empty when it is missing) is sampled on each rank's GPU
-during its timed loop.
+Timing method (``--timing``). ``sequential`` (the CPU default): ranks take turns, separated by barriers.
+While one rank times its experts the others wait in the barrier; gloo waits block rather than spin
+(measured: ~5 ms of CPU in a 3 s wait), so each timed turn runs alone. The turns are repeat-major over
+strategies and ranks (repeat 0: strategy 0 ranks 0..N-1, strategy 1 ranks 0..N-1, ...; then repeat 1),
+so a slow phase of a shared machine is spread over all of them, and by default every rank is pinned to the
+same CPU (``--pin-cpu``), so every rank is timed on the same core. This makes per-rank timings comparable
+when the ranks oversubscribe the cores (4 ranks on 2 cores); it measures each rank's compute time, whose
+max over ranks is what a concurrent step on one device per rank would wait for. ``concurrent`` (the GPU
+default): all ranks time at once after one barrier, one GPU per rank, and NVML utilization (``pynvml``,
+optional: the columns stay empty without it) is sampled on each rank's GPU during its timed loop.
 
 ``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
 seconds, seconds_min, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
@@ -377,6 +380,11 @@ def measure(args: argparse.Namespace) -> int:
             raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
     routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
     timing = args.timing if args.timing != "auto" else ("concurrent" if device.type == "cuda" else "sequential")
+    if device.type == "cpu" and timing == "sequential" and args.pin_cpu != "none" and hasattr(os, "sched_setaffinity"):
+        # All ranks on one core: each timed turn runs on the same core while the others block in a barrier.
+        cpu = max(os.sched_getaffinity(0)) if args.pin_cpu == "auto" else int(args.pin_cpu)
+        os.sched_setaffinity(0, {cpu})
+        log.info("ranks pinned to CPU %d", cpu)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     D = args.d_model or trace.d_model
     widths_E = trace.widths_E
@@ -557,6 +565,11 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--repeats", type=int, default=5)
     m.add_argument("--warmup", type=int, default=1)
     m.add_argument("--timing", choices=("auto", "sequential", "concurrent"), default="auto")
+    m.add_argument(
+        "--pin-cpu",
+        default="auto",
+        help="sequential CPU timing: pin every rank to this CPU ('auto': the last allowed one; 'none': no pinning)",
+    )
     m.add_argument("--d-model", type=int, help="override the trace's d_model for the timed experts")
     m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default fp32 on CPU, bf16 on GPU")
     m.add_argument("--backend", default="torch", choices=kernels.BACKENDS)

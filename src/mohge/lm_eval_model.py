@@ -4,8 +4,8 @@
     lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)   # or model="mohge" in lm-eval
 
 The folder holds ``model.safetensors``, ``config.json`` and ``tokenizer.json`` (what ``mohge.train`` writes).
-Text is encoded with our byte-level BPE, which has no BOS token: ``<|endoftext|>`` (EOT_ID) is the prefix of
-an empty context and of each document's first rolling window, as lm-eval's own models use EOS.
+Text is encoded with our byte-level BPE, which has no BOS token: ``<|endoftext|>`` (EOT_ID), which ends every
+training document, is put before every context and before each document's first rolling window.
 
 * ``loglikelihood``: context and continuation are encoded apart (trailing spaces of the context move to the
   continuation, as in lm-eval's HF model, so " word" stays one pre-token); the last ``max_length`` + 1 tokens
@@ -124,8 +124,7 @@ class MoHGELM(LM):
             n_spaces = len(context) - len(context.rstrip(" "))
             if n_spaces:
                 context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-            ctx = self.tok_encode(context) if context else [EOT_ID]
-            pairs.append((ctx or [EOT_ID], self.tok_encode(continuation)))
+            pairs.append(([EOT_ID, *self.tok_encode(context)], self.tok_encode(continuation)))
         results = self._score(pairs, "loglikelihood", disable_tqdm)
         for req, res in zip(requests, results, strict=True):
             self.cache_hook.add_partial("loglikelihood", req.args, res)
@@ -157,7 +156,7 @@ class MoHGELM(LM):
             max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
             if kwargs.get("do_sample") or kwargs.get("temperature", 0.0):
                 log.warning("generate_until is greedy; ignoring sampling arguments %s", kwargs)
-            ids, new = (self.tok_encode(context) if context else []) or [EOT_ID], []
+            ids, new = [EOT_ID, *self.tok_encode(context)], []
             text = ""
             for _ in range(max_new):
                 nxt = int(self._logits([(ids + new)[-self.max_length :]])[0, -1].argmax())

@@ -133,7 +133,11 @@ def workflow_schema() -> dict:
             "seeds": {
                 "anyOf": [
                     seeds,
-                    {"type": "object", "additionalProperties": False, "properties": {k: seeds for k in (*FAMILIES, "default")}},
+                    {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {k: seeds for k in (*FAMILIES, "default")},
+                    },
                 ]
             },
         },

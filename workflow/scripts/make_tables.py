@@ -6,8 +6,6 @@ Outputs: t1_csv, t1_md, t1_tex, t2_csv, ..., t3_tex. Params: source (T3: one ana
 Means over seeds carry a 95% Student-t interval ("± —" with one seed); the best value per column is in bold.
 """
 
-from __future__ import annotations
-
 import re
 import sys
 from pathlib import Path
@@ -15,7 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 _smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file; snakemake.scriptdir is the directory of the original.
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
@@ -32,8 +31,8 @@ def fmt_pm(mean: float, ci: float, digits: int, scale: float = 1.0) -> str:
 
 
 def fmt_params(v: float) -> str:
-    if v != v:
-        return "—"
+    if v != v or v == 0:
+        return "—" if v != v else "0"
     div, unit = ps.param_scale([v])
     x = v / div
     return f"{x:.{2 if x < 10 else 1 if x < 100 else 0}f}{unit}"
@@ -48,35 +47,32 @@ def bold_best(display: pd.DataFrame, values: pd.Series, col: str, lower: bool, g
             display.loc[best, col] = f"**{display.loc[best, col]}**"
 
 
-def write_table(machine: pd.DataFrame, display: pd.DataFrame, outputs: dict, prefix: str, caption: str) -> None:
-    def out(kind: str) -> Path | None:
-        path = outputs.get(f"{prefix}_{kind}")
-        if path:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        return Path(path) if path else None
+def tex(s: str) -> str:
+    """Escape LaTeX specials, typeset the symbols, and turn Markdown **bold** into \\textbf."""
+    s = re.sub(r"([&%$#_{}])", r"\\\1", s)
+    for k, v in TEX_SYMBOLS.items():
+        s = s.replace(k, v)
+    return re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", s)
 
-    if path := out("csv"):
-        machine.to_csv(path, index=False, float_format="%.6g")
-    cells = display.astype(str).values.tolist()
-    if path := out("md"):
-        head = list(display.columns)
-        lines = [f"**{prefix.upper()}.** {caption}", "", "| " + " | ".join(head) + " |"]
-        lines.append("|" + "|".join(":--" if i < 2 else "--:" for i in range(len(head))) + "|")
-        lines += ["| " + " | ".join(row) + " |" for row in cells] or ["| _no data_ |"]
-        path.write_text("\n".join(lines) + "\n")
-    if path := out("tex"):
 
-        def tex(s: str) -> str:
-            s = re.sub(r"([&%$#_{}])", r"\\\1", s)
-            for k, v in TEX_SYMBOLS.items():
-                s = s.replace(k, v)
-            return re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", s)
-
-        spec = "".join("l" if i < 2 else "r" for i in range(len(display.columns)))
-        lines = [f"% {prefix.upper()}: {caption} (written by make_tables.py; do not edit)", rf"\begin{{tabular}}{{{spec}}}"]
-        lines += [r"\toprule", " & ".join(tex(c) for c in display.columns) + r" \\", r"\midrule"]
-        lines += [" & ".join(tex(c) for c in row) + r" \\" for row in cells]
-        path.write_text("\n".join([*lines, r"\bottomrule", r"\end{tabular}"]) + "\n")
+def write_table(machine, display, outputs: dict, prefix: str, caption: str, left: int = 1) -> None:
+    """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular."""
+    paths = {k: Path(outputs[f"{prefix}_{k}"]) for k in ("csv", "md", "tex") if outputs.get(f"{prefix}_{k}")}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if "csv" in paths:
+        machine.to_csv(paths["csv"], index=False)
+    head, cells = list(display.columns), display.astype(str).values.tolist()
+    align = ["l" if i < left else "r" for i in range(len(head))]
+    if "md" in paths:
+        rows = [head, [":--" if a == "l" else "--:" for a in align], *cells]
+        body = [f"| {' | '.join(r)} |" for r in rows] if cells else ["_No data yet._"]
+        paths["md"].write_text("\n".join([f"**{prefix.upper()}.** {caption}", "", *body]) + "\n")
+    if "tex" in paths:
+        rows = [" & ".join(map(tex, r)) + r" \\" for r in [head, *cells]] if cells else [r"No data yet. \\"]
+        lines = [f"% {prefix.upper()}: {caption} (written by make_tables.py; do not edit)"]
+        lines += [rf"\begin{{tabular}}{{{''.join(align) if cells else 'l'}}}", r"\toprule", rows[0], r"\midrule"]
+        paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", r"\end{tabular}"]) + "\n")
 
 
 def table_main(runs: pd.DataFrame, outputs: dict) -> None:
@@ -84,14 +80,15 @@ def table_main(runs: pd.DataFrame, outputs: dict) -> None:
     tasks = [c for c in runs.columns if c.startswith("task:")]
     metrics = [c for c in ("val_ppl", "test_ppl", *tasks, "tokens_per_s") if c in runs.columns]
     runs = runs.assign(_f=runs["family"].map({f: i for i, f in enumerate(ps.FAMILIES)}).fillna(len(ps.FAMILIES)))
-    runs = runs.sort_values(["dataset", "_f", "family", "seed"], kind="stable")
+    runs = runs.sort_values([c for c in ("dataset", "_f", "family", "seed") if c in runs], kind="stable")
     t = ps.summarise(runs, ["dataset", "family"], metrics).rename(columns={"n": "n_seeds"})
-    first = runs.groupby(["dataset", "family"], sort=False)[["total_params", "activated_params"]].first()
-    t = t.merge(first.reset_index(), on=["dataset", "family"], how="left")
-    t = t[["dataset", "family", "n_seeds", "total_params", "activated_params", *t.columns[3:-2]]]
+    sizes = [c for c in ("total_params", "activated_params") if c in runs]
+    first = runs.groupby(["dataset", "family"], sort=False)[sizes].first().reset_index()
+    t = t.merge(first, on=["dataset", "family"], how="left")
+    t = t[["dataset", "family", "n_seeds", *sizes, *t.columns[3 : len(t.columns) - len(sizes)]]]
     d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["family"].map(ps.family_label), "Seeds": t["n_seeds"]})
-    d["Total params"] = t["total_params"].map(fmt_params)
-    d["Activated"] = t["activated_params"].map(fmt_params)
+    for c in sizes:
+        d["Total params" if c == "total_params" else "Activated"] = t[c].map(fmt_params)
     for m in metrics:
         mean, ci = t[f"{m}_mean"], t[f"{m}_ci95"]
         if m.startswith("task:"):
@@ -106,32 +103,34 @@ def table_main(runs: pd.DataFrame, outputs: dict) -> None:
             col = {"val_ppl": "Val PPL ↓", "test_ppl": "Test PPL ↓"}[m]
             d[col] = [fmt_pm(a, b, 2) for a, b in zip(mean, ci, strict=True)]
             bold_best(d, mean, col, lower=True, groups=t["dataset"])
-    write_table(t, d, outputs, "t1", "Main comparison: mean ± 95% CI over seeds (Student t).")
+    write_table(t, d, outputs, "t1", "Main comparison: mean ± 95% CI over seeds (Student t).", left=2)
 
 
 def table_params(params: pd.DataFrame, outputs: dict) -> None:
     """T2: components x configs, totals then activated, then MoHGE vs MoE relative differences."""
     fam_rank = {f: i for i, f in enumerate(ps.FAMILIES)}
     cfgs = params.drop_duplicates("config")[["config", "family"]]
-    cfgs = cfgs.assign(key=[c.replace(f, "{}", 1) for c, f in zip(cfgs["config"], cfgs["family"], strict=True)])
+    cfgs = cfgs.assign(key=[c.replace(f, "*", 1) for c, f in zip(cfgs["config"], cfgs["family"], strict=True)])
     cfgs = cfgs.assign(_k=cfgs["key"].map({k: i for i, k in enumerate(dict.fromkeys(cfgs["key"]))}))
     cfgs = cfgs.assign(_f=cfgs["family"].map(fam_rank).fillna(len(fam_rank))).sort_values(["_k", "_f"])
     order = ps.ordered(params["component"], COMPONENTS)
     t = pd.DataFrame({"component": order})
     d = pd.DataFrame({"Component": [c.replace("_", " ") for c in order]})
     for what in ("total", "activated"):
-        wide = params.pivot_table(index="component", columns="config", values=what, aggfunc="first").reindex(order)
+        wide = params.drop_duplicates(["component", "config"]).pivot(index="component", columns="config", values=what)
+        wide = wide.reindex(index=order, columns=cfgs["config"])
         for c in cfgs["config"]:
             t[f"{c}:{what}"] = wide[c].values
             d[f"{what.capitalize()}: {c}"] = wide[c].map(fmt_params).values
     for key, g in cfgs.groupby("key", sort=False):
         by_fam = dict(zip(g["family"], g["config"], strict=True))
+        key = re.sub(r"-+", "-", key.replace("*", "")).strip("-_") or "all"  # "preset-*-3b" -> "preset-3b"
         if "mohge" in by_fam and "moe" in by_fam:
             for what in ("total", "activated"):
                 a, b = t[f"{by_fam['mohge']}:{what}"], t[f"{by_fam['moe']}:{what}"]
                 rel = ((a - b) / b.where(b != 0) * 100).astype(float)
-                t[f"{key.format('mohge_vs_moe')}:{what}_rel_diff_pct"] = rel
-                d[f"Δ {what}: {key.format('MoHGE vs MoE')}"] = rel.map(lambda x: "—" if x != x else f"{x:+.1f}%")
+                t[f"mohge_vs_moe:{key}:{what}_rel_diff_pct"] = rel
+                d[f"Δ {what} MoHGE vs MoE ({key})"] = rel.map(lambda x: "—" if x != x else f"{x:+.1f}%")
     write_table(t, d, outputs, "t2", "Parameters by component (totals, then activated per token).")
 
 
@@ -160,11 +159,14 @@ def table_load(util: pd.DataFrame, outputs: dict, source: str | None) -> None:
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Write tables T1, T2, T3 as CSV, Markdown and LaTeX."""
-    for prefix, key, build in (("t1", "runs", table_main), ("t2", "params", table_params)):
+    builds = {"t1": ("runs", table_main), "t2": ("params", table_params), "t3": ("utilization", table_load)}
+    for prefix, (key, build) in builds.items():
         if inputs.get(key) and any(k.startswith(prefix) for k in outputs):
-            build(ps.read_csv(inputs[key]), outputs)
-    if inputs.get("utilization") and any(k.startswith("t3") for k in outputs):
-        table_load(ps.read_csv(inputs["utilization"]), outputs, params.get("source"))
+            df = ps.read_csv(inputs[key])
+            if df.empty:
+                write_table(df, df, outputs, prefix, f"no rows in {Path(inputs[key]).name}")
+            else:
+                build(df, outputs, **({"source": params.get("source")} if prefix == "t3" else {}))
 
 
 if __name__ == "__main__":

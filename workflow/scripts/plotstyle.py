@@ -2,6 +2,8 @@
 
 Figures never need a GPU (STYLE.md, principle 6): the scripts import pandas, matplotlib and this module, nothing
 else. Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
+Scripts run by Snakemake's ``script:`` directive get a preamble prepended (Snakemake 9.27), so they must not
+use ``from __future__ import``; they find this module through ``snakemake.scriptdir``.
 Colours are the Okabe-Ito palette (safe under the common colour-vision deficiencies); each family also has its
 own marker, so the figures read in greyscale too.
 """
@@ -52,6 +54,12 @@ LEVELS = ("easy", "medium", "hard")
 LEVEL_COLORS = {"easy": "#9ECAE1", "medium": "#4292C6", "hard": "#08306B"}  # light to dark: ordinal
 PATHS = ("triton", "dense", "loop", "torch")
 PATH_COLORS = {"triton": "#D55E00", "dense": "#555555", "loop": "#0072B2", "torch": "#009E73"}
+PATH_LABELS = {  # the paths of mohge.kernels.bench
+    "triton": "Triton",
+    "dense": "dense (equal FLOPs)",
+    "loop": "loop (release)",
+    "torch": "torch grouped",
+}
 OTHER_COLOR = "#999999"
 PNG_DPI = 200
 PNG_METADATA = {"Software": None}
@@ -172,13 +180,15 @@ def label_ends(ax, items: list[tuple[float, float, str, str]], min_gap: float = 
     for x, y, text, color in sorted(items, key=lambda it: it[1]):
         y = max(y, placed[-1] + gap) if placed else y
         placed.append(y)
-        ax.annotate(text, (x, y), xytext=(4, 0), textcoords="offset points", va="center", color=color, fontsize=7.5)
+        ax.annotate(text, (x, y), xytext=(6, 0), textcoords="offset points", va="center", color=color, fontsize=7.5)
 
 
 def placeholder(ax, message: str) -> None:
     """An empty panel that says why it is empty (a figure is always produced, and always honest)."""
     ax.set_axis_off()
-    ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="#444444", wrap=True)
+    ax.text(
+        0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes, fontsize=10, color="#444444", wrap=True
+    )
 
 
 def placeholder_figure(outputs: dict, title: str, message: str) -> None:
@@ -190,7 +200,10 @@ def placeholder_figure(outputs: dict, title: str, message: str) -> None:
 
 def save(fig, png_path: str | Path | None, pdf_path: str | Path | None) -> None:
     """PNG at a fixed dpi and PDF, both without timestamps or software versions: reruns are byte-identical."""
-    for path, kwargs in ((png_path, {"dpi": PNG_DPI, "metadata": PNG_METADATA}), (pdf_path, {"metadata": PDF_METADATA})):
+    for path, kwargs in (
+        (png_path, {"dpi": PNG_DPI, "metadata": PNG_METADATA}),
+        (pdf_path, {"metadata": PDF_METADATA}),
+    ):
         if path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             fig.savefig(path, **kwargs)
@@ -231,3 +244,43 @@ def run(main: Callable[[dict, dict, dict], None], smk=None) -> None:
         except Exception:
             traceback.print_exc()
             raise
+
+
+# ---- shared panels --------------------------------------------------------------------------------------------
+def panels(n: int, ncols: int = 3, height: float = 2.5, width: float | None = None):
+    """A figure with ``n`` panels on a grid of at most ``ncols`` columns; returns (fig, list of axes)."""
+    ncols = max(1, min(ncols, n))
+    nrows = -(-n // ncols)
+    width = width or (WIDTH_1COL * 1.3 if ncols == 1 else WIDTH_2COL)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height * nrows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_axis_off()
+    return fig, flat[:n]
+
+
+def mean_band(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """Per ``x``: mean of ``y`` over the rows (seeds) and the 95% CI band lo/hi (NaN where one seed)."""
+    g = df.dropna(subset=[y]).groupby(x)[y]
+    out = pd.DataFrame({"mean": g.mean(), "std": g.std(), "n": g.count()})
+    hw = out["std"] * out["n"].map(lambda k: t975(k - 1) if k > 1 else math.nan) / out["n"] ** 0.5
+    return out.assign(lo=out["mean"] - hw, hi=out["mean"] + hw).reset_index()
+
+
+def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterable[str] | None = None) -> list:
+    """Mean over seeds of ``y`` against step for each family, with its 95% CI band. Each run is first smoothed
+    by a trailing moving average of ``smooth`` logged points (0: about 2% of the run). Returns end labels."""
+    ends = []
+    for fam in [f for f in ordered(df["family"], FAMILIES) if not families or f in families]:
+        runs = df[(df["family"] == fam) & df[y].notna()].sort_values("step")
+        if runs.empty:
+            continue
+        win = smooth or max(1, runs.groupby("run").size().max() // 50)
+        runs = runs.assign(_y=runs.groupby("run")[y].rolling(win, min_periods=1).mean().droplevel(0))
+        band = mean_band(runs, "step", "_y")
+        st = family_style(fam)
+        ax.plot(band["step"], band["mean"], color=st["color"], lw=1.3)
+        ax.fill_between(band["step"], band["lo"], band["hi"], color=st["color"], alpha=0.2, lw=0)
+        n = runs["run"].nunique()
+        ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{family_label(fam)} (n={n})", st["color"]))
+    return ends

@@ -1,0 +1,321 @@
+"""Evaluation of a trained model: lm-eval tasks built from held-out data, and held-out loss, fully offline.
+
+    python -m mohge.evaluate --ckpt results/<run>/model --data data/<source> --out metrics.json [--tasks ...]
+    python -m mohge.evaluate build-tasks --data data/<source> --out TASKDIR
+    python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= python -m mohge.traces)
+
+Local tasks (templates in ``configs/tasks/*.yaml``; ``@TASK_DATA@`` there becomes the absolute folder of the
+jsonl files that ``build-tasks`` writes, and the configs reach lm-eval as dicts). Every document comes from the
+test split (``test_docs.jsonl``) and every draw is seeded by the task name and document index, so the same data
+folder always gives byte-identical task files:
+
+* ``mohge_ppl``        rolling log-likelihood of test passages (blank-line paragraphs merged to ~2000 chars).
+* ``mohge_cloze``      LAMBADA-style last word, as 4-way multiple choice (not generation: a small model gets a
+                       graded signal from the likelihood of the right word long before it generates it);
+                       distractors are held-out words seen at least twice, case matched to the answer.
+* ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
+* ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
+
+``--allow-hub`` lets lm-eval's standard tasks (``configs/tasks/standard.yaml``) download their data; without it
+HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 are set and only local tasks run. metrics.json holds, per task,
+lm-eval's metric values and stderrs (keys without lm-eval's ",none" filter suffix), and the val/test loss
+and perplexity computed directly on the token files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .atomic import write_json_atomic, write_text_atomic
+from .data import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS, load_meta
+
+log = logging.getLogger("mohge.evaluate")
+
+TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
+GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
+LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS)
+_WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
+_VERB_FLIP = {**VERBS, **{pl: sg for sg, pl in VERBS.items()}}
+
+
+# ----------------------------------------------------------------------------------------------------
+# Task documents from held-out text
+# ----------------------------------------------------------------------------------------------------
+
+
+def passages(text: str, target_chars: int) -> list[str]:
+    """Blank-line paragraphs merged in order until each passage has >= target_chars (a short tail joins
+    the previous passage). A text without blank lines is one passage."""
+    out: list[str] = []
+    cur: list[str] = []
+    for para in (p.strip("\n") for p in text.split("\n\n")):
+        if para.strip():
+            cur.append(para)
+        if cur and sum(map(len, cur)) >= target_chars:
+            out.append("\n\n".join(cur))
+            cur = []
+    if cur:
+        tail = "\n\n".join(cur)
+        if out and len(tail) < target_chars // 2:
+            out[-1] += "\n\n" + tail
+        else:
+            out.append(tail)
+    return out
+
+
+def _choice_doc(context: str, answer: str, wrong: Sequence[str], rng: random.Random) -> dict[str, Any]:
+    choices = [answer, *wrong]
+    rng.shuffle(choices)
+    return {"context": context, "choices": choices, "gold": choices.index(answer)}
+
+
+def cloze_docs(texts: Sequence[str], name: str = "mohge_cloze") -> list[dict[str, Any]]:
+    counts = Counter(w for t in texts for w in _WORD.findall(t))
+    pool = sorted({w.lower() for w, c in counts.items() if c >= 2})
+    docs = []
+    for i, p in enumerate(q for t in texts for q in passages(t, 600)):
+        words = list(_WORD.finditer(p))
+        if not words or words[-1].start() < 200:
+            continue
+        answer = words[-1].group()
+        rng = random.Random(f"{name}:{i}")
+        wrong = rng.sample([w for w in pool if w != answer.lower()], 3)
+        if answer[0].isupper():
+            wrong = [w.capitalize() for w in wrong]
+        docs.append(_choice_doc(p[: words[-1].start()], answer, wrong, rng))
+    return docs
+
+
+def hellaswag_docs(texts: Sequence[str], name: str = "mohge_hellaswag") -> list[dict[str, Any]]:
+    items = []
+    for p in (q for t in texts for q in passages(t, 600)):
+        head, sep, last = p.rstrip().rpartition("\n")
+        if sep and head.strip() and len(last.strip()) >= 10:
+            items.append((head + sep, last))
+    docs = []
+    for i, (context, ending) in enumerate(items):
+        rng = random.Random(f"{name}:{i}")
+        others = [e for j, (_, e) in enumerate(items) if j != i and e != ending]
+        if len(others) >= 3:
+            docs.append(_choice_doc(context, ending, rng.sample(others, 3), rng))
+    return docs
+
+
+def _near_numbers(answer: int, rng: random.Random) -> list[str]:
+    cands = {answer + d for d in (-100, -10, -2, -1, 1, 2, 10, 100)}
+    digits = str(answer)
+    if len(digits) > 1:
+        cands.add(int(digits[::-1]))
+    return [str(c) for c in rng.sample(sorted(c for c in cands if c >= 0 and c != answer), 3)]
+
+
+def graded_docs(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per graded task, multiple-choice docs from the lines of the graded test documents."""
+    all_lines = sorted({line for r in records for line in r["text"].split("\n")})
+    out: dict[str, list[dict[str, Any]]] = {t: [] for t in GRADED_TASKS}
+    for d, rec in enumerate(records):
+        text, levels, start = rec["text"], rec["levels"], 0
+        for j, line in enumerate(text.split("\n")):
+            lv, context = set(levels[start : start + len(line)]), text[:start]
+            rng = random.Random(f"graded:{d}:{j}")
+            if j and lv == {LEVEL_EASY}:
+                wrong = rng.sample([x for x in all_lines if x not in context and x != line], 3)
+                out["mohge_graded_easy"].append(_choice_doc(context, line, wrong, rng))
+            elif lv == {LEVEL_MEDIUM}:
+                words = line.split(" ")
+                k = next((k for k, w in enumerate(words) if w in _VERB_FLIP), None)
+                if k is not None:
+                    flipped = " ".join(words[:k] + [_VERB_FLIP[words[k]]] + words[k + 1 :])
+                    out["mohge_graded_medium"].append(_choice_doc(context, line, [flipped], rng))
+            elif LEVEL_HARD in lv:
+                cut = line.index("=") + 1
+                answer = line[cut:]
+                wrong = _near_numbers(int(answer), rng)
+                out["mohge_graded_hard"].append(_choice_doc(context + line[:cut], answer, wrong, rng))
+            start += len(line) + 1
+    return out
+
+
+def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000) -> dict[str, int]:
+    """Write ``{task}.jsonl`` for every local task into ``out_dir`` (deterministic); return docs per task.
+    Tasks that the data cannot support (graded tasks of a non-graded corpus) get no file."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    meta = load_meta(data_dir)
+    records = [json.loads(line) for line in (data_dir / "test_docs.jsonl").read_text().splitlines() if line]
+    texts = [r["text"] for r in records]
+    docs = {
+        "mohge_ppl": [{"text": p} for t in texts for p in passages(t, 2000)],
+        "mohge_cloze": cloze_docs(texts),
+        "mohge_hellaswag": hellaswag_docs(texts),
+    }
+    if meta.get("source") == "graded":
+        docs.update(graded_docs(records))
+    counts = {}
+    for name, rows in docs.items():
+        rows = rows[:max_docs]
+        if rows:
+            write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+            counts[name] = len(rows)
+    write_json_atomic(out_dir / "tasks.json", {"data_sha256": meta.get("sha256", {}), "docs": counts})
+    return counts
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running lm-eval
+# ----------------------------------------------------------------------------------------------------
+
+
+def standard_tasks(templates: Path = TASK_TEMPLATES) -> list[str]:
+    return list(yaml.safe_load((templates / "standard.yaml").read_text())["standard_tasks"])
+
+
+def local_task_config(name: str, task_data: Path, cache_dir: Path, templates: Path = TASK_TEMPLATES) -> dict:
+    if not (task_data / f"{name}.jsonl").is_file():
+        raise ValueError(f"task {name!r} has no documents in {task_data} (graded tasks need a graded data folder)")
+    text = (templates / f"{name}.yaml").read_text().replace("@TASK_DATA@", str(task_data.resolve()))
+    cfg = yaml.safe_load(text)
+    cfg["dataset_kwargs"]["cache_dir"] = str(cache_dir)
+    return cfg
+
+
+def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k.removesuffix(",none"): v for k, v in metrics.items() if k != "alias"}
+
+
+def run_lm_eval(
+    lm: Any,
+    tasks: Sequence[str],
+    task_data: Path,
+    limit: int = 0,
+    allow_hub: bool = False,
+    templates: Path = TASK_TEMPLATES,
+) -> dict[str, dict[str, Any]]:
+    """lm-eval's results per task for a ready model object (``MoHGELM``)."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    hub = [t for t in tasks if t not in LOCAL_TASKS]
+    if hub and not allow_hub:
+        raise ValueError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
+    with tempfile.TemporaryDirectory(prefix="mohge-hf-cache-") as cache:
+        specs: list[Any] = [local_task_config(t, task_data, Path(cache), templates) for t in tasks if t not in hub]
+        res = simple_evaluate(
+            model=lm,
+            tasks=specs + hub,
+            limit=limit or None,
+            task_manager=TaskManager(include_defaults=bool(hub)),
+            log_samples=False,
+            bootstrap_iters=1000,
+        )
+    out = {name: _clean(m) for name, m in res["results"].items()}
+    for name, n in res.get("n-samples", {}).items():
+        if name in out:
+            out[name]["n_samples"] = n.get("effective", n)
+    return out
+
+
+def evaluate(
+    ckpt: str | Path,
+    data_dir: str | Path,
+    tasks: Sequence[str] | None = None,
+    limit: int | None = None,
+    batch_size: int | None = None,
+    device: str = "auto",
+    allow_hub: bool = False,
+    task_data: str | Path | None = None,
+    max_loss_batches: int = 0,
+) -> dict[str, Any]:
+    """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
+    defaults of tasks, limit and batch size."""
+    if not allow_hub:
+        os.environ["HF_DATASETS_OFFLINE"] = "1"
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    from .lm_eval_model import MoHGELM
+    from .train import heldout_loss
+
+    lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
+    ec = lm.cfg.eval
+    tasks = list(tasks if tasks is not None else ec.tasks)
+    limit = ec.limit if limit is None else limit
+    lm.batch_size = batch_size or ec.batch_size
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
+        folder = Path(task_data) if task_data else Path(tmp)
+        built = build_tasks(data_dir, folder)
+        log.info("task documents in %s: %s", folder, built)
+        results = run_lm_eval(lm, tasks, folder, limit, allow_hub) if tasks else {}
+    lm_eval_s = time.perf_counter() - t0
+    metrics: dict[str, Any] = {"checkpoint": str(ckpt), "data": str(data_dir), "tasks": results}
+    for split in ("val", "test"):
+        metrics[split] = heldout_loss(
+            lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast
+        )
+    metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built}
+    return metrics
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "trace":
+        from .traces import main as trace_main
+
+        return trace_main(argv[1:])
+    ap = argparse.ArgumentParser(
+        prog="python -m mohge.evaluate",
+        description="lm-eval tasks built from held-out data plus direct val/test loss, offline. "
+        "Subcommands: `build-tasks` (write the task documents), `trace` (routing traces, see mohge.traces).",
+        epilog=f"Local tasks: {', '.join(LOCAL_TASKS)}. Standard (hub) tasks: {', '.join(standard_tasks())}.",
+    )
+    if argv and argv[0] == "build-tasks":
+        ap.prog += " build-tasks"
+        ap.add_argument("--data", required=True, help="prepared data folder (python -m mohge.data)")
+        ap.add_argument("--out", required=True, help="folder for {task}.jsonl and tasks.json")
+        ap.add_argument("--max-docs", type=int, default=1000, help="documents per task at most (default 1000)")
+        args = ap.parse_args(argv[1:])
+        print(json.dumps(build_tasks(args.data, args.out, args.max_docs)))
+        return 0
+    ap.add_argument("--ckpt", required=True, help="trained model folder (model.safetensors, config.json, tokenizer)")
+    ap.add_argument("--data", required=True, help="prepared data folder the model was trained on")
+    ap.add_argument("--out", required=True, help="metrics JSON to write")
+    ap.add_argument("--tasks", nargs="+", help="task names (default: eval.tasks of the run config)")
+    ap.add_argument("--limit", type=int, help="documents per task at most, 0 = all (default: eval.limit)")
+    ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default: eval.batch_size)")
+    ap.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    ap.add_argument("--task-data", help="keep the task documents in this folder (default: a temporary one)")
+    ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
+    ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
+    ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    metrics = evaluate(
+        args.ckpt,
+        args.data,
+        args.tasks,
+        args.limit,
+        args.batch_size,
+        args.device,
+        args.allow_hub,
+        args.task_data,
+        args.max_loss_batches,
+    )
+    write_json_atomic(args.out, metrics)
+    print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

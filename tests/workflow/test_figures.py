@@ -1,0 +1,353 @@
+"""The table and figure scripts of workflow/scripts on small synthetic inputs (CPU only, no GPU ever).
+
+Each script's ``main(inputs, outputs, params)`` runs in-process; one runs from the command line and one through
+Snakemake's ``script:`` directive. Every figure must be a valid PNG and PDF, byte-identical when rebuilt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
+WIDTHS = (384, 512, 640, 768, 896, 1024, 1152, 1280)
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(f"figscript_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_inputs(d: Path) -> dict[str, Path]:
+    """Synthetic results files in the schemas the collect step writes."""
+    rnd = random.Random(0)
+    runs, curves, groups = [], [], []
+    for ds, seeds in (("shakespeare", (0, 1, 2)), ("graded", (0,))):
+        for i, fam in enumerate(FAMILIES):
+            for seed in seeds:
+                run = f"{ds}-{fam}-s{seed}"
+                ppl = 8 + i * 0.3 + rnd.random() * 0.2
+                runs.append(
+                    {
+                        "run": run,
+                        "dataset": ds,
+                        "family": fam,
+                        "seed": seed,
+                        "total_params": 9e6 - i * 4e5,
+                        "activated_params": 3e6 + i * 1e5,
+                        "routed_params": 6e6,
+                        "val_loss": math.log(ppl),
+                        "val_ppl": ppl,
+                        "test_loss": math.log(ppl + 0.1),
+                        "test_ppl": ppl + 0.1,
+                        "tokens_per_s": 1800 - 50 * i + rnd.random() * 20,
+                        "train_seconds": 600.0,
+                        "task:mohge_cloze:acc": 0.4 + 0.01 * (5 - i) + rnd.random() * 0.01,
+                        "task:mohge_graded_hard:acc": 0.3 + rnd.random() * 0.02,
+                    }
+                )
+                start = 100.0 if fam == "mohge" else math.nan
+                for step in range(0, 301, 10):
+                    loss = 2 + 0.05 * i + 5 * math.exp(-step / 40) + 0.05 * rnd.random()
+                    width = 832 + (60 if fam == "mohge" else 20) * (step >= 100) + 10 * rnd.random()
+                    curves.append(
+                        {
+                            "run": run,
+                            "dataset": ds,
+                            "family": fam,
+                            "seed": seed,
+                            "step": step,
+                            "loss": loss + 0.01,
+                            "lm_loss": loss,
+                            "group_aux": 0.01,
+                            "expert_aux": 0.02,
+                            "lr": 1e-3,
+                            "val_loss": math.nan,
+                            "mean_width": width if fam in ("mohge", "hmoe") else math.nan,
+                            "group_aux_start": start,
+                        }
+                    )
+                    if step % 100 == 0:
+                        curves.append(curves[-1] | {"lm_loss": math.nan, "loss": math.nan, "val_loss": loss + 0.1})
+                if fam in ("mohge", "hmoe"):
+                    for layer in ("all", 1):
+                        for li, level in enumerate(("easy", "medium", "hard", "all")):
+                            slots = [10 + (g * li if level != "all" else g) + rnd.randint(0, 3) for g in range(8)]
+                            for g, (w, s) in enumerate(zip(WIDTHS, slots, strict=True)):
+                                groups.append(
+                                    {
+                                        "run": run,
+                                        "dataset": ds,
+                                        "family": fam,
+                                        "seed": seed,
+                                        "layer": layer,
+                                        "level": level,
+                                        "group": g,
+                                        "width": w,
+                                        "slots": s,
+                                        "share": s / sum(slots),
+                                    }
+                                )
+    params = []
+    for cfg, fam, scale in (
+        ("shakespeare-mohge", "mohge", 1e6),
+        ("shakespeare-moe", "moe", 1e6),
+        ("shakespeare-dense", "dense", 1e6),
+        ("preset-mohge-3b", "mohge", 1e8),
+        ("preset-moe-3b", "moe", 1e8),
+    ):
+        routed = 0 if fam == "dense" else (24 if fam == "mohge" else 29.5)
+        parts = {
+            "embeddings": 2,
+            "lm_head": 2,
+            "attention": 4,
+            "norms": 0.01,
+            "routers": 0.1 * bool(routed),
+            "routed_experts": routed,
+            "shared_experts": 2 * bool(routed),
+            "dense_ffn": 1 if routed else 9,
+        }
+        parts |= {"total": sum(parts.values()), "non_embedding": sum(parts.values()) - 4}
+        for comp, v in parts.items():
+            act = v * (0.25 if comp in ("routed_experts", "routers") else 1)
+            params.append(
+                {"config": cfg, "family": fam, "component": comp, "total": v * scale, "activated": act * scale}
+            )
+    summary, ranks = [], []
+    for strategy, skew in (("contiguous", 0.5), ("all_size", 0.02), ("modse_pairs", 0.1), ("flop_lpt", 0.03)):
+        for ep in (4, 8, 16):
+            for layer in ("all", 1):
+                loads = [1 + skew * math.sin(r * 1.7 + ep) for r in range(ep)]
+                mean = sum(loads) / ep
+                for r, v in enumerate(loads):
+                    ranks.append(
+                        {
+                            "source": "shakespeare-mohge-s0",
+                            "strategy": strategy,
+                            "ep_size": ep,
+                            "layer": layer,
+                            "rank": r,
+                            "flops": v * 1e12,
+                            "params": 1e6,
+                            "tokens": 1000,
+                        }
+                    )
+                cv = (sum((v - mean) ** 2 for v in loads) / ep) ** 0.5 / mean
+                summary.append(
+                    {
+                        "source": "shakespeare-mohge-s0",
+                        "strategy": strategy,
+                        "ep_size": ep,
+                        "layer": layer,
+                        "max_over_mean": max(loads) / mean,
+                        "cv": cv,
+                        "kind": "analytic",
+                    }
+                )
+                if ep <= 8 and layer == "all":
+                    summary.append(
+                        summary[-1]
+                        | {"source": "ep-bench", "kind": "measured", "max_over_mean": max(loads) / mean + 0.05}
+                    )
+    kernels = [
+        {"device": dev, "date": "2025-01-02", "T": t, "path": p, "pass": ps_, "ms": 1.0, "tflops": tf * t / (t + 2048)}
+        for dev in ("cpu", "NVIDIA H200")
+        for t in (256, 1024, 4096, 16384)
+        for p, tf in (("triton", 300), ("dense", 400), ("loop", 120), ("torch", 200))
+        for ps_ in ("fwd", "fwd+bwd")
+    ]
+    frames = {"runs": runs, "curves": curves, "groups": groups, "params": params, "summary": summary}
+    frames |= {"ranks": ranks, "kernels": kernels, "kernels_cpu": [k for k in kernels if k["device"] == "cpu"]}
+    paths = {}
+    for name, rows in frames.items():
+        paths[name] = d / f"{name}.csv"
+        pd.DataFrame(rows).to_csv(paths[name], index=False)
+    return paths
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> dict[str, Path]:
+    return write_inputs(tmp_path_factory.mktemp("results"))
+
+
+FIGURES = {
+    "plot_curves": {"curves": "curves"},
+    "plot_quality_params": {"runs": "runs"},
+    "plot_groups_by_level": {"groups": "groups"},
+    "plot_gpu_load": {"ranks": "ranks", "summary": "summary"},
+    "plot_width": {"curves": "curves"},
+    "plot_kernels": {"kernels": "kernels"},
+}
+
+
+def assert_png_pdf(png: Path, pdf: Path) -> None:
+    head = png.read_bytes()
+    assert head.startswith(b"\x89PNG\r\n\x1a\n") and head.endswith(b"IEND\xaeB`\x82"), png
+    assert b"Software" not in head
+    body = pdf.read_bytes()
+    assert body.startswith(b"%PDF-") and body.rstrip().endswith(b"%%EOF"), pdf
+    assert b"CreationDate" not in body and b"Producer" not in body
+
+
+@pytest.mark.parametrize("script", sorted(FIGURES))
+def test_figure_valid_and_reproducible(script, data, tmp_path):
+    main = load(script).main
+    inputs = {key: data[name] for key, name in FIGURES[script].items()}
+    builds = []
+    for i in (1, 2):
+        out = {"png": tmp_path / f"{script}-{i}.png", "pdf": tmp_path / f"{script}-{i}.pdf"}
+        main(inputs, out, {})
+        assert_png_pdf(out["png"], out["pdf"])
+        builds.append(out)
+    for kind in ("png", "pdf"):
+        assert builds[0][kind].read_bytes() == builds[1][kind].read_bytes(), f"{script} {kind} not reproducible"
+
+
+@pytest.mark.parametrize("script", sorted(FIGURES))
+def test_figure_placeholder_without_data(script, tmp_path):
+    """Absent or empty inputs (a fresh checkout, a machine without a GPU) still give a valid figure."""
+    (tmp_path / "empty.csv").write_text("")
+    inputs = {key: tmp_path / ("empty.csv" if i == 0 else "absent.csv") for i, key in enumerate(FIGURES[script])}
+    out = {"png": tmp_path / "f.png", "pdf": tmp_path / "f.pdf"}
+    load(script).main(inputs, out, {})
+    assert_png_pdf(out["png"], out["pdf"])
+
+
+def test_kernels_cpu_rows_give_placeholder(data, tmp_path):
+    out = {"png": tmp_path / "cpu.png", "pdf": tmp_path / "cpu.pdf"}
+    load("plot_kernels").main({"kernels": data["kernels_cpu"]}, out, {})
+    assert_png_pdf(out["png"], out["pdf"])
+    none = {"png": tmp_path / "none.png", "pdf": tmp_path / "none.pdf"}
+    load("plot_kernels").main({"kernels": tmp_path / "absent.csv"}, none, {})
+    assert out["png"].read_bytes() == none["png"].read_bytes()  # the same "no GPU benchmark recorded yet" figure
+
+
+def test_command_line_matches_in_process(data, tmp_path):
+    """The argparse entry gives the same bytes as main() in this process (a fresh interpreter, same figure)."""
+    main = load("plot_gpu_load").main
+    main(
+        {"ranks": data["ranks"], "summary": data["summary"]}, {"png": tmp_path / "a.png", "pdf": tmp_path / "a.pdf"}, {}
+    )
+    cmd = [sys.executable, SCRIPTS / "plot_gpu_load.py", "--in", f"ranks={data['ranks']}"]
+    cmd += [
+        "--in",
+        f"summary={data['summary']}",
+        "--out",
+        f"png={tmp_path / 'b.png'}",
+        "--out",
+        f"pdf={tmp_path / 'b.pdf'}",
+    ]
+    subprocess.run(cmd, check=True)
+    for kind in ("png", "pdf"):
+        assert (tmp_path / f"a.{kind}").read_bytes() == (tmp_path / f"b.{kind}").read_bytes()
+
+
+def test_t_quantiles_and_ci_arithmetic():
+    ps = load("plotstyle")
+    mean, hw, n = ps.mean_ci([1, 2, 3])
+    assert (mean, n) == (2.0, 3) and hw == pytest.approx(4.303 / math.sqrt(3), rel=1e-12)
+    one = ps.mean_ci([5.0])
+    assert one[0] == 5.0 and math.isnan(one[1]) and one[2] == 1
+    assert ps.mean_ci([2.0, float("nan"), 4.0])[2] == 2
+    stats = pytest.importorskip("scipy.stats")  # only the test may use scipy, as a cross-check
+    for df in (1, 2, 5, 29, 30, 31, 40, 60, 120, 1000):
+        assert ps.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=6e-4), df
+
+
+def test_tables(data, tmp_path):
+    runs = pd.read_csv(data["runs"])
+    known = runs["dataset"].eq("shakespeare") & runs["family"].eq("moe")
+    runs.loc[known, "val_ppl"] = [1.0, 2.0, 3.0]
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    outs = {f"t{i}_{k}": tmp_path / f"T{i}.{k}" for i in (1, 2, 3) for k in ("csv", "md", "tex")}
+    inputs = {"runs": tmp_path / "runs.csv", "params": data["params"], "utilization": data["summary"]}
+    load("make_tables").main(inputs, outs, {})
+    t1 = pd.read_csv(outs["t1_csv"])
+    row = t1[(t1["dataset"] == "shakespeare") & (t1["family"] == "moe")].iloc[0]
+    assert row["n_seeds"] == 3 and row["val_ppl_mean"] == pytest.approx(2.0)
+    assert row["val_ppl_ci95"] == pytest.approx(4.303 / math.sqrt(3), rel=1e-5)
+    assert list(t1[t1["dataset"] == "shakespeare"]["family"]) == list(FAMILIES)
+    assert t1[t1["dataset"] == "graded"]["val_ppl_ci95"].isna().all()  # one seed: no interval
+    md, tex = outs["t1_md"].read_text(), outs["t1_tex"].read_text()
+    assert "**1.00 ± 2.48**" not in md and "**2.00 ± 2.48**" in md  # the best (lowest) mean is in bold
+    assert "± —" in md and r"$\pm$ ---" in tex and r"\textbf{2.00 $\pm$ 2.48}" in tex
+    assert r"\begin{tabular}" in tex and "cloze acc (%)" in md
+    t2 = pd.read_csv(outs["t2_csv"])
+    routed = t2.set_index("component").loc["routed_experts"]
+    assert routed["mohge_vs_moe:shakespeare:total_rel_diff_pct"] == pytest.approx((24 - 29.5) / 29.5 * 100)
+    assert "Δ total MoHGE vs MoE (preset-3b)" in outs["t2_md"].read_text()
+    t3 = pd.read_csv(outs["t3_csv"])
+    assert list(t3.columns) == [
+        "strategy",
+        "ep_size",
+        "analytic_max_over_mean",
+        "analytic_cv",
+        "measured_max_over_mean",
+        "measured_cv",
+    ]
+    assert t3["strategy"].iloc[0] == "contiguous" and t3["measured_max_over_mean"].notna().sum() == 8
+    for k, path in outs.items():
+        assert path.read_bytes() == path.read_bytes() and path.stat().st_size > 0, k
+
+
+def test_tables_without_rows(tmp_path):
+    (tmp_path / "runs.csv").write_text("run,dataset,family,seed,val_ppl\n")
+    outs = {k: tmp_path / f"T1.{k[3:]}" for k in ("t1_csv", "t1_md", "t1_tex")}
+    load("make_tables").main({"runs": tmp_path / "runs.csv"}, outs, {})
+    assert "No data yet" in outs["t1_md"].read_text() and r"\end{tabular}" in outs["t1_tex"].read_text()
+
+
+def test_snakemake_script_directive(data, tmp_path):
+    """The scripts run under Snakemake's script: directive (snakemake object, scriptdir import, log redirect)."""
+    snakefile = tmp_path / "Snakefile"
+    snakefile.write_text(
+        f"""
+rule all:
+    input:
+        "out/F4.png",
+        "out/T3.md",
+
+
+rule f4:
+    input:
+        ranks="{data["ranks"]}",
+        summary="{data["summary"]}",
+    output:
+        png="out/F4.png",
+        pdf="out/F4.pdf",
+    params:
+        source="shakespeare-mohge-s0",
+    log:
+        "logs/f4.log",
+    script:
+        "{SCRIPTS / "plot_gpu_load.py"}"
+
+
+rule t3:
+    input:
+        utilization="{data["summary"]}",
+    output:
+        t3_csv="out/T3.csv",
+        t3_md="out/T3.md",
+        t3_tex="out/T3.tex",
+    log:
+        "logs/t3.log",
+    script:
+        "{SCRIPTS / "make_tables.py"}"
+"""
+    )
+    cmd = [sys.executable, "-m", "snakemake", "-s", snakefile, "--cores", "1", "-d", tmp_path, "--quiet"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_png_pdf(tmp_path / "out/F4.png", tmp_path / "out/F4.pdf")
+    assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()

@@ -1,0 +1,93 @@
+"""F4: per-GPU load under each expert placement: FLOPs per expert-parallel rank divided by the mean over ranks.
+
+Inputs: ranks (utilization_ranks.csv), summary (utilization_summary.csv, optional: its measured rows are drawn).
+Outputs: png, pdf. Params: source (the analytic trace; default the first in sorted order).
+One panel per EP size (ranks on x), then max/mean against EP size (analytic lines, measured open markers).
+"""
+
+import sys
+from pathlib import Path
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import plotstyle as ps  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+
+
+def rank_loads(ranks):
+    """FLOPs per (strategy, ep_size, rank) over layer "all" (else summed over layers), divided by the rank mean."""
+    ranks = ranks.assign(layer=ps.as_level(ranks["layer"]))
+    ranks = ranks[ranks["layer"] == "all"] if (ranks["layer"] == "all").any() else ranks
+    load = ranks.groupby(["strategy", "ep_size", "rank"], as_index=False)["flops"].sum()
+    return load.assign(load=load["flops"] / load.groupby(["strategy", "ep_size"])["flops"].transform("mean"))
+
+
+def measured(summary):
+    """max/mean of the measured rows per (strategy, ep_size): layer "all" when recorded, else mean over layers."""
+    if summary.empty or "kind" not in summary or not (summary["kind"] == "measured").any():
+        return summary
+    m = summary[summary["kind"] == "measured"].assign(layer=lambda d: ps.as_level(d["layer"]))
+    m = m[m["layer"] == "all"] if (m["layer"] == "all").any() else m
+    return m.groupby(["strategy", "ep_size"], as_index=False)["max_over_mean"].mean()
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Plot the per-GPU load of each placement strategy (F4)."""
+    ranks = ps.read_csv(inputs.get("ranks"))
+    if ranks.empty:
+        ps.placeholder_figure(outputs, "Per-GPU load", "no placement study recorded yet")
+        return
+    source = params.get("source") or sorted(ranks["source"].unique())[0]
+    load = rank_loads(ranks[ranks["source"] == source])
+    meas = measured(ps.read_csv(inputs.get("summary")))
+    strategies = ps.ordered(load["strategy"], ps.STRATEGIES)
+    eps = sorted(load["ep_size"].unique())
+    fig, axes = ps.panels(len(eps) + 1, ncols=2 if len(eps) == 3 else 3, height=2.3)
+    pad = 0.05 * (load["load"].max() - load["load"].min())
+    for ax, ep in zip(axes, eps, strict=False):
+        for s in strategies:
+            d = load[(load["strategy"] == s) & (load["ep_size"] == ep)].sort_values("rank")
+            ax.plot(
+                d["rank"],
+                d["load"],
+                marker="o",
+                ms=3,
+                lw=1,
+                color=ps.STRATEGY_COLORS.get(s, ps.OTHER_COLOR),
+                label=ps.strategy_label(s),
+                zorder=3 if s == "all_size" else 2,  # the method on top
+            )
+        ax.axhline(1, color="#444444", lw=0.8, ls=":")
+        ax.set_ylim(load["load"].min() - pad, load["load"].max() + pad)  # one scale for every EP size
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"EP = {ep} GPUs")
+        ax.set_xlabel("expert-parallel rank")
+        ax.set_ylabel("FLOPs / mean over ranks")
+    ax = axes[-1]
+    for s in strategies:
+        color = ps.STRATEGY_COLORS.get(s, ps.OTHER_COLOR)
+        mm = load[load["strategy"] == s].groupby("ep_size")["load"].max()
+        ax.plot(mm.index, mm.values, marker="o", ms=4, color=color)
+        if not meas.empty:
+            m = meas[meas["strategy"] == s].sort_values("ep_size")
+            ax.plot(m["ep_size"], m["max_over_mean"], marker="s", mfc="white", ls="--", lw=0.9, color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(eps, [str(e) for e in eps])
+    ax.axhline(1, color="#444444", lw=0.8, ls=":")
+    ax.set_title("busiest GPU: max / mean")
+    ax.set_xlabel("EP size (GPUs)")
+    ax.set_ylabel("max / mean FLOPs")
+    if not meas.empty:
+        ax.plot([], [], color="k", marker="s", mfc="white", ls="--", lw=0.9, label="measured")
+        ax.plot([], [], color="k", marker="o", label="analytic")
+        ax.legend(loc="best")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(strategies))
+    fig.suptitle(f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5)
+    ps.save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)

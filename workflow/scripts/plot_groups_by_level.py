@@ -1,0 +1,72 @@
+"""F3: which expert groups the tokens of each difficulty level are routed to (share of routed slots per group).
+
+Inputs: groups (groups_by_level.csv). Outputs: png, pdf. Params: families (default: all present).
+One panel per (dataset, family), averaged over seeds; layer "all" when recorded, else slots summed over layers.
+Groups are labelled by their expert width; the legend gives each level's share-weighted mean width.
+"""
+
+import sys
+from pathlib import Path
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import plotstyle as ps  # noqa: E402
+
+
+def shares(df):
+    """Mean over runs of the share of routed slots per (dataset, family, level, group), with the group's width."""
+    df = df.assign(layer=ps.as_level(df["layer"]))
+    if (df["layer"] == "all").any():
+        df = df[df["layer"] == "all"]
+    keys = ["dataset", "family", "run", "level", "group", "width"]
+    per_run = df.groupby(keys, as_index=False)["slots"].sum()
+    per_run["share"] = per_run["slots"] / per_run.groupby(keys[:4])["slots"].transform("sum")
+    return per_run.groupby(["dataset", "family", "level", "group", "width"], as_index=False)["share"].mean()
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Plot the share of routed slots per expert group at each difficulty level (F3)."""
+    df = ps.read_csv(inputs.get("groups"))
+    if not df.empty and params.get("families"):
+        df = df[df["family"].isin(params["families"])]
+    if df.empty:
+        ps.placeholder_figure(outputs, "Expert groups by difficulty level", "no routing statistics recorded yet")
+        return
+    s = shares(df)
+    levels = [lv for lv in ps.LEVELS if lv in set(s["level"])] or ps.ordered(s["level"], ())
+    models = s[["dataset", "family"]].drop_duplicates()
+    models = models.assign(_f=models["family"].map({f: i for i, f in enumerate(ps.FAMILIES)})).sort_values(
+        ["dataset", "_f"]
+    )
+    fig, axes = ps.panels(len(models), ncols=2, height=2.6)
+    for ax, (ds, fam) in zip(axes, models[["dataset", "family"]].itertuples(index=False), strict=True):
+        d = s[(s["dataset"] == ds) & (s["family"] == fam)]
+        groups = d.groupby("group")["width"].first().sort_index()
+        bar = 0.8 / len(levels)
+        for j, lv in enumerate(levels):
+            v = d[d["level"] == lv].set_index("group")["share"].reindex(groups.index).fillna(0)
+            mean_w = float((v * groups).sum() / v.sum()) if v.sum() else float("nan")
+            x = [i + (j - (len(levels) - 1) / 2) * bar for i in range(len(groups))]
+            ax.bar(
+                x,
+                v.values,
+                width=bar,
+                color=ps.LEVEL_COLORS.get(lv, ps.OTHER_COLOR),
+                label=f"{lv}: mean width {mean_w:.0f}",
+            )
+        ax.axhline(1 / len(groups), color="#444444", ls=":", lw=0.9, label=f"uniform (1/{len(groups)})")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.5)  # headroom for the legend
+        ax.grid(False, axis="x")
+        ax.set_xticks(range(len(groups)), [str(w) for w in groups.values])
+        ax.set_xlabel("expert group (labelled by expert width)")
+        ax.set_ylabel("share of routed slots")
+        ax.set_title(f"{ds}: {ps.family_label(fam)}")
+        ax.legend(title="difficulty level", title_fontsize=7.5, loc="upper left")
+    fig.suptitle("Routed slots per expert group, by difficulty level (mean over seeds)", fontsize=8.5)
+    ps.save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)

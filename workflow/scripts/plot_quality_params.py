@@ -1,0 +1,65 @@
+"""F2: quality against size: validation perplexity (lower is better) against total and activated parameters.
+
+Inputs: runs (runs.csv). Outputs: png, pdf. Params: metric (default "val_ppl"), logx (default false).
+One marker per family (mean over seeds, error bar: 95% CI), one row of two panels per dataset.
+"""
+
+import sys
+from pathlib import Path
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import plotstyle as ps  # noqa: E402
+
+AXES = {"total_params": "total parameters", "activated_params": "activated parameters per token"}
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Plot quality against total and activated parameters (F2)."""
+    metric = params.get("metric", "val_ppl")
+    df = ps.read_csv(inputs.get("runs"))
+    if df.empty or not {metric, *AXES} <= set(df.columns) or df[metric].isna().all():
+        ps.placeholder_figure(outputs, "Quality against parameters", f"no {metric} recorded yet")
+        return
+    df = df.dropna(subset=[metric])
+    t = ps.summarise(df, ["dataset", "family"], [metric])
+    sizes = df.groupby(["dataset", "family"])[list(AXES)].first().reset_index()
+    t = t.merge(sizes, on=["dataset", "family"])
+    datasets = sorted(t["dataset"].unique())
+    fig, axes = ps.panels(2 * len(datasets), ncols=2, height=2.7)
+    for i, ds in enumerate(datasets):
+        d = t[t["dataset"] == ds]
+        for ax, (col, name) in zip(axes[2 * i : 2 * i + 2], AXES.items(), strict=True):
+            div, unit = ps.param_scale(d[col])
+            ends = []
+            for fam in ps.ordered(d["family"], ps.FAMILIES):
+                r = d[d["family"] == fam].iloc[0]
+                st = ps.family_style(fam)
+                yerr = 0 if r[f"{metric}_ci95"] != r[f"{metric}_ci95"] else r[f"{metric}_ci95"]
+                ax.errorbar(
+                    r[col] / div,
+                    r[f"{metric}_mean"],
+                    yerr=yerr,
+                    fmt=st["marker"],
+                    color=st["color"],
+                    ms=6,
+                    capsize=3,
+                    lw=1,
+                )
+                ends.append((r[col] / div, r[f"{metric}_mean"], f"{ps.family_label(fam)} (n={r['n']})", st["color"]))
+            if params.get("logx"):
+                ax.set_xscale("log")
+            lo, hi = ax.get_xlim()
+            ax.set_xlim(lo, hi + 0.25 * (hi - lo))  # room for the labels right of the markers
+            ps.label_ends(ax, ends, min_gap=0.07)
+            ax.set_xlabel(f"{name} ({unit})" if unit else name)
+            ax.set_ylabel(f"{metric.replace('_ppl', ' perplexity').replace('val', 'validation')} (lower is better)")
+            ax.set_title(f"{ds}: quality vs {name.split()[0]} size")
+    fig.suptitle("Quality against model size: mean over seeds, error bars: 95% CI", fontsize=8.5)
+    ps.save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)
