@@ -136,7 +136,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dys_AD = dy_TD[tok_A]
         dgate_A = (out_AD * dys_AD).sum(-1)
         dout_AD = dys_AD * gate_A[:, None]
-        dxs_AD = torch.zeros_like(xs_AD)
+        dxs_AD = torch.empty_like(xs_AD)  # every sorted row belongs to exactly one expert slice
         dw1s = [torch.zeros_like(w) for w in w1s]
         dw2s = [torch.zeros_like(w) for w in w2s]
         members = [(c, j) for c, w in enumerate(w1s) for j in range(w.shape[0])]
@@ -146,12 +146,14 @@ class _GroupedSwiGLU(torch.autograd.Function):
             c, j = members[e]
             s, t = ctx.bounds[e], ctx.bounds[e + 1]
             a_CH, u_CH = h_C2H.chunk(2, dim=-1)
-            sig_CH = torch.sigmoid(a_CH)
-            silu_CH = a_CH * sig_CH
+            silu_CH = F.silu(a_CH)
             dact_CH = dout_AD[s:t] @ w2_e[e]
             torch.mm(dout_AD[s:t].t(), silu_CH * u_CH, out=dw2s[c][j])
-            da_CH = dact_CH * u_CH * (sig_CH * (1 + a_CH * (1 - sig_CH)))
-            dh_C2H = torch.cat([da_CH, dact_CH * silu_CH], dim=-1)
+            dh_C2H = torch.empty_like(h_C2H)
+            H = a_CH.shape[1]
+            # d/da SiLU(a)*u = dact*u*SiLU'(a) (aten's fused silu_backward); d/du = dact*SiLU(a)
+            dh_C2H[:, :H] = torch.ops.aten.silu_backward(dact_CH * u_CH, a_CH)
+            torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])
             torch.mm(dh_C2H.t(), xs_AD[s:t], out=dw1s[c][j])
             torch.mm(dh_C2H, w1_e[e], out=dxs_AD[s:t])
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, tok_A, dxs_AD)
