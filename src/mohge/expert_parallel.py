@@ -35,7 +35,7 @@ default): all ranks time at once after one barrier, one GPU per rank, and NVML u
 optional: the columns stay empty without it) is sampled on each rank's GPU during its timed loop.
 
 ``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
-seconds, seconds_min, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
+seconds, seconds_min, times_ms, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
 the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
 those rows (:func:`mohge.utilization.rank_loads`), ``seconds`` the median local compute time.
 
@@ -69,6 +69,7 @@ from mohge import kernels
 from .allocation import STRATEGIES, experts_of_rank, place
 from .utilization import (
     Trace,
+    TraceError,
     load_replay,
     load_trace,
     rank_loads,
@@ -90,6 +91,7 @@ MEASURED_COLUMNS = (
     "flops",
     "seconds",
     "seconds_min",
+    "times_ms",
     "repeats",
     "timing",
     "device",
@@ -372,12 +374,13 @@ def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world:
 def measure(args: argparse.Namespace) -> int:
     rank, world, device = _init()
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
-    trace = load_trace(args.trace)
-    replay = None
-    if args.routing in ("auto", "replay"):
-        replay = load_replay(trace)
-        if replay is None and args.routing == "replay":
-            raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
+    try:
+        trace = load_trace(args.trace)
+        replay = load_replay(trace) if args.routing in ("auto", "replay") else None
+    except TraceError as err:
+        raise SystemExit(str(err)) from err
+    if replay is None and args.routing == "replay":
+        raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
     routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
     timing = args.timing if args.timing != "auto" else ("concurrent" if device.type == "cuda" else "sequential")
     if device.type == "cpu" and timing == "sequential" and args.pin_cpu != "none" and hasattr(os, "sched_setaffinity"):
@@ -447,6 +450,7 @@ def measure(args: argparse.Namespace) -> int:
                     "flops": analytic["flops"],
                     "seconds": statistics.median(times),
                     "seconds_min": min(times),
+                    "times_ms": ";".join(f"{1e3 * t:.3f}" for t in times),
                     "repeats": len(times),
                     "timing": timing,
                     "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

@@ -495,7 +495,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="no trained model: write and use a synthetic trace (OUT/synthetic_trace.json + .npz)",
     )
     p.add_argument("--out", type=Path, required=True, help="output folder for the CSVs")
-    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="STRATEGY")
+    p.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(STRATEGIES),
+        choices=STRATEGIES,
+        metavar="STRATEGY",
+        help=f"placements to compare (default: all of {', '.join(STRATEGIES)})",
+    )
     p.add_argument("--ep", nargs="+", type=int, default=[2, 4, 8, 16, 32], help="EP sizes (default 2 4 8 16 32)")
     p.add_argument(
         "--flop-mult",
@@ -512,20 +519,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="group popularities, one per group (default skewed toward small groups)",
     )
     syn.add_argument("--widths", nargs="+", type=int, default=list(WIDTHS_3B), help="per-group expert widths")
-    syn.add_argument("--experts-per-group", type=int, default=8)
-    syn.add_argument("--tokens", type=int, default=4096)
-    syn.add_argument("--topk", type=int, default=6)
-    syn.add_argument("--d-model", type=int, default=256)
+    syn.add_argument("--experts-per-group", type=int, default=8, help="experts per group (default 8)")
+    syn.add_argument("--tokens", type=int, default=4096, help="tokens per layer (default 4096)")
+    syn.add_argument("--topk", type=int, default=6, help="experts per token (default 6)")
+    syn.add_argument("--d-model", type=int, default=256, help="model width of the trace (default 256)")
     syn.add_argument("--layers", type=int, default=1, help="number of synthetic layers")
     syn.add_argument("--noise", type=float, default=0.1, help="within-group multiplicative noise, +-noise")
-    syn.add_argument("--seed", type=int, default=0)
+    syn.add_argument("--seed", type=int, default=0, help="seed of the noise and of the replay routing")
     m = p.add_argument_group("measurement (--measure)")
     m.add_argument("--measure", action="store_true", help="also run the torchrun per-rank timing")
     m.add_argument("--nproc", type=int, default=4, help="ranks (= EP size) of the measurement")
     m.add_argument("--repeats", type=int, default=5, help="timed repeats per rank (median reported)")
     m.add_argument("--measure-layers", nargs="+", type=int, help="layer ids to measure (default: all)")
     m.add_argument("--measure-d-model", type=int, help="d_model of the timed experts (default: the trace's)")
-    m.add_argument("--timing", choices=("auto", "sequential", "concurrent"), default="auto")
+    m.add_argument(
+        "--timing",
+        choices=("auto", "sequential", "concurrent"),
+        default="auto",
+        help="ranks take turns (CPU default) or time at once (GPU default); see mohge.expert_parallel",
+    )
     m.add_argument("--backend", default="torch", help="expert compute backend (mohge.kernels), default torch")
     m.add_argument("--train", action="store_true", help="time forward + backward of the local experts")
     return p

@@ -126,10 +126,10 @@ def write_inputs(d: Path) -> dict[str, Path]:
     summary, ranks = [], []
     for strategy, skew in (("contiguous", 0.5), ("all_size", 0.02), ("modse_pairs", 0.1), ("flop_lpt", 0.03)):
         for ep in (4, 8, 16):
-            for layer in ("all", 1):
-                loads = [1 + skew * math.sin(r * 1.7 + ep) for r in range(ep)]
+            for layer in ("all", 1, 2):  # as the collect step writes them: per-rank rows per layer only
+                loads = [1 + skew * math.sin(r * 1.7 + ep + (layer == 2)) for r in range(ep)]
                 mean = sum(loads) / ep
-                for r, v in enumerate(loads):
+                for r, v in enumerate(loads if layer != "all" else []):
                     ranks.append(
                         {
                             "source": "shakespeare-mohge-s0",
@@ -269,9 +269,11 @@ def test_tables(data, tmp_path):
     known = runs["dataset"].eq("shakespeare") & runs["family"].eq("moe")
     runs.loc[known, "val_ppl"] = [1.0, 2.0, 3.0]
     runs.to_csv(tmp_path / "runs.csv", index=False)
+    names = {1: "T1_main", 2: "T2_params", 3: "T3_balance"}  # the keys of the tables rule in analysis.smk
+    keys = {f"t{i}_{k}": f"{names[i]}_{k}" for i in (1, 2, 3) for k in ("csv", "md", "tex")}
     outs = {f"t{i}_{k}": tmp_path / f"T{i}.{k}" for i in (1, 2, 3) for k in ("csv", "md", "tex")}
-    inputs = {"runs": tmp_path / "runs.csv", "params": data["params"], "utilization": data["summary"]}
-    load("make_tables").main(inputs, outs, {})
+    inputs = {"runs": tmp_path / "runs.csv", "params": data["params"], "util": data["summary"]}
+    load("make_tables").main(inputs, {keys[k]: v for k, v in outs.items()}, {})
     t1 = pd.read_csv(outs["t1_csv"])
     row = t1[(t1["dataset"] == "shakespeare") & (t1["family"] == "moe")].iloc[0]
     assert row["n_seeds"] == 3 and row["val_ppl_mean"] == pytest.approx(2.0)

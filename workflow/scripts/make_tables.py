@@ -1,8 +1,9 @@
 """Tables T1 (main comparison), T2 (parameters by component), T3 (per-GPU load balance): CSV, Markdown, LaTeX.
 
 Inputs (each optional; a table is written when its input and one of its outputs are named):
-  runs (runs.csv) -> T1, params (params.csv) -> T2, utilization (utilization_summary.csv) -> T3.
-Outputs: t1_csv, t1_md, t1_tex, t2_csv, ..., t3_tex. Params: source (T3: one analytic trace; default all, averaged).
+  runs (runs.csv) -> T1, params (params.csv) -> T2, util or utilization (utilization_summary.csv) -> T3.
+Outputs: keys starting with the table (case-insensitive) and ending in _csv, _md or _tex: t1_csv, T1_main_md, ...
+Params: source (T3: one routing trace; default: the mean over traces).
 Means over seeds carry a 95% Student-t interval ("± —" with one seed); the best value per column is in bold.
 """
 
@@ -55,9 +56,15 @@ def tex(s: str) -> str:
     return re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", s)
 
 
+def table_key(key: str, prefix: str, ext: str = "") -> bool:
+    """Whether an output key names table ``prefix`` ('t1') in format ``ext``: 't1_csv', 'T1_main_csv', ..."""
+    key = key.lower()
+    return key.startswith(prefix) and not key[len(prefix) : len(prefix) + 1].isdigit() and key.endswith(ext)
+
+
 def write_table(machine, display, outputs: dict, prefix: str, caption: str, left: int = 1) -> None:
     """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular."""
-    paths = {k: Path(outputs[f"{prefix}_{k}"]) for k in ("csv", "md", "tex") if outputs.get(f"{prefix}_{k}")}
+    paths = {e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex") if table_key(k, prefix, f"_{e}")}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     if "csv" in paths:
@@ -159,9 +166,10 @@ def table_load(util: pd.DataFrame, outputs: dict, source: str | None) -> None:
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Write tables T1, T2, T3 as CSV, Markdown and LaTeX."""
+    inputs = {"utilization": inputs.get("util"), **inputs}
     builds = {"t1": ("runs", table_main), "t2": ("params", table_params), "t3": ("utilization", table_load)}
     for prefix, (key, build) in builds.items():
-        if inputs.get(key) and any(k.startswith(prefix) for k in outputs):
+        if inputs.get(key) and any(table_key(k, prefix) for k in outputs):
             df = ps.read_csv(inputs[key])
             if df.empty:
                 write_table(df, df, outputs, prefix, f"no rows in {Path(inputs[key]).name}")

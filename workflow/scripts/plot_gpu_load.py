@@ -1,8 +1,10 @@
 """F4: per-GPU load under each expert placement: FLOPs per expert-parallel rank divided by the mean over ranks.
 
-Inputs: ranks (utilization_ranks.csv), summary (utilization_summary.csv, optional: its measured rows are drawn).
-Outputs: png, pdf. Params: source (the analytic trace; default the first in sorted order).
-One panel per EP size (ranks on x), then max/mean against EP size (analytic lines, measured open markers).
+Inputs: ranks (utilization_ranks.csv), summary (utilization_summary.csv, optional).
+Outputs: png, pdf. Params: source (the routing trace; default the first in sorted order).
+One panel per EP size: each rank's FLOPs summed over layers / the mean rank. Last panel: max/mean against EP size,
+from the summary's layer "all" rows (the step ratio of T3: sum over layers of the slowest rank / of the mean rank;
+analytic lines, measured open markers), or from the per-rank loads when no summary is given.
 """
 
 import sys
@@ -24,11 +26,13 @@ def rank_loads(ranks):
     return load.assign(load=load["flops"] / load.groupby(["strategy", "ep_size"])["flops"].transform("mean"))
 
 
-def measured(summary):
-    """max/mean of the measured rows per (strategy, ep_size): layer "all" when recorded, else mean over layers."""
-    if summary.empty or "kind" not in summary or not (summary["kind"] == "measured").any():
-        return summary
-    m = summary[summary["kind"] == "measured"].assign(layer=lambda d: ps.as_level(d["layer"]))
+def max_over_mean(summary, kind: str, source: str):
+    """max/mean per (strategy, ep_size) of one kind of summary row: layer "all" when recorded, else mean over
+    layers; the chosen trace's rows when it has any, else the mean over traces."""
+    if summary.empty or "kind" not in summary or not (summary["kind"] == kind).any():
+        return summary.iloc[0:0]
+    m = summary[summary["kind"] == kind].assign(layer=lambda d: ps.as_level(d["layer"]))
+    m = m[m["source"] == source] if (m["source"] == source).any() else m
     m = m[m["layer"] == "all"] if (m["layer"] == "all").any() else m
     return m.groupby(["strategy", "ep_size"], as_index=False)["max_over_mean"].mean()
 
@@ -41,7 +45,11 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         return
     source = params.get("source") or sorted(ranks["source"].unique())[0]
     load = rank_loads(ranks[ranks["source"] == source])
-    meas = measured(ps.read_csv(inputs.get("summary")))
+    summary = ps.read_csv(inputs.get("summary"))
+    analytic, meas = (max_over_mean(summary, kind, source) for kind in ("analytic", "measured"))
+    if analytic.empty:
+        analytic = load.groupby(["strategy", "ep_size"], as_index=False)["load"].max()
+        analytic = analytic.rename(columns={"load": "max_over_mean"})
     strategies = ps.ordered(load["strategy"], ps.STRATEGIES)
     eps = sorted(load["ep_size"].unique())
     fig, axes = ps.panels(len(eps) + 1, ncols=2 if len(eps) == 3 else 3, height=2.3)
@@ -64,21 +72,21 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(f"EP = {ep} GPUs")
         ax.set_xlabel("expert-parallel rank")
-        ax.set_ylabel("FLOPs / mean over ranks")
+        ax.set_ylabel("FLOPs (all layers)\n/ mean over ranks")
     ax = axes[-1]
     for s in strategies:
         color = ps.STRATEGY_COLORS.get(s, ps.OTHER_COLOR)
-        mm = load[load["strategy"] == s].groupby("ep_size")["load"].max()
-        ax.plot(mm.index, mm.values, marker="o", ms=4, color=color)
+        a = analytic[analytic["strategy"] == s].sort_values("ep_size")
+        ax.plot(a["ep_size"], a["max_over_mean"], marker="o", ms=4, color=color)
         if not meas.empty:
             m = meas[meas["strategy"] == s].sort_values("ep_size")
             ax.plot(m["ep_size"], m["max_over_mean"], marker="s", mfc="white", ls="--", lw=0.9, color=color)
     ax.set_xscale("log", base=2)
     ax.set_xticks(eps, [str(e) for e in eps])
     ax.axhline(1, color="#444444", lw=0.8, ls=":")
-    ax.set_title("busiest GPU: max / mean")
+    ax.set_title("slowest GPU per layer: max / mean")
     ax.set_xlabel("EP size (GPUs)")
-    ax.set_ylabel("max / mean FLOPs")
+    ax.set_ylabel("Σ layers max / Σ layers mean")
     if not meas.empty:
         ax.plot([], [], color="k", marker="s", mfc="white", ls="--", lw=0.9, label="measured")
         ax.plot([], [], color="k", marker="o", label="analytic")

@@ -1,0 +1,156 @@
+"""Checkpoints: atomic layout, manifests, checksum errors naming the file, fallback, pruning, RNG round trip."""
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mohge import checkpoint as ckpt
+from mohge.config import RunConfig
+from mohge.data import DataConfig, prepare
+from mohge.train import train
+
+DATA = {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120}
+RUN = {
+    "name": "tiny",
+    "model": {
+        "vocab_size": 300,
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "max_seq_len": 16,
+        "ffn": {"kind": "mohge", "num_experts": 8, "expert_widths": [16, 32, 48, 64], "shared_expert_width": 0,
+                "dense_layers": 1, "dense_width": 32},
+        "router": {"topk": 2, "group_topk": 2},
+    },
+    "train": {"steps": 8, "batch_size": 4, "lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 2, "ckpt_every": 4,
+              "keep_checkpoints": 3, "log_every": 4, "eval_batches": 1, "threads": 1},
+    "data": DATA,
+}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    prepare(DataConfig.from_dict(DATA), out)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def save_dummy(scratch: Path, step: int, keep: int = 5) -> Path:
+    state = {"w": torch.arange(6, dtype=torch.float32).view(2, 3) + step}
+    return ckpt.save_checkpoint(scratch, step, state, {"optimizer": {}, "rng": [ckpt.capture_rng()]}, {"a": 1}, keep)
+
+
+def test_layout_manifest_and_round_trip(tmp_path):
+    path = save_dummy(tmp_path, 7)
+    assert path.name == "step_00000007"
+    assert sorted(p.name for p in path.iterdir()) == sorted([*ckpt.FILES, ckpt.MANIFEST])
+    manifest = ckpt.verify_checkpoint(path)
+    assert manifest["step"] == 7 and set(manifest["files"]) == set(ckpt.FILES)
+    assert not list(tmp_path.glob(".tmp-*"))
+    loaded = ckpt.load_checkpoint(path)
+    assert loaded["step"] == 7 and loaded["config"] == {"a": 1}
+    assert torch.equal(loaded["model"]["w"], torch.arange(6, dtype=torch.float32).view(2, 3) + 7)
+
+
+def test_checksum_mismatch_names_file_and_both_hashes(tmp_path):
+    path = save_dummy(tmp_path, 3)
+    target = path / "state.pt"
+    expected = json.loads((path / ckpt.MANIFEST).read_text())["files"]["state.pt"]["sha256"]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    target.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.verify_checkpoint(path)
+    msg = str(err.value)
+    assert str(target) in msg and expected in msg and ckpt.sha256_file(target) in msg
+    with pytest.raises(ckpt.CheckpointError, match="state.pt"):
+        ckpt.load_checkpoint(path)
+
+
+def test_truncated_or_unfinished_saves_fall_back_to_previous_valid(tmp_path, caplog):
+    good = save_dummy(tmp_path, 4)
+    truncated = save_dummy(tmp_path, 8)
+    (truncated / "model.safetensors").write_bytes((truncated / "model.safetensors").read_bytes()[:10])
+    no_manifest = save_dummy(tmp_path, 12)
+    (no_manifest / ckpt.MANIFEST).unlink()  # a folder whose manifest never got written
+    (tmp_path / ".tmp-step_00000016-999").mkdir()  # a save killed before its rename
+    with caplog.at_level(logging.WARNING):
+        found, problems = ckpt.find_latest_valid(tmp_path)
+    assert found == good
+    assert "step_00000012/manifest.json is missing" in problems[0]
+    assert "step_00000008/model.safetensors is corrupted" in problems[1] and "(10 bytes)" in problems[1]
+    assert "falling back to the previous valid checkpoint" in caplog.text
+    ckpt.remove_stale_temps(tmp_path)
+    assert not list(tmp_path.glob(".tmp-*"))
+
+
+def test_prune_keeps_newest(tmp_path):
+    for step in (2, 4, 6, 8):
+        save_dummy(tmp_path, step, keep=2)
+    assert [s for s, _ in ckpt.list_checkpoints(tmp_path)] == [8, 6]
+
+
+def test_rng_round_trip():
+    state = ckpt.capture_rng()
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    ckpt.restore_rng(state)
+    again = (random.random(), np.random.rand(), torch.rand(3))
+    assert expected[:2] == again[:2] and torch.equal(expected[2], again[2])
+
+
+def test_corrupted_newest_checkpoint_resumes_from_previous_bit_identically(tmp_path, data_dir, caplog):
+    out = tmp_path / "out"
+    cfg = RunConfig.from_dict(RUN)
+    train(cfg, out, data=str(data_dir))
+    reference = load_file(out / "model.safetensors")
+    newest = out / ".scratch" / "step_00000008"
+    blob = bytearray((newest / "model.safetensors").read_bytes())
+    blob[-1] ^= 0x01
+    (newest / "model.safetensors").write_bytes(bytes(blob))
+    (out / "model.safetensors").unlink()
+    with caplog.at_level(logging.WARNING):
+        summary = train(cfg, out, data=str(data_dir), require_resume=True)
+    assert "step_00000008/model.safetensors is corrupted" in caplog.text
+    assert summary["resumed_from_step"] == 4
+    resumed = load_file(out / "model.safetensors")
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+    ckpt.verify_checkpoint(newest)  # the re-saved step 8 is valid again
+
+
+def test_no_valid_checkpoint_starts_over_with_warning(tmp_path, data_dir, caplog):
+    out = tmp_path / "out"
+    cfg = RunConfig.from_dict(RUN)
+    save_dummy(out / ".scratch", 4)
+    (out / ".scratch" / "step_00000004" / "state.pt").write_bytes(b"garbage")
+    with caplog.at_level(logging.WARNING):
+        summary = train(cfg, out, data=str(data_dir))
+    assert summary["resumed_from_step"] == 0
+    assert "step_00000004/state.pt is corrupted" in caplog.text
+    assert "starting from scratch" in caplog.text
+    shutil.rmtree(out / ".scratch")
+    with pytest.raises(ckpt.CheckpointError, match="--require-resume"):
+        train(cfg, out, data=str(data_dir), require_resume=True)
+
+
+def test_load_trained_from_output_and_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "out"
+    train(RunConfig.from_dict({**RUN, "train": {**RUN["train"], "steps": 4}}), out, data=str(data_dir))
+    for folder in (out, out / ".scratch" / "step_00000004"):
+        cfg, model = ckpt.load_trained(folder)
+        assert cfg.name == "tiny" and not model.training
+        logits = model(torch.zeros(1, 5, dtype=torch.long)).logits
+        assert logits.shape == (1, 5, 300)

@@ -1,0 +1,200 @@
+"""Trainer: LR schedule, bit-identical resume after SIGKILL, NaN guard, logs and outputs, DDP on CPU."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mohge import train as train_mod
+from mohge.checkpoint import find_latest_valid, list_checkpoints
+from mohge.config import RunConfig, TrainConfig, load_run_config
+from mohge.data import DataConfig, prepare
+from mohge.train import NonFiniteLossError, lr_at, train
+
+DATA = {"source": "graded", "vocab_size": 300, "seq_len": 32, "graded_num_docs": 200}
+
+
+def run_config(**train) -> dict:
+    return {
+        "name": "tiny",
+        "family": "mohge",
+        "model": {
+            "vocab_size": 300,
+            "d_model": 32,
+            "n_layers": 2,
+            "n_heads": 2,
+            "max_seq_len": 32,
+            "ffn": {
+                "kind": "mohge",
+                "num_experts": 8,
+                "expert_widths": [16, 32, 48, 64],
+                "shared_expert_width": 16,
+                "dense_layers": 0,
+            },
+            "router": {"topk": 2, "group_topk": 2},
+        },
+        "loss": {"group_aux_coeff": 1e-2},
+        "train": {
+            "steps": 16,
+            "batch_size": 8,
+            "grad_accum": 2,
+            "lr": 1e-2,
+            "min_lr": 1e-3,
+            "warmup_steps": 3,
+            "ckpt_every": 4,
+            "keep_checkpoints": 2,
+            "log_every": 2,
+            "eval_batches": 2,
+            "threads": 1,
+            **train,
+        },
+        "data": DATA,
+    }
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("data")
+    prepare(DataConfig.from_dict(DATA), out)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def keep_threads():
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
+def write_config(path: Path, **train) -> Path:
+    path.write_text(json.dumps(run_config(**train)))
+    return path
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(path / "model.safetensors")
+
+
+def assert_same_weights(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"tensors differ: {different}"
+
+
+def test_lr_schedule_warmup_peak_end():
+    tc = TrainConfig(steps=100, warmup_steps=10, lr=1e-3, min_lr=1e-4)
+    assert lr_at(0, tc) == pytest.approx(1e-4)
+    assert lr_at(4, tc) == pytest.approx(5e-4)
+    assert lr_at(9, tc) == pytest.approx(1e-3)  # last warmup step reaches the peak
+    assert lr_at(10, tc) == pytest.approx(1e-3)  # cosine starts at the peak
+    mid = 10 + (99 - 10) / 2
+    assert lr_at(int(mid), tc) == pytest.approx(1e-4 + 0.45e-3 * (1 + math.cos(math.pi * (int(mid) - 10) / 89)))
+    assert lr_at(99, tc) == pytest.approx(1e-4)  # min_lr at the last step
+    lrs = [lr_at(s, tc) for s in range(10, 100)]
+    assert all(a >= b for a, b in zip(lrs, lrs[1:], strict=False))
+    assert lr_at(0, TrainConfig(steps=10, warmup_steps=0, lr=2e-3, min_lr=0.0)) == pytest.approx(2e-3)
+
+
+def test_outputs_log_and_summary(tmp_path, data_dir):
+    cfg = load_run_config(write_config(tmp_path / "run.json"))
+    summary = train(cfg, tmp_path / "out", data=str(data_dir))
+    out = tmp_path / "out"
+    for name in ("model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl", "summary.json"):
+        assert (out / name).is_file(), name
+    resolved = load_run_config(out / "config.json")  # the resolved copy loads back to the same config
+    assert (resolved.model, resolved.loss, resolved.train) == (cfg.model, cfg.loss, cfg.train)
+    assert resolved.data_config.to_dict() == cfg.data_config.to_dict()
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 16, 2))
+    row = rows[-1]
+    assert set(row["aux"]) == {"group_aux", "expert_aux"} and len(row["aux_layers"]["expert_aux"]) == 2
+    assert row["group_aux_active"] and not rows[0]["group_aux_active"]  # on once step > 16 // 2
+    for usage, width in zip(row["group_usage"], row["mean_expert_width"], strict=True):
+        assert len(usage) == 4 and sum(usage) == pytest.approx(1.0)
+        assert 16 <= width <= 64
+    assert row["activated_expert_width"][0] == pytest.approx(2 * row["mean_expert_width"][0])
+    assert summary["steps"] == 16 and math.isfinite(summary["val_loss"]) and summary["tokens_per_s"] > 0
+    assert summary["params_total"] > summary["params_activated"] > 0
+    assert [s for s, _ in list_checkpoints(out / ".scratch")] == [16, 12]  # keep_checkpoints = 2
+
+
+def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, data_dir):
+    straight = tmp_path / "straight"
+    train(load_run_config(write_config(tmp_path / "run.json")), straight, data=str(data_dir))
+    # The same run in a subprocess, killed with SIGKILL right after its first checkpoint appears.
+    killed = tmp_path / "killed"
+    config = write_config(tmp_path / "run_long.json", steps=16)
+    cmd = [sys.executable, "-m", "mohge.train", "--config", str(config), "--out", str(killed)]
+    cmd += ["--data", str(data_dir), "--log-level", "WARNING"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+    first = killed / ".scratch" / "step_00000004"
+    deadline = time.monotonic() + 60
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "model.safetensors").exists(), "the run finished before it could be killed"
+    resumed_at = find_latest_valid(killed / ".scratch")[0]
+    assert resumed_at is not None
+    summary = train(load_run_config(config), killed, data=str(data_dir), require_resume=True)
+    assert summary["resumed_from_step"] == int(resumed_at.name.split("_")[1]) < 16
+    assert_same_weights(weights(straight), weights(killed))
+    losses = [[r["loss"] for r in map(json.loads, (d / "train_log.jsonl").read_text().splitlines())] for d in
+              (straight, killed)]
+    assert losses[0] == losses[1]
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path, data_dir, monkeypatch, caplog):
+    real = train_mod.compute_loss
+
+    def poisoned(model, x, y, cfg, step):
+        total, lm, aux, layers = real(model, x, y, cfg, step)
+        return (total * math.nan if step == 6 else total), lm, aux, layers
+
+    monkeypatch.setattr(train_mod, "compute_loss", poisoned)
+    config = write_config(tmp_path / "run.json")
+    out = tmp_path / "out"
+    with pytest.raises(NonFiniteLossError, match=r"step 6\b.*last good checkpoint: .*step_00000004"):
+        train(load_run_config(config), out, data=str(data_dir))
+    assert [s for s, _ in list_checkpoints(out / ".scratch")] == [4]
+    assert find_latest_valid(out / ".scratch")[0].name == "step_00000004"
+    assert not (out / "model.safetensors").exists()
+    # the command line exits non-zero (3) and logs the step
+    code = train_mod.main(["--config", str(config), "--out", str(out), "--data", str(data_dir)])
+    assert code == 3
+    assert "non-finite loss at step 6" in caplog.text
+
+
+def test_require_resume_without_checkpoint_fails(tmp_path, data_dir):
+    code = train_mod.main(
+        ["--config", str(write_config(tmp_path / "run.json")), "--out", str(tmp_path / "o"), "--data",
+         str(data_dir), "--require-resume"]
+    )
+    assert code == 2
+
+
+def test_resume_refuses_another_config(tmp_path, data_dir):
+    out = tmp_path / "out"
+    train(load_run_config(write_config(tmp_path / "a.json", steps=8)), out, data=str(data_dir))
+    cfg = RunConfig.from_dict({**run_config(steps=8), "loss": {"group_aux_coeff": 0.5}})
+    with pytest.raises(ValueError, match="loss.group_aux_coeff"):
+        train(cfg, out, data=str(data_dir))
+
+
+def test_ddp_two_cpu_processes(tmp_path, data_dir):
+    config = write_config(tmp_path / "run.json", steps=4, ckpt_every=2, log_every=2)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+           "mohge.train", "--config", str(config), "--out", str(tmp_path / "o"), "--data", str(data_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens_trained"] == 4 * 8 * 32 * 2
