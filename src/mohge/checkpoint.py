@@ -38,13 +38,15 @@ import safetensors.torch
 import torch
 
 from .atomic import write_bytes_atomic, write_json_atomic
-from .config import load_run_config
+from .config import ConfigError, RunConfig, load_run_config, to_dict
 
 log = logging.getLogger("mohge.checkpoint")
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "state.pt", "data.json", "config.json")
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+# train fields that may change between a checkpoint and its resumption without changing the trajectory
+RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
 
 
 class CheckpointError(RuntimeError):
@@ -259,6 +261,49 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         "step": json.loads((path / "data.json").read_text())["step"],
         "config": json.loads((path / "config.json").read_text()),
     }
+
+
+def resolved_config(cfg: RunConfig) -> dict[str, Any]:
+    """The run config with every default filled in (what OUT/config.json and checkpoints hold)."""
+    d = to_dict(cfg)
+    d["data"] = cfg.data_config.to_dict()
+    return json.loads(json.dumps(d))
+
+
+def check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
+    """Refuse to resume a checkpoint written by another config (fields that do not change the trajectory,
+    such as the checkpoint or log cadence, thread count, device and precision, may differ)."""
+
+    def strip(d: dict[str, Any]) -> dict[str, Any]:
+        train = {k: v for k, v in d["train"].items() if k not in RESUMABLE_CHANGES + ("device", "precision")}
+        return {"model": d["model"], "loss": d["loss"], "data": d["data"], "train": train}
+
+    a, b = strip(saved), strip(now)
+    diff = [f"{s}.{k}" for s in a for k in set(a[s]) | set(b[s]) if a[s].get(k) != b[s].get(k)]
+    if diff:
+        raise ConfigError(f"{where} was written by another config (differs in {sorted(diff)}); use another scratch")
+
+
+def resume_point(
+    scratch: Path, resolved: dict[str, Any], main: bool, world: int, device: torch.device, require: bool
+) -> dict[str, Any] | None:
+    """The newest valid checkpoint of ``scratch`` loaded (``load_checkpoint`` plus its "path"), checked against
+    the run's resolved config; None when there is none (CheckpointError with ``require``). Under several
+    processes rank 0 chooses and broadcasts the folder, so every rank loads the same one."""
+    if main:
+        remove_stale_temps(scratch)
+    found = [str(find_latest_valid(scratch)[0] or "")] if main else [""]
+    if world > 1:
+        torch.distributed.broadcast_object_list(found)
+    if found[0]:
+        state = load_checkpoint(found[0], map_location=device)
+        check_same_run(state["config"], resolved, Path(found[0]))
+        return {**state, "path": Path(found[0])}
+    if require:
+        raise CheckpointError(f"--require-resume: no valid checkpoint in {scratch}")
+    if list_checkpoints(scratch):
+        log.warning("no valid checkpoint in %s: starting from scratch", scratch)
+    return None
 
 
 def load_trained(path: str | Path, device: str | torch.device = "cpu"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import random
 import re
@@ -38,10 +39,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 import yaml
 
 from .atomic import write_json_atomic, write_text_atomic
-from .data import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS, load_meta
+from .data import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS, TokenStream, load_meta
 
 log = logging.getLogger("mohge.evaluate")
 
@@ -174,6 +177,33 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
     return counts
 
 
+@torch.no_grad()
+def heldout_loss(
+    model: torch.nn.Module,
+    data_dir: str | Path,
+    split: str,
+    batch_size: int,
+    seq_len: int,
+    max_batches: int = 0,
+    autocast: torch.dtype | None = None,
+) -> dict[str, float]:
+    """Mean next-token loss and perplexity over the first ``max_batches`` (0 = all) sequential batches."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    nll, n = 0.0, 0
+    for i, (x, y) in enumerate(TokenStream.open(data_dir, split).iter_eval_batches(batch_size, seq_len)):
+        if max_batches and i >= max_batches:
+            break
+        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
+            logits = model(x.to(device)).logits
+        nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+        n += y.numel()
+    model.train(was_training)
+    loss = nll / max(n, 1)
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n}
+
+
 # ----------------------------------------------------------------------------------------------------
 # Running lm-eval
 # ----------------------------------------------------------------------------------------------------
@@ -190,6 +220,18 @@ def local_task_config(name: str, task_data: Path, cache_dir: Path, templates: Pa
     cfg = yaml.safe_load(text)
     cfg["dataset_kwargs"]["cache_dir"] = str(cache_dir)
     return cfg
+
+
+def go_offline() -> None:
+    """HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1, also for `datasets` / `huggingface_hub` if already imported
+    (they read the variables once, at import)."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].config.HF_DATASETS_OFFLINE = True
+        sys.modules["datasets"].config.HF_HUB_OFFLINE = True
+    if "huggingface_hub" in sys.modules:
+        sys.modules["huggingface_hub"].constants.HF_HUB_OFFLINE = True
 
 
 def _clean(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -242,10 +284,8 @@ def evaluate(
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
     defaults of tasks, limit and batch size."""
     if not allow_hub:
-        os.environ["HF_DATASETS_OFFLINE"] = "1"
-        os.environ["HF_HUB_OFFLINE"] = "1"
+        go_offline()
     from .lm_eval_model import MoHGELM
-    from .train import heldout_loss
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
     ec = lm.cfg.eval

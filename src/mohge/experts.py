@@ -54,6 +54,4 @@ class RoutedExperts(nn.Module):
         return self.per_class * len(self.widths)
 
     def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
-        return kernels.expert_swiglu(
-            x_TD, idx_TK, gates_TK.to(x_TD.dtype), list(self.w1), list(self.w2), self.backend
-        )
+        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK.to(x_TD.dtype), list(self.w1), list(self.w2), self.backend)

@@ -70,9 +70,7 @@ def intra_group_aux_loss(
     return per_group.mean()
 
 
-def switch_aux_loss(
-    probs_TE: Tensor, counts_E: Tensor, topk: int, size_weight_E: Tensor | None = None
-) -> Tensor:
+def switch_aux_loss(probs_TE: Tensor, counts_E: Tensor, topk: int, size_weight_E: Tensor | None = None) -> Tensor:
     """Switch-Transformer balance loss as Megatron computes it, without alpha:
 
         L = E / (T^2 K) * sum_e P_e f_e,   P_e = sum_t softmax(logits_t)_e (dense),  f_e = tokens to e.

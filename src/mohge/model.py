@@ -57,9 +57,7 @@ class Attention(nn.Module):
     def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         B, S, D = x_BSD.shape
         q, k, v = self.qkv(x_BSD).view(B, S, 3, self.H, self.Dh).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, Dh]
-        y_BHSd = F.scaled_dot_product_attention(
-            apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True
-        )
+        y_BHSd = F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True)
         return self.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
 
 
@@ -128,8 +126,7 @@ class LanguageModel(nn.Module):
         nn.init.normal_(self.embed.weight, 0.0, std)
         dense_first = cfg.n_layers if cfg.ffn.kind == "dense" else cfg.ffn.dense_layers
         self.blocks = nn.ModuleList(
-            Block(cfg, self.loss_cfg, moe=i >= dense_first, std=std, out_std=out_std)
-            for i in range(cfg.n_layers)
+            Block(cfg, self.loss_cfg, moe=i >= dense_first, std=std, out_std=out_std) for i in range(cfg.n_layers)
         )
         self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, std)
@@ -143,9 +140,7 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens_BS: Tensor) -> LMOutput:
         if tokens_BS.shape[1] > self.cfg.max_seq_len:
-            raise ValueError(
-                f"sequence length {tokens_BS.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}"
-            )
+            raise ValueError(f"sequence length {tokens_BS.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}")
         x = self.embed(tokens_BS)
         layers = []
         for block in self.blocks:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .allocation import all_size_physical_of_router
+from .allocation import physical_of_router
 from .config import FFNConfig, LossConfig, RouterConfig
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss
@@ -44,24 +44,19 @@ class MoELayer(nn.Module):
         self.ffn_cfg, self.router_cfg, self.loss_cfg = ffn, router, loss
         self.kind, self.E = ffn.kind, ffn.num_experts
         self.router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(d_model, ffn, router)
-        self.experts = RoutedExperts(
-            d_model, ffn.expert_widths, ffn.experts_per_group, std, out_std, ffn.backend
-        )
-        self.shared = (
-            SwiGLU(d_model, ffn.shared_expert_width, std, out_std) if ffn.shared_expert_width else None
-        )
+        self.experts = RoutedExperts(d_model, ffn.expert_widths, ffn.experts_per_group, std, out_std, ffn.backend)
+        self.shared = SwiGLU(d_model, ffn.shared_expert_width, std, out_std) if ffn.shared_expert_width else None
         widths_E = torch.tensor(ffn.per_expert_widths, dtype=torch.float32)
         self.register_buffer("width_E", widths_E, persistent=False)
         self.register_buffer("size_weight_E", widths_E / widths_E.mean(), persistent=False)
         self.register_buffer(
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
-        if ffn.kind == "mohge" and ffn.num_groups % 2 == 0:
-            phys = all_size_physical_of_router(ffn.num_groups, ffn.experts_per_group)
-        else:
-            phys = list(range(self.E))
         # Router order -> physical order (spec section 4): used for placement and per-rank load, never for
-        # the math of a single-process layer, whose output does not depend on where experts live.
+        # the math of a single-process layer, whose output does not depend on where experts live. The
+        # load-driven flop_lpt placement is decided from measured loads (mohge.utilization), not at build.
+        strategy = "contiguous" if ffn.placement == "flop_lpt" else ffn.placement
+        phys = physical_of_router(strategy, ffn.per_expert_widths, ffn.ep_size, experts_per_group=ffn.experts_per_group)
         self.register_buffer("physical_of_router", torch.tensor(phys), persistent=False)
         self.record = False
 

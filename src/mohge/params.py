@@ -83,9 +83,7 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
     for i, _ in enumerate(layers):
         row = [1.0] * len(widths_E) if histogram is None else list(histogram[0 if len(histogram) == 1 else i])
         if len(row) != len(widths_E):
-            raise ValueError(
-                f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts"
-            )
+            raise ValueError(f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts")
         s = sum(row)
         if s <= 0:
             raise ValueError(f"histogram row {i} sums to {s}; it needs positive counts")
@@ -141,9 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m mohge.params",
         description="Total and activated parameters by component for a model preset or run config.",
     )
-    ap.add_argument(
-        "config", help="model preset (configs/models/*.yaml) or run config with a 'model' section"
-    )
+    ap.add_argument("config", help="model preset (configs/models/*.yaml) or run config with a 'model' section")
     ap.add_argument("--compare", help="a second config to compare against (e.g. the homogeneous MoE)")
     ap.add_argument(
         "--histogram",

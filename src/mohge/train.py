@@ -52,16 +52,16 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from .atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
-from .config import ConfigError, RunConfig, TrainConfig, load_run_config, to_dict
+from .config import ConfigError, RunConfig, TrainConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
+from .evaluate import heldout_loss
 from .losses import group_aux_active, weighted_aux
 from .model import LanguageModel
 from .moe import LayerStats
 from .params import count_params
+from .traces import routing_summary
 
 log = logging.getLogger("mohge.train")
-# train fields that may change between a checkpoint and its resumption without changing the trajectory
-RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -98,33 +98,6 @@ def compute_loss(
     for stats in out.layers:
         aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)
     return lm + aux, lm, aux, out.layers
-
-
-@torch.no_grad()
-def heldout_loss(
-    model: torch.nn.Module,
-    data_dir: str | Path,
-    split: str,
-    batch_size: int,
-    seq_len: int,
-    max_batches: int = 0,
-    autocast: torch.dtype | None = None,
-) -> dict[str, float]:
-    """Mean next-token loss and perplexity over the first ``max_batches`` (0 = all) sequential batches."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    nll, n = 0.0, 0
-    for i, (x, y) in enumerate(TokenStream.open(data_dir, split).iter_eval_batches(batch_size, seq_len)):
-        if max_batches and i >= max_batches:
-            break
-        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            logits = model(x.to(device)).logits
-        nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
-        n += y.numel()
-    model.train(was_training)
-    loss = nll / max(n, 1)
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -194,7 +167,9 @@ def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
 def _wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
     """DDP without per-forward buffer broadcasts (the buffers are constants: RoPE tables, expert widths)."""
     ddp = torch.nn.parallel.DistributedDataParallel
-    quiet = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    quiet = (
+        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
+    )
     ids = [rt.device.index] if rt.device.type == "cuda" else None
     return ddp(model, device_ids=ids, **{quiet: False})
 
@@ -247,13 +222,7 @@ class WindowMeter:
         row["aux"] = {k: sum(v) for k, v in means.items()}
         row["aux_layers"] = means
         ffn = cfg.model.ffn
-        counts_LE = counts.double()
-        share_LE = counts_LE / counts_LE.sum(1, keepdim=True).clamp_min(1)
-        widths_E = torch.tensor(ffn.per_expert_widths, dtype=torch.float64, device=counts.device)
-        mean_w = (share_LE * widths_E).sum(1)
-        row["group_usage"] = share_LE.view(len(counts), ffn.num_groups, -1).sum(2).tolist()
-        row["mean_expert_width"] = mean_w.tolist()
-        row["activated_expert_width"] = (mean_w * cfg.model.router.topk).tolist()
+        row.update(routing_summary(counts, ffn.per_expert_widths, ffn.num_groups, cfg.model.router.topk))
         return row
 
 
@@ -278,13 +247,6 @@ def read_log(path: Path, before_step: int) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def resolved_config(cfg: RunConfig) -> dict[str, Any]:
-    """The run config with every default filled in (what OUT/config.json and checkpoints hold)."""
-    d = to_dict(cfg)
-    d["data"] = cfg.data_config.to_dict()
-    return json.loads(json.dumps(d))
-
-
 def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtime) -> Path:
     """The prepared data folder: ``--data`` or, without it, SCRATCH/data prepared from the config."""
     want = json.loads(json.dumps(cfg.data_config.to_dict()))
@@ -306,17 +268,6 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
     if meta["vocab_size"] > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's {meta['vocab_size']}")
     return data_dir
-
-
-def check_resumable(saved: dict[str, Any], now: dict[str, Any], where: Path) -> None:
-    def strip(d: dict[str, Any]) -> dict[str, Any]:
-        train = {k: v for k, v in d["train"].items() if k not in RESUMABLE_CHANGES + ("device", "precision")}
-        return {"model": d["model"], "loss": d["loss"], "data": d["data"], "train": train}
-
-    a, b = strip(saved), strip(now)
-    diff = [f"{s}.{k}" for s in a for k in set(a[s]) | set(b[s]) if a[s].get(k) != b[s].get(k)]
-    if diff:
-        raise ConfigError(f"{where} was written by another config (differs in {sorted(diff)}); use another scratch")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -352,32 +303,22 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
-    resolved = resolved_config(cfg)
+    resolved = ckpt.resolved_config(cfg)
     random.seed(tc.seed)
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
     model = LanguageModel(cfg.model, cfg.loss).to(rt.device)
     opt = build_optimizer(model, tc, fused=rt.device.type == "cuda")
 
-    if rt.main:
-        ckpt.remove_stale_temps(scratch)
-    found = [str(ckpt.find_latest_valid(scratch)[0] or "")] if rt.main else [""]
-    if rt.world > 1:
-        dist.broadcast_object_list(found)
-    start, last_good = 0, Path(found[0]) if found[0] else None
-    if last_good is not None:
-        state = ckpt.load_checkpoint(last_good, map_location=rt.device)
-        check_resumable(state["config"], resolved, last_good)
+    state = ckpt.resume_point(scratch, resolved, rt.main, rt.world, rt.device, require_resume)
+    start, last_good = 0, None
+    if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["state"]["optimizer"])
         rngs = state["state"]["rng"]
         ckpt.restore_rng(rngs[rt.rank] if len(rngs) == rt.world else rngs[0])
-        start = state["step"]
+        start, last_good = state["step"], state["path"]
         log.info("resuming from %s (step %d of %d)", last_good, start, tc.steps)
-    elif require_resume:
-        raise ckpt.CheckpointError(f"--require-resume: no valid checkpoint in {scratch}")
-    elif ckpt.list_checkpoints(scratch):
-        log.warning("no valid checkpoint in %s: starting from scratch", scratch)
 
     log_path = scratch / "train_log.jsonl"
     rows = read_log(log_path, start)

@@ -532,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--repeats", type=int, default=5, help="timed repeats per rank (median reported)")
     m.add_argument("--measure-layers", nargs="+", type=int, help="layer ids to measure (default: all)")
     m.add_argument("--measure-d-model", type=int, help="d_model of the timed experts (default: the trace's)")
+    m.add_argument("--measure-max-tokens", type=int, help="replay only the first N tokens of each layer")
     m.add_argument(
         "--timing",
         choices=("auto", "sequential", "concurrent"),
@@ -573,6 +574,8 @@ def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
         cmd += ["--layers", *map(str, args.measure_layers)]
     if args.measure_d_model:
         cmd += ["--d-model", str(args.measure_d_model)]
+    if args.measure_max_tokens:
+        cmd += ["--max-tokens", str(args.measure_max_tokens)]
     if args.train:
         cmd.append("--train")
     log.info("launching: %s", " ".join(cmd))

@@ -148,8 +148,10 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, data_dir):
     summary = train(load_run_config(config), killed, data=str(data_dir), require_resume=True)
     assert summary["resumed_from_step"] == int(resumed_at.name.split("_")[1]) < 16
     assert_same_weights(weights(straight), weights(killed))
-    losses = [[r["loss"] for r in map(json.loads, (d / "train_log.jsonl").read_text().splitlines())] for d in
-              (straight, killed)]
+    losses = [
+        [r["loss"] for r in map(json.loads, (d / "train_log.jsonl").read_text().splitlines())]
+        for d in (straight, killed)
+    ]
     assert losses[0] == losses[1]
 
 
@@ -176,8 +178,15 @@ def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path,
 
 def test_require_resume_without_checkpoint_fails(tmp_path, data_dir):
     code = train_mod.main(
-        ["--config", str(write_config(tmp_path / "run.json")), "--out", str(tmp_path / "o"), "--data",
-         str(data_dir), "--require-resume"]
+        [
+            "--config",
+            str(write_config(tmp_path / "run.json")),
+            "--out",
+            str(tmp_path / "o"),
+            "--data",
+            str(data_dir),
+            "--require-resume",
+        ]
     )
     assert code == 2
 
@@ -192,8 +201,22 @@ def test_resume_refuses_another_config(tmp_path, data_dir):
 
 def test_ddp_two_cpu_processes(tmp_path, data_dir):
     config = write_config(tmp_path / "run.json", steps=4, ckpt_every=2, log_every=2)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-           "mohge.train", "--config", str(config), "--out", str(tmp_path / "o"), "--data", str(data_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "-m",
+        "mohge.train",
+        "--config",
+        str(config),
+        "--out",
+        str(tmp_path / "o"),
+        "--data",
+        str(data_dir),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())

@@ -224,3 +224,17 @@ def test_cli_errors_name_the_trace(tmp_path, caplog):
     assert "missing.json" in caplog.text and "does not exist" in caplog.text
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path)])  # neither --trace nor --synthetic
+
+
+def test_reader_accepts_extra_keys_and_int32_replay(tmp_path):
+    # mohge.traces writes more than the reader needs (family, split, group_counts, counts_by_level, levels).
+    trace, replay = synthetic_trace([1, 1], tokens=10, topk=1, expert_widths=[4, 8], experts_per_group=2)
+    data = trace.to_json() | {"family": "mohge", "split": "test"}
+    data["layers"][0] |= {"group_counts": [5, 5], "counts_by_level": {}}
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    idx, gates = replay[0]
+    np.savez(tmp_path / "t.npz", idx_0=idx.astype(np.int32), gates_0=gates, levels=np.zeros(10, np.int8))
+    back = load_trace(tmp_path / "t.json")
+    assert back.layers[0].counts == trace.layers[0].counts
+    rep = load_replay(back)
+    assert rep[0][0].dtype == np.int64 and rep[0][0].tolist() == idx.tolist()

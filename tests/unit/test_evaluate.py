@@ -1,0 +1,174 @@
+"""Evaluation: deterministic task documents, the lm-eval adapter's scores, lm-eval end to end offline."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mohge import evaluate as ev
+from mohge.config import RunConfig
+from mohge.data import DataConfig, prepare
+from mohge.tokenizer import EOT_ID, encode
+from mohge.train import train
+
+DATA = {"source": "graded", "vocab_size": 300, "seq_len": 24, "graded_num_docs": 200}
+RUN = {
+    "name": "tiny",
+    "model": {
+        "vocab_size": 300,
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "max_seq_len": 32,
+        "ffn": {
+            "kind": "mohge",
+            "num_experts": 8,
+            "expert_widths": [16, 32, 48, 64],
+            "shared_expert_width": 0,
+            "dense_layers": 0,
+        },
+        "router": {"topk": 2, "group_topk": 2},
+    },
+    "train": {
+        "steps": 4,
+        "batch_size": 4,
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "warmup_steps": 1,
+        "ckpt_every": 4,
+        "log_every": 2,
+        "eval_batches": 1,
+        "threads": 1,
+    },
+    "eval": {"tasks": ["mohge_ppl"], "batch_size": 8, "limit": 3},
+    "data": DATA,
+}
+
+
+class Req:
+    """The part of lm-eval's Instance the adapter reads."""
+
+    def __init__(self, *args):
+        self.args = args
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("run")
+    prepare(DataConfig.from_dict(DATA), root / "data")
+    n = torch.get_num_threads()
+    train(RunConfig.from_dict(RUN), root / "model", data=str(root / "data"))
+    torch.set_num_threads(n)
+    return root / "model", root / "data"
+
+
+@pytest.fixture(scope="module")
+def lm(run):
+    from mohge.lm_eval_model import MoHGELM
+
+    return MoHGELM(str(run[0]), device="cpu", batch_size=3)
+
+
+def test_task_documents_are_deterministic_and_well_formed(run, tmp_path):
+    _, data = run
+    counts = ev.build_tasks(data, tmp_path / "a")
+    ev.build_tasks(data, tmp_path / "b")
+    assert set(counts) == set(ev.LOCAL_TASKS)
+    for name in counts:
+        assert (tmp_path / "a" / f"{name}.jsonl").read_bytes() == (tmp_path / "b" / f"{name}.jsonl").read_bytes()
+    docs = {n: [json.loads(x) for x in (tmp_path / "a" / f"{n}.jsonl").read_text().splitlines()] for n in counts}
+    for name in counts:
+        if name == "mohge_ppl":
+            assert all(d["text"] for d in docs[name])
+            continue
+        for d in docs[name]:
+            assert 0 <= d["gold"] < len(d["choices"]) and len(set(d["choices"])) == len(d["choices"])
+    assert all(len(d["choices"]) == 4 for d in docs["mohge_graded_hard"])
+    for d in docs["mohge_graded_easy"]:
+        assert d["choices"][d["gold"]] in d["context"]  # the right answer copies an earlier line
+        assert all(c not in d["context"] for i, c in enumerate(d["choices"]) if i != d["gold"])
+    for d in docs["mohge_graded_medium"]:
+        a, b = (c.split(" ") for c in d["choices"])
+        assert len(a) == len(b) and sum(x != y for x, y in zip(a, b, strict=True)) == 1  # only the verb differs
+    for d in docs["mohge_graded_hard"]:
+        assert d["context"].endswith("=")
+
+
+def test_passages_merge_paragraphs():
+    text = "a" * 50 + "\n\n" + "b" * 60 + "\n\n" + "c" * 10
+    assert ev.passages(text, 100) == ["a" * 50 + "\n\n" + "b" * 60 + "\n\n" + "c" * 10]
+    assert ev.passages("x\ny", 100) == ["x\ny"]
+
+
+def test_adapter_scores_match_direct_computation(lm):
+    ctx = "the dogs see a cat.\n"
+    text = ctx + "12+5="
+    ids = [EOT_ID, *encode(lm.tok, text)]
+    assert len(ids) <= lm.max_length + 1  # one window: no truncation
+    with torch.no_grad():
+        logp = F.log_softmax(lm.model(torch.tensor([ids])).logits[0].float(), -1)
+    direct = sum(logp[i, ids[i + 1]].item() for i in range(len(ids) - 1))
+    ctx_len = 1 + len(encode(lm.tok, ctx))
+    cont = sum(logp[i, ids[i + 1]].item() for i in range(ctx_len - 1, len(ids) - 1))
+    (ll, _), (ll_empty, _) = lm.loglikelihood([Req(ctx, "12+5="), Req("", text)])
+    assert ll == pytest.approx(cont, abs=1e-4)
+    assert ll_empty == pytest.approx(direct, abs=1e-4)
+    assert lm.loglikelihood_rolling([Req(text)])[0] == pytest.approx(direct, abs=1e-4)
+    long_text = "\n".join([text] * 12)  # longer than max_length (24 tokens): several windows
+    assert len(encode(lm.tok, long_text)) > 2 * lm.max_length
+    rolling = lm.loglikelihood_rolling([Req(long_text), Req(text)])
+    assert rolling[1] == pytest.approx(direct, abs=1e-4) and rolling[0] < rolling[1] < 0
+
+
+def test_generate_until_is_greedy_and_stops(lm):
+    out = lm.generate_until([Req("1+1=", {"until": ["\n"], "max_gen_toks": 5}), Req("the", {"max_gen_toks": 3})])
+    assert len(out) == 2 and "\n" not in out[0]
+    assert len(encode(lm.tok, out[1])) <= 3
+    assert lm.generate_until([Req("the", {"max_gen_toks": 3})]) == [out[1]]  # deterministic
+
+
+def test_lm_eval_end_to_end_offline(run, tmp_path, monkeypatch):
+    model, data = run
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    out = tmp_path / "metrics.json"
+    code = ev.main(
+        [
+            "--ckpt",
+            str(model),
+            "--data",
+            str(data),
+            "--out",
+            str(out),
+            "--tasks",
+            "mohge_ppl",
+            "mohge_graded_hard",
+            "--limit",
+            "4",
+            "--device",
+            "cpu",
+            "--task-data",
+            str(tmp_path / "t"),
+        ]
+    )
+    assert code == 0 and os.environ["HF_DATASETS_OFFLINE"] == "1"
+    metrics = json.loads(out.read_text())
+    ppl, hard = metrics["tasks"]["mohge_ppl"], metrics["tasks"]["mohge_graded_hard"]
+    assert math.isfinite(ppl["word_perplexity"]) and ppl["bits_per_byte"] > 0 and ppl["n_samples"] == 4
+    assert 0 <= hard["acc"] <= 1 and "acc_stderr" in hard and "acc_norm" in hard
+    for split in ("val", "test"):
+        assert metrics[split]["tokens"] > 0 and metrics[split]["ppl"] == pytest.approx(math.exp(metrics[split]["loss"]))
+
+
+def test_hub_tasks_need_allow_hub(run, tmp_path):
+    with pytest.raises(ValueError, match="--allow-hub"):
+        ev.evaluate(run[0], run[1], tasks=["hellaswag"], device="cpu")
+    assert "mmlu" in ev.standard_tasks()
+
+
+def test_build_tasks_cli(run, tmp_path, capsys):
+    assert ev.main(["build-tasks", "--data", str(run[1]), "--out", str(tmp_path), "--max-docs", "5"]) == 0
+    assert all(n <= 5 for n in json.loads(capsys.readouterr().out).values())
