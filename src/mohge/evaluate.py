@@ -16,6 +16,9 @@ folder always gives byte-identical task files:
 * ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
 * ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
 
+Tasks named with ``--tasks`` must have documents; of the run config's ``eval.tasks`` (the default), those the
+data folder cannot build (graded tasks on Shakespeare) are skipped with a warning and listed in metrics.json.
+
 ``--allow-hub`` lets lm-eval's standard tasks (``configs/tasks/standard.yaml``) download their data; without it
 HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 are set and only local tasks run. metrics.json holds, per task,
 lm-eval's metric values and stderrs (keys without lm-eval's ",none" filter suffix), and the val/test loss
@@ -280,6 +283,7 @@ def evaluate(
     allow_hub: bool = False,
     task_data: str | Path | None = None,
     max_loss_batches: int = 0,
+    templates: str | Path = TASK_TEMPLATES,
 ) -> dict[str, Any]:
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
     defaults of tasks, limit and batch size."""
@@ -289,7 +293,6 @@ def evaluate(
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
     ec = lm.cfg.eval
-    tasks = list(tasks if tasks is not None else ec.tasks)
     limit = ec.limit if limit is None else limit
     lm.batch_size = batch_size or ec.batch_size
     t0 = time.perf_counter()
@@ -297,14 +300,20 @@ def evaluate(
         folder = Path(task_data) if task_data else Path(tmp)
         built = build_tasks(data_dir, folder)
         log.info("task documents in %s: %s", folder, built)
-        results = run_lm_eval(lm, tasks, folder, limit, allow_hub) if tasks else {}
+        skipped = []
+        if tasks is None:  # the config's list serves every dataset: skip the tasks this data cannot build
+            skipped = [t for t in ec.tasks if t in LOCAL_TASKS and t not in built]
+            tasks = [t for t in ec.tasks if t not in skipped]
+            if skipped:
+                log.warning("no documents for %s in this data folder: skipped", skipped)
+        results = run_lm_eval(lm, tasks, folder, limit, allow_hub, Path(templates)) if tasks else {}
     lm_eval_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {"checkpoint": str(ckpt), "data": str(data_dir), "tasks": results}
     for split in ("val", "test"):
         metrics[split] = heldout_loss(
             lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast
         )
-    metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built}
+    metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built, "skipped": skipped}
     return metrics
 
 
@@ -338,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--task-data", help="keep the task documents in this folder (default: a temporary one)")
     ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
+    ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -351,6 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.allow_hub,
         args.task_data,
         args.max_loss_batches,
+        args.task_configs,
     )
     write_json_atomic(args.out, metrics)
     print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))

@@ -54,4 +54,9 @@ class RoutedExperts(nn.Module):
         return self.per_class * len(self.widths)
 
     def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
-        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK.to(x_TD.dtype), list(self.w1), list(self.w2), self.backend)
+        w1s, w2s = list(self.w1), list(self.w2)
+        device = x_TD.device.type
+        if torch.is_autocast_enabled(device):  # autocast does not reach custom ops: cast as it would for a matmul
+            dt = torch.get_autocast_dtype(device)
+            x_TD, w1s, w2s = x_TD.to(dt), [w.to(dt) for w in w1s], [w.to(dt) for w in w2s]
+        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK.to(x_TD.dtype), w1s, w2s, self.backend)

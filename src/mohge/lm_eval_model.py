@@ -60,7 +60,7 @@ class MoHGELM(LM):
         if not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
         self.tok = load_tokenizer(tok_path)
-        self.batch_size = int(batch_size)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # lm-eval's "auto" -> 16
         self.max_gen_toks = int(max_gen_toks)
         self.max_length = min(self.cfg.data_config.seq_len, self.cfg.model.max_seq_len)
         bf16 = precision == "bf16" or (precision == "auto" and self._device.type == "cuda")

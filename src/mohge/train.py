@@ -136,7 +136,7 @@ def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
     is visible and against ``gpus`` when given."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() and gpus != 0 else "cpu")
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise LaunchError("train.device='cuda' but torch sees no CUDA device")
@@ -343,7 +343,10 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         rt.barrier()
         return path
 
-    bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", file=sys.stderr)
+    tty = sys.stderr.isatty()  # in a log file, one progress line per 30 s instead of ten per second
+    bar = tqdm(
+        total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
+    )
     with bar, open(log_path, "a") if rt.main else contextlib.nullcontext() as log_fh:
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
@@ -465,7 +468,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "prepared into SCRATCH/data when missing",
     )
     ap.add_argument("--require-resume", action="store_true", help="fail instead of starting without a checkpoint")
-    ap.add_argument("--gpus", type=int, help="GPUs this run must see and use (checked against torchrun and CUDA)")
+    ap.add_argument(
+        "--gpus",
+        type=int,
+        help="GPUs this run must see and use, checked against torchrun and CUDA (0: train on the CPU)",
+    )
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = ap.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))

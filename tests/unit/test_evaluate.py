@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,22 @@ def test_lm_eval_end_to_end_offline(run, tmp_path, monkeypatch):
     assert 0 <= hard["acc"] <= 1 and "acc_stderr" in hard and "acc_norm" in hard
     for split in ("val", "test"):
         assert metrics[split]["tokens"] > 0 and metrics[split]["ppl"] == pytest.approx(math.exp(metrics[split]["loss"]))
+
+
+def test_config_tasks_skip_what_the_data_cannot_build(run, tmp_path):
+    model, _ = run
+    words = "the cat and the dog sat on a mat while birds sang in trees above quiet rivers".split()
+    (tmp_path / "t.txt").write_text("\n\n".join(" ".join(words[i:] + words[:i]) for i in range(300)))
+    cfg = {"source": "text", "text_files": [str(tmp_path / "t.txt")], "vocab_size": 300, "seq_len": 24}
+    prepare(DataConfig.from_dict(cfg), tmp_path / "plain")
+    copy = Path(shutil.copytree(model, tmp_path / "model"))
+    run_cfg = json.loads((copy / "config.json").read_text())
+    run_cfg["eval"]["tasks"] = ["mohge_ppl", "mohge_graded_hard"]
+    (copy / "config.json").write_text(json.dumps(run_cfg))
+    metrics = ev.evaluate(copy, tmp_path / "plain", limit=2, device="cpu", max_loss_batches=1)
+    assert list(metrics["tasks"]) == ["mohge_ppl"] and metrics["lm_eval"]["skipped"] == ["mohge_graded_hard"]
+    with pytest.raises(ValueError, match="mohge_graded_hard"):
+        ev.evaluate(copy, tmp_path / "plain", tasks=["mohge_graded_hard"], device="cpu")
 
 
 def test_hub_tasks_need_allow_hub(run, tmp_path):
