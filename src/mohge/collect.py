@@ -25,6 +25,8 @@ from .atomic import atomic_path
 from .losses import group_aux_active
 
 log = logging.getLogger("mohge.collect")
+# lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task
+TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte")
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts", "dense_ffn")
 
 
@@ -58,14 +60,14 @@ def run_row(results: Path, run: str) -> dict:
         "routed_params": params["total"]["routed_experts"],
         "val_loss": summary.get("val_loss"),
         "val_ppl": summary.get("val_ppl"),
-        "test_loss": metrics.get("test_loss"),
-        "test_ppl": metrics.get("test_ppl"),
+        "test_loss": metrics.get("test", {}).get("loss"),
+        "test_ppl": metrics.get("test", {}).get("ppl"),
         "tokens_per_s": summary.get("tokens_per_s"),
         "train_seconds": summary.get("train_time_s", summary.get("wall_time_s")),
     }
     for task, values in sorted(metrics.get("tasks", {}).items()):
         for metric, value in sorted(values.items()):
-            if isinstance(value, int | float) and not metric.endswith("_stderr"):
+            if metric in TASK_METRICS and isinstance(value, int | float):
                 row[f"task:{task}:{metric}"] = value
     return row
 

@@ -90,6 +90,8 @@ rule tables:
         util="results/utilization_summary.csv",
     output:
         **{f"{t}_{ext}": f"results/tables/{t}.{ext}" for t in ["T1_main", "T2_params", "T3_balance"] for ext in ["csv", "md", "tex"]},
+    params:
+        source=util_source(),  # T3 shows the imbalance on the MoHGE model's routing
     log:
         "logs/tables.log",
     localrule: True

@@ -54,6 +54,13 @@ def trace_runs():
         o.train.seed for o in RUNS.values() if o.family == c.family and o.dataset == c.dataset)]
 
 
+def util_source():
+    """The routing trace F4 shows: MoHGE on the main dataset (its first seed), else the first traced run."""
+    traced = trace_runs()
+    mohge = [r for r in traced if RUNS[r].family == "mohge" and RUNS[r].dataset == MAIN_DATASET]
+    return (mohge or traced or [""])[0]
+
+
 def launcher(resources):
     """torchrun for multi-GPU jobs (the SLURM profile sets `gpu`), plain python otherwise."""
     gpus = int(resources.get("gpu", 0))

@@ -34,6 +34,8 @@ rule fig_groups_by_level:
     output:
         png=report("figures/F3_groups_by_level.png", caption="../report/F3_groups_by_level.rst", category="Routing"),
         pdf="figures/F3_groups_by_level.pdf",
+    params:
+        families=["mohge", "hmoe", "modse"],  # the families whose groups differ in width
     log:
         "logs/figures/F3.log",
     localrule: True
@@ -48,6 +50,8 @@ rule fig_gpu_load:
     output:
         png=report("figures/F4_gpu_load.png", caption="../report/F4_gpu_load.rst", category="Utilization"),
         pdf="figures/F4_gpu_load.pdf",
+    params:
+        source=util_source(),
     log:
         "logs/figures/F4.log",
     localrule: True

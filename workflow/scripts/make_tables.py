@@ -100,10 +100,11 @@ def table_main(runs: pd.DataFrame, outputs: dict) -> None:
         mean, ci = t[f"{m}_mean"], t[f"{m}_ci95"]
         if m.startswith("task:"):
             _, task, metric = m.split(":", 2)
-            pct = bool(mean.dropna().between(0, 1).all())
-            col = f"{task.removeprefix('mohge_')} {metric}{' (%)' if pct else ''} ↑"
+            lower = "perplexity" in metric or "bits_per" in metric  # lower is better for these
+            pct = not lower and bool(mean.dropna().between(0, 1).all())
+            col = f"{task.removeprefix('mohge_')} {metric}{' (%)' if pct else ''} {'↓' if lower else '↑'}"
             d[col] = [fmt_pm(a, b, 1 if pct else 3, 100 if pct else 1) for a, b in zip(mean, ci, strict=True)]
-            bold_best(d, mean, col, lower=False, groups=t["dataset"])
+            bold_best(d, mean, col, lower=lower, groups=t["dataset"])
         elif m == "tokens_per_s":
             d["Tokens/s"] = [fmt_pm(a, b, 0) for a, b in zip(mean, ci, strict=True)]
         else:

@@ -84,16 +84,16 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     ax.set_xscale("log", base=2)
     ax.set_xticks(eps, [str(e) for e in eps])
     ax.axhline(1, color="#444444", lw=0.8, ls=":")
-    ax.set_title("slowest GPU per layer: max / mean")
+    ax.set_title("imbalance vs EP size")
     ax.set_xlabel("EP size (GPUs)")
-    ax.set_ylabel("Σ layers max / Σ layers mean")
+    ax.set_ylabel("max / mean rank FLOPs")
     if not meas.empty:
         ax.plot([], [], color="k", marker="s", mfc="white", ls="--", lw=0.9, label="measured")
         ax.plot([], [], color="k", marker="o", label="analytic")
         ax.legend(loc="best")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(strategies))
-    fig.suptitle(f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5)
+    fig.suptitle(f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5, y=1.02)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 
