@@ -12,7 +12,7 @@ rule evaluate:
     log:
         "logs/eval/{run}.log",
     benchmark:
-        "benchmarks/eval/{run}.tsv"
+        "results/benchmarks/eval/{run}.tsv"
     threads: 1
     resources:
         gpu=0,

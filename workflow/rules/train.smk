@@ -31,7 +31,7 @@ rule train:
     log:
         "logs/train/{run}.log",
     benchmark:
-        "benchmarks/train/{run}.tsv"
+        "results/benchmarks/train/{run}.tsv"
     threads: 1  # one BLAS thread per CPU job lets two runs share a 2-core machine; GPU jobs use the GPU
     resources:
         gpu=0,  # GPUs per training job: set by the cluster profile (e.g. 8 for the paper config)
