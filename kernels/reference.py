@@ -35,9 +35,7 @@ def check_contract(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s) -> 
         raise ValueError(f"x must be [T, D], got shape {tuple(x_TD.shape)}")
     T, D = x_TD.shape
     if idx_TK.shape != gates_TK.shape or idx_TK.dim() != 2 or idx_TK.shape[0] != T:
-        raise ValueError(
-            f"idx {tuple(idx_TK.shape)} and gates {tuple(gates_TK.shape)} must both be [T={T}, K]"
-        )
+        raise ValueError(f"idx {tuple(idx_TK.shape)} and gates {tuple(gates_TK.shape)} must both be [T={T}, K]")
     if idx_TK.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"idx must be an integer tensor, got {idx_TK.dtype}")
     if len(w1s) != len(w2s) or not w1s:
@@ -48,8 +46,7 @@ def check_contract(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s) -> 
         n2, d2, h = w2.shape
         if d1 != D or d2 != D or n != n2 or two_h != 2 * h:
             raise ValueError(
-                f"class {c}: w1 {tuple(w1.shape)} / w2 {tuple(w2.shape)} do not fit "
-                f"[n, 2H, D={D}] / [n, D={D}, H]"
+                f"class {c}: w1 {tuple(w1.shape)} / w2 {tuple(w2.shape)} do not fit [n, 2H, D={D}] / [n, D={D}, H]"
             )
         if w1.dtype != x_TD.dtype or w2.dtype != x_TD.dtype:
             raise ValueError(f"class {c}: weight dtype {w1.dtype}/{w2.dtype} != input dtype {x_TD.dtype}")

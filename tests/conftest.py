@@ -32,9 +32,12 @@ def tiny_model_config(**ffn_router) -> ModelConfig:
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_threads():
+    """Every test starts from seed 0 and leaves torch's thread count as it found it (the trainer sets it)."""
     torch.manual_seed(0)
+    n = torch.get_num_threads()
     yield
+    torch.set_num_threads(n)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,3 +47,62 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+TINY_RUN = {
+    "name": "tiny",
+    "family": "mohge",
+    "model": {
+        "vocab_size": 300,
+        "d_model": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "max_seq_len": 32,
+        "ffn": {
+            "kind": "mohge",
+            "num_experts": 8,
+            "expert_widths": [16, 32, 48, 64],
+            "shared_expert_width": 0,
+            "dense_layers": 0,
+            "dense_width": 32,
+        },
+        "router": {"topk": 2, "group_topk": 2},
+    },
+    "train": {
+        "steps": 4,
+        "batch_size": 4,
+        "lr": 1e-2,
+        "min_lr": 1e-3,
+        "warmup_steps": 1,
+        "ckpt_every": 4,
+        "log_every": 2,
+        "eval_batches": 1,
+        "threads": 1,
+    },
+    "data": {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120},
+}
+
+
+def tiny_run(**sections) -> dict:
+    """A tiny MoHGE run config on the graded corpus (trains in about a second); ``sections`` deep-merge in."""
+    return _merge(TINY_RUN, sections)
+
+
+def train_tiny(root: Path, run: dict) -> tuple[Path, Path]:
+    """Prepare the run's data under ``root/data``, train into ``root/model``; return (model dir, data dir)."""
+    from mohge.config import RunConfig
+    from mohge.data import DataConfig, prepare
+    from mohge.train import train
+
+    prepare(DataConfig.from_dict(run["data"]), root / "data")
+    n = torch.get_num_threads()
+    train(RunConfig.from_dict(run), root / "model", data=str(root / "data"))
+    torch.set_num_threads(n)
+    return root / "model", root / "data"

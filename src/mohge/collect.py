@@ -56,7 +56,8 @@ def run_row(results: Path, run: str) -> dict:
         "family": cfg["family"],
         "seed": cfg["train"]["seed"],
         "total_params": params["total_sum"],
-        "activated_params": params["activated_sum"],
+        "activated_params": measured_activated(cfg, params, d / "train_log.jsonl"),
+        "activated_params_uniform": params["activated_sum"],
         "routed_params": params["total"]["routed_experts"],
         "val_loss": summary.get("val_loss"),
         "val_ppl": summary.get("val_ppl"),
@@ -70,6 +71,18 @@ def run_row(results: Path, run: str) -> dict:
             if metric in TASK_METRICS and isinstance(value, int | float):
                 row[f"task:{task}:{metric}"] = value
     return row
+
+
+def measured_activated(cfg: dict, params: dict, log_path: Path) -> float:
+    """Activated parameters per token under the routing the model learned: the uniform-routing count with its
+    routed-expert part replaced by 3*D*(activated width per token) of each MoE layer in the last log row.
+    Falls back to the uniform count for models without routed experts or without a logged width."""
+    rows = [json.loads(line) for line in log_path.read_text().splitlines()] if log_path.is_file() else []
+    widths = next((r["activated_expert_width"] for r in reversed(rows) if r.get("activated_expert_width")), None)
+    if not widths:
+        return params["activated_sum"]
+    routed = sum(3 * cfg["model"]["d_model"] * w for w in widths)
+    return params["activated_sum"] - params["activated"]["routed_experts"] + routed
 
 
 def curve_rows(results: Path, run: str) -> list[dict]:

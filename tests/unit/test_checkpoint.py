@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import tiny_run
 from safetensors.torch import load_file
 
 from mohge import checkpoint as ckpt
@@ -16,39 +17,11 @@ from mohge.config import RunConfig
 from mohge.data import DataConfig, prepare
 from mohge.train import train
 
-DATA = {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120}
-RUN = {
-    "name": "tiny",
-    "model": {
-        "vocab_size": 300,
-        "d_model": 32,
-        "n_layers": 2,
-        "n_heads": 2,
-        "max_seq_len": 16,
-        "ffn": {
-            "kind": "mohge",
-            "num_experts": 8,
-            "expert_widths": [16, 32, 48, 64],
-            "shared_expert_width": 0,
-            "dense_layers": 1,
-            "dense_width": 32,
-        },
-        "router": {"topk": 2, "group_topk": 2},
-    },
-    "train": {
-        "steps": 8,
-        "batch_size": 4,
-        "lr": 1e-2,
-        "min_lr": 1e-3,
-        "warmup_steps": 2,
-        "ckpt_every": 4,
-        "keep_checkpoints": 3,
-        "log_every": 4,
-        "eval_batches": 1,
-        "threads": 1,
-    },
-    "data": DATA,
-}
+RUN = tiny_run(
+    model={"max_seq_len": 16, "ffn": {"dense_layers": 1}},
+    train={"steps": 8, "warmup_steps": 2, "keep_checkpoints": 3, "log_every": 4},
+)
+DATA = RUN["data"]
 
 
 @pytest.fixture(scope="module")
@@ -56,13 +29,6 @@ def data_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data")
     prepare(DataConfig.from_dict(DATA), out)
     return out
-
-
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def save_dummy(scratch: Path, step: int, keep: int = 5) -> Path:

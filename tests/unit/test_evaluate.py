@@ -9,45 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_run, train_tiny
 
 from mohge import evaluate as ev
-from mohge.config import RunConfig
 from mohge.data import DataConfig, prepare
 from mohge.tokenizer import EOT_ID, encode
-from mohge.train import train
 
-DATA = {"source": "graded", "vocab_size": 300, "seq_len": 24, "graded_num_docs": 200}
-RUN = {
-    "name": "tiny",
-    "model": {
-        "vocab_size": 300,
-        "d_model": 32,
-        "n_layers": 2,
-        "n_heads": 2,
-        "max_seq_len": 32,
-        "ffn": {
-            "kind": "mohge",
-            "num_experts": 8,
-            "expert_widths": [16, 32, 48, 64],
-            "shared_expert_width": 0,
-            "dense_layers": 0,
-        },
-        "router": {"topk": 2, "group_topk": 2},
-    },
-    "train": {
-        "steps": 4,
-        "batch_size": 4,
-        "lr": 1e-2,
-        "min_lr": 1e-3,
-        "warmup_steps": 1,
-        "ckpt_every": 4,
-        "log_every": 2,
-        "eval_batches": 1,
-        "threads": 1,
-    },
-    "eval": {"tasks": ["mohge_ppl"], "batch_size": 8, "limit": 3},
-    "data": DATA,
-}
+RUN = tiny_run(
+    data={"seq_len": 24, "graded_num_docs": 200},
+    eval={"tasks": ["mohge_ppl"], "batch_size": 8, "limit": 3},
+)
+DATA = RUN["data"]
 
 
 class Req:
@@ -59,12 +31,7 @@ class Req:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("run")
-    prepare(DataConfig.from_dict(DATA), root / "data")
-    n = torch.get_num_threads()
-    train(RunConfig.from_dict(RUN), root / "model", data=str(root / "data"))
-    torch.set_num_threads(n)
-    return root / "model", root / "data"
+    return train_tiny(tmp_path_factory.mktemp("run"), RUN)
 
 
 @pytest.fixture(scope="module")

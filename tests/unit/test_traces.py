@@ -5,59 +5,25 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from conftest import tiny_run, train_tiny
 
 from mohge import traces
-from mohge.config import RunConfig
 from mohge.data import DataConfig, TokenStream, prepare
 from mohge.evaluate import main as evaluate_main
-from mohge.train import train
 
-DATA = {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120}
-RUN = {
-    "name": "tiny-trace",
-    "family": "mohge",
-    "model": {
-        "vocab_size": 300,
-        "d_model": 32,
-        "n_layers": 3,
-        "n_heads": 2,
-        "max_seq_len": 16,
-        "ffn": {
-            "kind": "mohge",
-            "num_experts": 12,
-            "expert_widths": [16, 32, 48, 64],
-            "shared_expert_width": 0,
-            "dense_layers": 1,
-            "dense_width": 32,
-        },
-        "router": {"topk": 2, "group_topk": 2},
-    },
-    "train": {
-        "steps": 2,
-        "batch_size": 4,
-        "lr": 1e-2,
-        "min_lr": 1e-3,
-        "warmup_steps": 1,
-        "ckpt_every": 2,
-        "log_every": 1,
-        "eval_batches": 1,
-        "threads": 1,
-    },
-    "eval": {"batch_size": 4, "trace_batches": 2},
-    "data": DATA,
-}
+RUN = tiny_run(
+    name="tiny-trace",
+    model={"n_layers": 3, "ffn": {"num_experts": 12, "dense_layers": 1}},
+    train={"steps": 2, "ckpt_every": 2, "log_every": 1},
+    eval={"batch_size": 4, "trace_batches": 2},
+)
+DATA = RUN["data"]
 KEYS = {"model", "family", "d_model", "expert_widths", "num_experts", "experts_per_group", "topk", "layers"}
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory) -> tuple[Path, Path]:
-    root = tmp_path_factory.mktemp("run")
-    prepare(DataConfig.from_dict(DATA), root / "data")
-    n = torch.get_num_threads()
-    train(RunConfig.from_dict(RUN), root / "model", data=str(root / "data"))
-    torch.set_num_threads(n)
-    return root / "model", root / "data"
+    return train_tiny(tmp_path_factory.mktemp("run"), RUN)
 
 
 def test_trace_keys_and_counts(run, tmp_path):

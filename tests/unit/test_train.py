@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_run
 from safetensors.torch import load_file
 
 from mohge import train as train_mod
@@ -23,41 +24,20 @@ DATA = {"source": "graded", "vocab_size": 300, "seq_len": 32, "graded_num_docs":
 
 
 def run_config(**train) -> dict:
-    return {
-        "name": "tiny",
-        "family": "mohge",
-        "model": {
-            "vocab_size": 300,
-            "d_model": 32,
-            "n_layers": 2,
-            "n_heads": 2,
-            "max_seq_len": 32,
-            "ffn": {
-                "kind": "mohge",
-                "num_experts": 8,
-                "expert_widths": [16, 32, 48, 64],
-                "shared_expert_width": 16,
-                "dense_layers": 0,
-            },
-            "router": {"topk": 2, "group_topk": 2},
-        },
-        "loss": {"group_aux_coeff": 1e-2},
-        "train": {
+    return tiny_run(
+        model={"ffn": {"shared_expert_width": 16}},
+        loss={"group_aux_coeff": 1e-2},
+        train={
             "steps": 16,
             "batch_size": 8,
             "grad_accum": 2,
-            "lr": 1e-2,
-            "min_lr": 1e-3,
             "warmup_steps": 3,
-            "ckpt_every": 4,
             "keep_checkpoints": 2,
-            "log_every": 2,
             "eval_batches": 2,
-            "threads": 1,
             **train,
         },
-        "data": DATA,
-    }
+        data=DATA,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +45,6 @@ def data_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("data")
     prepare(DataConfig.from_dict(DATA), out)
     return out
-
-
-@pytest.fixture(autouse=True)
-def keep_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
 
 
 def write_config(path: Path, **train) -> Path:

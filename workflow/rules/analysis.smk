@@ -10,6 +10,8 @@ rule params_run:
     log:
         "logs/params/{run}.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"
     shell:
         "python -m mohge.params {input.cfg} --json {output} > {log} 2>&1"
 
@@ -23,6 +25,8 @@ rule params_preset:
     log:
         "logs/params/preset-{preset}.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"
     shell:
         "python -m mohge.params {input.cfg} --json {output} > {log} 2>&1"
 
@@ -35,8 +39,16 @@ rule utilization:
     output:
         summary="results/utilization/{run}/summary.csv",
         ranks="results/utilization/{run}/analytic.csv",
+    log:
+        "logs/utilization/{run}.log",
+    conda:
+        "../envs/train.yaml"
+    threads: 2  # the measurement runs torch.distributed ranks as processes
+    resources:
+        mem_mb=lambda wc, attempt: 4000 * attempt,
+        runtime=lambda wc, attempt: 20 * attempt,
     params:
-        out="results/utilization/{run}",
+        out=lambda wc, output: os.path.dirname(output.summary),
         strategies=" ".join(UTIL.get("strategies", ["contiguous", "all_size"])),
         ep=" ".join(str(e) for e in UTIL.get("ep_sizes", [2, 4, 8])),
         measure=lambda wc: (
@@ -44,12 +56,6 @@ rule utilization:
             if RUNS[wc.run].family == "mohge" and UTIL.get("measure_nproc", 0) > 0
             else ""
         ),
-    log:
-        "logs/utilization/{run}.log",
-    threads: 2  # the measurement runs torch.distributed ranks as processes
-    resources:
-        mem_mb=lambda wc, attempt: 4000 * attempt,
-        runtime=lambda wc, attempt: 20 * attempt,
     shell:
         "python -m mohge.utilization --trace {input.trace} --strategies {params.strategies} --ep {params.ep}"
         " {params.measure} --out {params.out} > {log} 2>&1"
@@ -71,13 +77,15 @@ rule collect:
         params="results/params.csv",
         util_summary="results/utilization_summary.csv",
         util_ranks="results/utilization_ranks.csv",
+    log:
+        "logs/collect.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"
     params:
         runs=" ".join(RUNS),
         traced=" ".join(trace_runs()),
         presets=" ".join(PRESETS),
-    log:
-        "logs/collect.log",
-    localrule: True
     shell:
         "python -m mohge.collect --results results --runs {params.runs} --traced {params.traced}"
         " --presets {params.presets} --out results > {log} 2>&1"
@@ -89,11 +97,17 @@ rule tables:
         params="results/params.csv",
         util="results/utilization_summary.csv",
     output:
-        **{f"{t}_{ext}": f"results/tables/{t}.{ext}" for t in ["T1_main", "T2_params", "T3_balance"] for ext in ["csv", "md", "tex"]},
-    params:
-        source=util_source(),  # T3 shows the imbalance on the MoHGE model's routing
+        **{
+            f"{t}_{ext}": f"results/tables/{t}.{ext}"
+            for t in ["T1_main", "T2_params", "T3_balance"]
+            for ext in ["csv", "md", "tex"]
+        },
     log:
         "logs/tables.log",
     localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        source=util_source(),  # T3 shows the imbalance on the MoHGE model's routing
     script:
         "../scripts/make_tables.py"

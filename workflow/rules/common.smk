@@ -1,8 +1,12 @@
 # Validation, wildcard constraints and input functions; no rules here.
 import json
+import os
 
 from mohge.config import to_dict
 from mohge.runs import plan
+
+# Jobs import mohge from this checkout, also inside the per-rule conda environments (--sdm conda).
+os.environ.update(PYTHONPATH=os.path.join(workflow.basedir, "src"))  # set, never read
 
 # Every run's config is resolved and validated now, at parse time: a bad config fails before any job.
 RUNS = plan(config)
@@ -50,14 +54,27 @@ def runs_where(family=None, dataset=None, source=None):
 
 def trace_runs():
     """Runs whose routing traces feed the utilization study and F3: one seed of each MoE family."""
-    return [n for n, c in RUNS.items() if c.family != "dense" and c.train.seed == min(
-        o.train.seed for o in RUNS.values() if o.family == c.family and o.dataset == c.dataset)]
+    return [
+        n
+        for n, c in RUNS.items()
+        if c.family != "dense"
+        and c.train.seed
+        == min(
+            o.train.seed
+            for o in RUNS.values()
+            if o.family == c.family and o.dataset == c.dataset
+        )
+    ]
 
 
 def util_source():
     """The routing trace F4 shows: MoHGE on the main dataset (its first seed), else the first traced run."""
     traced = trace_runs()
-    mohge = [r for r in traced if RUNS[r].family == "mohge" and RUNS[r].dataset == MAIN_DATASET]
+    mohge = [
+        r
+        for r in traced
+        if RUNS[r].family == "mohge" and RUNS[r].dataset == MAIN_DATASET
+    ]
     return (mohge or traced or [""])[0]
 
 
@@ -70,10 +87,21 @@ def launcher(resources):
 
 
 def all_tables():
-    return expand("results/tables/{table}.{ext}", table=["T1_main", "T2_params", "T3_balance"], ext=["csv", "md", "tex"])
+    return expand(
+        "results/tables/{table}.{ext}",
+        table=["T1_main", "T2_params", "T3_balance"],
+        ext=["csv", "md", "tex"],
+    )
 
 
-FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F6_kernels"]
+FIGURES = [
+    "F1_curves",
+    "F2_quality_params",
+    "F3_groups_by_level",
+    "F4_gpu_load",
+    "F5_width",
+    "F6_kernels",
+]
 
 
 def all_figures():

@@ -6,18 +6,20 @@ rule evaluate:
         meta=data_meta,
     output:
         metrics="results/runs/{run}/metrics.json",
-    params:
-        ckpt="work/runs/{run}",
-        data=data_dir,
     log:
         "logs/eval/{run}.log",
     benchmark:
         "results/benchmarks/eval/{run}.tsv"
+    conda:
+        "../envs/train.yaml"
     threads: 1
     resources:
         gpu=0,
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 30 * attempt,
+    params:
+        ckpt=lambda wc, input: os.path.dirname(input.model),
+        data=data_dir,
     shell:
         "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} > {log} 2>&1"
 
@@ -31,15 +33,17 @@ rule trace:
     output:
         trace="work/runs/{run}/trace.json",
         summary="results/runs/{run}/trace.json",
-    params:
-        ckpt="work/runs/{run}",
-        data=data_dir,
     log:
         "logs/trace/{run}.log",
+    conda:
+        "../envs/train.yaml"
     threads: 1
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
+    params:
+        ckpt=lambda wc, input: os.path.dirname(input.model),
+        data=data_dir,
     shell:
         "python -m mohge.traces --ckpt {params.ckpt} --data {params.data} --out {output.trace} > {log} 2>&1"
         " && cp {output.trace} {output.summary}"

@@ -93,7 +93,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.legend(loc="best")
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(strategies))
-    fig.suptitle(f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5, y=1.02)
+    fig.suptitle(
+        f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5, y=1.02
+    )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

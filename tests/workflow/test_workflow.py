@@ -1,0 +1,137 @@
+"""The Snakemake workflow: lint, format, dry runs of every config, refusal of bad configs, and the smoke config
+end to end with an interruption (slow)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SNAKEMAKE = [str(BIN / "snakemake")]
+
+
+def smk(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def copy_workflow(dst: Path) -> Path:
+    """A fresh working copy: Snakefile, workflow, configs and the committed benchmark CSV, no results."""
+    for name in ("Snakefile", "workflow", "configs", "profiles"):
+        src = ROOT / name
+        if src.is_symlink():
+            (dst / name).symlink_to(os.readlink(src))
+        else:
+            (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name)
+    (dst / "results" / "bench").mkdir(parents=True)
+    shutil.copy(ROOT / "results" / "bench" / "kernels.csv", dst / "results" / "bench" / "kernels.csv")
+    return dst
+
+
+def test_schema_file_is_generated_from_the_dataclasses():
+    import json
+
+    from mohge.runs import workflow_schema
+
+    committed = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
+    assert committed == workflow_schema(), (
+        "regenerate: python -m mohge.runs schema > workflow/schemas/config.schema.json"
+    )
+
+
+def test_snakefmt_clean():
+    out = subprocess.run(
+        [str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_lint_clean():
+    out = smk("--lint")
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("configfile", ["configs/config.yaml", "configs/smoke.yaml", "configs/paper.yaml"])
+def test_dry_run(configfile, tmp_path):
+    work = copy_workflow(tmp_path)
+    out = smk("-n", "--configfile", configfile, cwd=work)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    for rule in ("prepare_data", "train", "evaluate", "trace", "utilization", "collect", "tables", "fig_gpu_load"):
+        assert rule in text
+    runs = yaml.safe_load((ROOT / configfile).read_text())["experiments"]
+    assert runs
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"train": {"stepz": 3}}, "stepz"),
+        ({"model": {"ffn": {"num_experts": 30}}}, "num_experts"),
+        ({"model": {"router": {"group_topk": 9}}}, "group_topk"),
+    ],
+)
+def test_bad_config_refused_before_any_job(change, needle, tmp_path):
+    work = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
+    for section, values in change.items():
+        target = cfg.setdefault(section, {})
+        for k, v in values.items():
+            if isinstance(v, dict):
+                target.setdefault(k, {}).update(v)
+            else:
+                target[k] = v
+    (work / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    out = smk("--cores", "1", "--configfile", "bad.yaml", cwd=work)
+    assert out.returncode != 0
+    assert needle in out.stdout + out.stderr
+    assert not (work / "work").exists() and not (work / "results" / "runs").exists()
+
+
+SMOKE_OUTPUTS = [
+    *(f"results/tables/{t}.{e}" for t in ("T1_main", "T2_params", "T3_balance") for e in ("csv", "md", "tex")),
+    *(
+        f"figures/{f}.{e}"
+        for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F6_kernels")
+        for e in ("png", "pdf")
+    ),
+]
+
+
+@pytest.mark.slow
+def test_smoke_end_to_end_with_interruption(tmp_path):
+    """Stop snakemake once the first model is trained, rerun: it finishes without retraining that model."""
+    work = copy_workflow(tmp_path)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [*SNAKEMAKE, "--cores", "2", "--configfile", "configs/smoke.yaml"]
+    proc = subprocess.Popen(
+        cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    first = None
+    deadline = time.time() + 240
+    while time.time() < deadline and first is None:
+        done = sorted((work / "work" / "runs").glob("*/model.safetensors"))
+        first = done[0] if done else None
+        time.sleep(0.5)
+    assert first is not None, "no model trained within 4 minutes"
+    stamp = first.stat().st_mtime_ns
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
+    proc.wait(timeout=60)
+    assert proc.returncode != 0
+    out = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert first.stat().st_mtime_ns == stamp, "a finished model was retrained"
+    for rel in SMOKE_OUTPUTS:
+        assert (work / rel).stat().st_size > 0, rel
+    again = subprocess.run([*cmd, "-n"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
+    runs = (work / "results" / "runs.csv").read_text().splitlines()
+    assert len(runs) == 1 + 7  # header + 2 mohge + 2 moe + hmoe + modse + dense
