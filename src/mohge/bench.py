@@ -103,8 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay.add_argument("--group-topk", type=int, default=4)
     lay.add_argument("--reps", type=int, default=3)
     lay.add_argument("--json", help="write the timings and ratios here")
-    sub.add_parser("kernels", help="Triton kernels on a GPU (arguments: see `python -m mohge.kernels.bench -h`)")
-    sub.add_parser("train", help="training tokens/s, MoHGE vs MoE (arguments: see `python -m mohge.train_bench -h`)")
+    # these two forward every argument, --help included, to their own parsers
+    sub.add_parser("kernels", add_help=False, help="Triton kernels vs dense matmul, loop and torch path (GPU)")
+    sub.add_parser("train", add_help=False, help="training tokens/s, MoHGE vs a homogeneous MoE of equal FLOPs")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from .kernels.bench import main as kernels_main
