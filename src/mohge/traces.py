@@ -38,7 +38,8 @@ import torch
 
 from .atomic import write_bytes_atomic, write_json_atomic
 from .checkpoint import load_trained
-from .data import LEVEL_NAMES, TokenStream
+from .data import TokenStream
+from .graded import LEVEL_NAMES
 
 log = logging.getLogger("mohge.traces")
 

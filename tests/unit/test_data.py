@@ -13,24 +13,20 @@ import pytest
 import torch
 
 import mohge.data as data
+import mohge.graded as graded
 from mohge.atomic import atomic_path
 from mohge.data import (
-    LEVEL_EASY,
-    LEVEL_HARD,
-    LEVEL_MEDIUM,
-    LEVEL_SEP,
     DataConfig,
     TokenStream,
     fetch_shakespeare,
-    generate_graded,
     iter_eval_batches,
     load_data_config,
     load_shakespeare_plays,
     prepare,
     split_plays,
     strip_gutenberg,
-    token_levels,
 )
+from mohge.graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, LEVEL_SEP, generate_graded, token_levels
 from mohge.tokenizer import EOT_ID, decode, encode, encode_with_offsets, load_tokenizer
 
 # ------------------------------------------------------------------------------------------------
@@ -94,12 +90,12 @@ def test_load_data_config_accepts_section_or_bare(tmp_path):
 # Graded corpus
 # ------------------------------------------------------------------------------------------------
 
-NOUN_NUMBER = {**{sg: "sg" for sg in data.NOUNS}, **{pl: "pl" for pl in data.NOUNS.values()}}
-VERB_NUMBER = {**{sg: "sg" for sg in data.VERBS}, **{pl: "pl" for pl in data.VERBS.values()}}
-DET_NUMBERS = {d: set() for d in data.DETERMINERS_SG + data.DETERMINERS_PL}
-for _d in data.DETERMINERS_SG:
+NOUN_NUMBER = {**{sg: "sg" for sg in graded.NOUNS}, **{pl: "pl" for pl in graded.NOUNS.values()}}
+VERB_NUMBER = {**{sg: "sg" for sg in graded.VERBS}, **{pl: "pl" for pl in graded.VERBS.values()}}
+DET_NUMBERS = {d: set() for d in graded.DETERMINERS_SG + graded.DETERMINERS_PL}
+for _d in graded.DETERMINERS_SG:
     DET_NUMBERS[_d].add("sg")
-for _d in data.DETERMINERS_PL:
+for _d in graded.DETERMINERS_PL:
     DET_NUMBERS[_d].add("pl")
 
 
@@ -123,7 +119,7 @@ def check_grammar(line):
     while i < len(words):
         w = words[i]
         if w in DET_NUMBERS:
-            j = i + 1 + (words[i + 1] in data.ADJECTIVES)
+            j = i + 1 + (words[i + 1] in graded.ADJECTIVES)
             assert words[j] in NOUN_NUMBER, line
             assert NOUN_NUMBER[words[j]] in DET_NUMBERS[w], f"determiner disagrees: {line}"
             nps.append(NOUN_NUMBER[words[j]])
@@ -132,7 +128,7 @@ def check_grammar(line):
             verbs.append((len(nps), VERB_NUMBER[w]))
             i += 1
         else:
-            assert w in data.PREPOSITIONS, f"unknown word {w!r} in {line}"
+            assert w in graded.PREPOSITIONS, f"unknown word {w!r} in {line}"
             i += 1
     assert len(verbs) == 1, line
     assert verbs[0][1] == nps[0], f"verb disagrees with its subject: {line}"

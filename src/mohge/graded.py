@@ -1,0 +1,132 @@
+"""The graded corpus: generated text whose every character carries a known difficulty level.
+
+It lets us ask which expert groups serve which difficulty, the premise of MoHGE (arXiv 2604.23108): a document
+mixes lines of three kinds, each character labelled with its level:
+
+* easy (0): an exact copy of an earlier line of the same document;
+* medium (1): a templated grammar line with number agreement across an intervening phrase, and the problem
+  part "a+b=" of a sum;
+* hard (2): the digits of a sum's answer;
+
+and -1 for separators (newlines, end of text). Documents are a pure function of (seed, index).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+LEVEL_NAMES = ("easy", "medium", "hard")
+LEVEL_SEP, LEVEL_EASY, LEVEL_MEDIUM, LEVEL_HARD = -1, 0, 1, 2
+
+# Lexicon for the grammar lines. The word classes are disjoint, so a line can be parsed back.
+NOUNS = {
+    "cat": "cats",
+    "dog": "dogs",
+    "bird": "birds",
+    "child": "children",
+    "farmer": "farmers",
+    "king": "kings",
+    "horse": "horses",
+    "teacher": "teachers",
+    "mouse": "mice",
+    "fox": "foxes",
+}
+# third person singular -> plural
+VERBS = {
+    "sees": "see",
+    "likes": "like",
+    "follows": "follow",
+    "chases": "chase",
+    "helps": "help",
+    "watches": "watch",
+    "finds": "find",
+    "carries": "carry",
+}
+ADJECTIVES = ("old", "small", "happy", "quiet", "brown", "clever")
+DETERMINERS_SG = ("the", "one", "this", "every")
+DETERMINERS_PL = ("the", "some", "these", "two", "many")
+PREPOSITIONS = ("near", "behind", "with", "beside")
+
+
+class GradedDoc(NamedTuple):
+    """A generated document and its level per character (`len(levels) == len(text)`)."""
+
+    text: str
+    levels: list[int]
+
+
+def _noun_phrase(rng: random.Random, plural: bool) -> str:
+    det = rng.choice(DETERMINERS_PL if plural else DETERMINERS_SG)
+    noun = rng.choice(list(NOUNS))
+    noun = NOUNS[noun] if plural else noun
+    adj = rng.choice(ADJECTIVES) + " " if rng.random() < 0.4 else ""
+    return f"{det} {adj}{noun}"
+
+
+def grammar_line(rng: random.Random) -> str:
+    """A templated sentence whose verb agrees in number with its subject, across an optional
+    prepositional phrase whose noun has a random number (an agreement attractor):
+    "the old fox behind some dogs chases a bird." """
+    plural = rng.random() < 0.5
+    subject = _noun_phrase(rng, plural)
+    attractor = f" {rng.choice(PREPOSITIONS)} {_noun_phrase(rng, rng.random() < 0.5)}" if rng.random() < 0.5 else ""
+    verb = rng.choice(list(VERBS))
+    verb = VERBS[verb] if plural else verb
+    return f"{subject}{attractor} {verb} {_noun_phrase(rng, rng.random() < 0.5)}."
+
+
+def arithmetic_line(rng: random.Random) -> tuple[str, str]:
+    """A sum of 2 or 3 numbers of 1 to 4 digits: ("123+45=", "168")."""
+    terms = [rng.randrange(10 ** rng.randint(1, 4)) for _ in range(rng.choice((2, 2, 3)))]
+    return "+".join(map(str, terms)) + "=", str(sum(terms))
+
+
+def generate_graded(
+    num_docs: int, seed: int, levels: Sequence[str] = LEVEL_NAMES, lines_per_doc: tuple[int, int] = (6, 12)
+) -> list[GradedDoc]:
+    """Generate `num_docs` documents of newline-separated lines, each line one of:
+
+    easy (0):   an exact copy of an earlier line of the same document (predictable by copying);
+    medium (1): a grammar line (`grammar_line`), or the "a+b=" part of a sum;
+    hard (2):   the answer digits of a sum (`arithmetic_line`), a function of the digits before "=".
+    Newlines between lines are separators (-1). The first line is never a copy.
+
+    Document i depends only on (seed, i), so the corpus is deterministic and its prefix does not
+    change with `num_docs`.
+    """
+    kinds = [k for k in LEVEL_NAMES if k in levels]
+    sources = [k for k in kinds if k != "easy"]
+    if not sources or any(k not in LEVEL_NAMES for k in levels):
+        raise ValueError(f"levels={tuple(levels)!r}: expected a subset of {LEVEL_NAMES} with medium or hard")
+    docs = []
+    for i in range(num_docs):
+        rng = random.Random(f"graded:{seed}:{i}")
+        lines: list[tuple[str, list[int]]] = []
+        for j in range(rng.randint(*lines_per_doc)):
+            kind = rng.choice(sources if j == 0 else kinds)
+            if kind == "easy":
+                text, _ = rng.choice(lines)
+                lines.append((text, [LEVEL_EASY] * len(text)))
+            elif kind == "medium":
+                text = grammar_line(rng)
+                lines.append((text, [LEVEL_MEDIUM] * len(text)))
+            else:
+                problem, answer = arithmetic_line(rng)
+                lines.append((problem + answer, [LEVEL_MEDIUM] * len(problem) + [LEVEL_HARD] * len(answer)))
+        text = "\n".join(t for t, _ in lines)
+        char_levels: list[int] = []
+        for j, (_, lv) in enumerate(lines):
+            char_levels += ([LEVEL_SEP] if j else []) + lv
+        assert len(char_levels) == len(text)
+        docs.append(GradedDoc(text, char_levels))
+    return docs
+
+
+def token_levels(offsets: Sequence[tuple[int, int]], char_levels: Sequence[int]) -> np.ndarray:
+    """Level per token = max level of the characters in its [start, end) span (-1 for an empty span)."""
+    lv = np.asarray(char_levels, dtype=np.int8)
+    return np.array([lv[s:e].max() if e > s else LEVEL_SEP for s, e in offsets], dtype=np.int8)
