@@ -4,6 +4,7 @@ end to end with an interruption (slow)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -112,14 +113,18 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
     work = copy_workflow(tmp_path)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     cmd = [*SNAKEMAKE, "--cores", "2", "--configfile", "configs/smoke.yaml"]
-    proc = subprocess.Popen(
-        cmd, cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+    log = work / "first_attempt.log"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    # the first train job Snakemake reports finished (its outputs are complete and recorded)
+    job_run = r"rule train:\n(?:    .*\n)*?    jobid: (\d+)\n(?:    .*\n)*?    wildcards: run=([\w-]+)"
     first = None
     deadline = time.time() + 240
     while time.time() < deadline and first is None:
-        done = sorted((work / "work" / "runs").glob("*/model.safetensors"))
-        first = done[0] if done else None
+        text = log.read_text()
+        runs_of = dict(re.findall(job_run, text))
+        finished = [runs_of[j] for j in re.findall(r"Finished jobid: (\d+) \(Rule: train\)", text) if j in runs_of]
+        first = work / "work" / "runs" / finished[0] / "model.safetensors" if finished else None
         time.sleep(0.5)
     assert first is not None, "no model trained within 4 minutes"
     stamp = first.stat().st_mtime_ns
@@ -135,3 +140,8 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
     runs = (work / "results" / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + 7  # header + 2 mohge + 2 moe + hmoe + modse + dense
+    report = subprocess.run(
+        [*cmd, "--report", "report.html"], cwd=work, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert b"F4_gpu_load.png" in (work / "report.html").read_bytes()
