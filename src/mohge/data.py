@@ -205,6 +205,8 @@ class DataConfig:
                 if not isinstance(value, list | tuple):
                     raise _bad(key, value, "expected a mapping such as {train: train, val: validation}")
                 value = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in value)
+                order = {name: i for i, name in enumerate(SPLITS)}  # canonical order: equal after a round trip
+                value = tuple(sorted(value, key=lambda p: order.get(p[0], len(order)) if isinstance(p, tuple) else 0))
             elif known[key].type.startswith("tuple") and isinstance(value, list):
                 value = tuple(value)
             kwargs[key] = value

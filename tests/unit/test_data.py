@@ -648,3 +648,9 @@ def test_cli(tmp_path, capsys):
     cfg.write_text(json.dumps({"data": {"source": "graded", "vocab": 5}}))
     with pytest.raises(ValueError, match="vocab"):
         data.main(["--config", str(cfg), "--out", str(tmp_path / "bad")])
+
+
+def test_hf_splits_order_is_canonical_so_round_trips_compare_equal():
+    a = DataConfig.from_dict({"hf_splits": {"test": "t", "train": "tr", "val": "v"}})
+    b = DataConfig.from_dict({"hf_splits": {"train": "tr", "val": "v", "test": "t"}})
+    assert a == b and a.hf_splits == (("train", "tr"), ("val", "v"), ("test", "t"))
