@@ -31,6 +31,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     df = ps.read_csv(inputs.get("groups"))
     if not df.empty and params.get("families"):
         df = df[df["family"].isin(params["families"])]
+    if not df.empty:  # only corpora whose tokens carry difficulty levels (the graded corpus)
+        df = df[df.groupby("run")["level"].transform(lambda lv: (lv.astype(str) != "all").any())]
     if df.empty:
         ps.placeholder_figure(outputs, "Expert groups by difficulty level", "no routing statistics recorded yet")
         return
