@@ -53,6 +53,7 @@ import torch
 from tqdm import tqdm
 
 from mohge.atomic import write_bytes_atomic, write_text_atomic
+from mohge.cli import user_errors
 from mohge.graded import (
     LEVEL_NAMES,
     LEVEL_SEP,
@@ -718,6 +719,7 @@ def load_data_config(path: str | os.PathLike) -> DataConfig:
     return DataConfig.from_dict(d)
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m mohge.data",

@@ -47,6 +47,7 @@ import torch.nn.functional as F
 import yaml
 
 from .atomic import write_json_atomic, write_text_atomic
+from .cli import user_errors
 from .data import TokenStream, load_meta
 from .graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS
 
@@ -318,6 +319,7 @@ def evaluate(
     return metrics
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "trace":

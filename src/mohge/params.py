@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from .atomic import write_json_atomic
+from .cli import user_errors
 from .config import LossConfig, ModelConfig, load_model_config
 from .model import LanguageModel
 
@@ -134,6 +135,7 @@ def report(name: str, counts: dict, other: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.params",

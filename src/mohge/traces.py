@@ -38,6 +38,7 @@ import torch
 
 from .atomic import write_bytes_atomic, write_json_atomic
 from .checkpoint import load_trained
+from .cli import user_errors
 from .data import TokenStream
 from .graded import LEVEL_NAMES
 
@@ -163,6 +164,7 @@ def write_trace(
     return trace
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.traces",
