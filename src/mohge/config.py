@@ -436,13 +436,15 @@ class EvalConfig(_Section):
     """Evaluation through lm-eval and routing traces on held-out data.
 
     ``tasks``: names of the task YAMLs shipped in ``configs/tasks`` (offline) and, when the hub is reachable,
-    lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all).
+    lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all). ``allow_hub``: let the
+    standard tasks download their data (the workflow passes ``--allow-hub``); off for offline machines.
     """
 
     tasks: tuple[str, ...] = ("mohge_ppl",)
     batch_size: int = 16
     limit: int = 0
     trace_batches: int = 16
+    allow_hub: bool = False
     _path: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:

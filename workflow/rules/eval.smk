@@ -21,7 +21,8 @@ rule evaluate:
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
     shell:
-        "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} > {log} 2>&1"
+        "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} {params.hub}"
+        " > {log} 2>&1"
 
 
 rule trace:
