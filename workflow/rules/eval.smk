@@ -1,5 +1,5 @@
 rule evaluate:
-    # lm-eval, fully offline: perplexity on held-out text, cloze, continuation choice and graded tasks
+    # lm-eval, offline unless eval.allow_hub: perplexity on held-out text, cloze, continuation choice and graded tasks
     # built from the dataset's held-out split, plus val/test loss computed directly.
     input:
         model="work/runs/{run}/model.safetensors",
@@ -20,6 +20,7 @@ rule evaluate:
     params:
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
+        hub=lambda wc: "--allow-hub" if RUNS[wc.run].eval.allow_hub else "",
     shell:
         "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} {params.hub}"
         " > {log} 2>&1"
