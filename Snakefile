@@ -2,12 +2,16 @@
 # routing traces -> per-GPU utilization -> tables -> figures.  `snakemake --cores all` runs the default;
 # `--configfile configs/smoke.yaml` the 3-minute smoke run; `--profile workflow/profiles/slurm
 # --configfile configs/paper.yaml` the release-scale runs on a SLURM cluster.
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
-configfile: "configs/config.yaml"
+# The default config and the presets are read from the checkout, so `-d DIR` runs another config
+# (e.g. configs/ablations.yaml) into its own folder without touching results/ here.
+configfile: os.path.join(workflow.basedir, "configs", "config.yaml")
 
 
 validate(config, "workflow/schemas/config.schema.json")

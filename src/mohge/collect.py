@@ -41,6 +41,11 @@ def _write_csv(df: pd.DataFrame, path: Path) -> None:
         df.to_csv(tmp, index=False, float_format="%.6g", lineterminator="\n")
 
 
+def model_name(cfg: dict) -> str:
+    """The family, qualified by the variant when the run has one ("mohge+renorm"): what tables group by."""
+    return f"{cfg['family']}+{cfg['variant']}" if cfg.get("variant") else cfg["family"]
+
+
 def run_row(results: Path, run: str) -> dict:
     """One row of runs.csv: identity, parameters, held-out quality, every lm-eval metric, speed."""
     d = results / "runs" / run
@@ -53,7 +58,7 @@ def run_row(results: Path, run: str) -> dict:
     row = {
         "run": run,
         "dataset": cfg["dataset"],
-        "family": cfg["family"],
+        "family": model_name(cfg),
         "seed": cfg["train"]["seed"],
         "total_params": params["total_sum"],
         "activated_params": measured_activated(cfg, params, d / "train_log.jsonl"),
@@ -95,7 +100,7 @@ def curve_rows(results: Path, run: str) -> list[dict]:
     steps = cfg["train"]["steps"]
     frac = cfg["loss"]["group_aux_start_frac"]
     start = next((s for s in range(steps) if group_aux_active(s, steps, frac)), math.nan)
-    ident = {"run": run, "dataset": cfg["dataset"], "family": cfg["family"], "seed": cfg["train"]["seed"]}
+    ident = {"run": run, "dataset": cfg["dataset"], "family": model_name(cfg), "seed": cfg["train"]["seed"]}
     ident["group_aux_start"] = start if cfg["family"] == "mohge" else math.nan
     rows = []
     for line in path.read_text().splitlines():
@@ -123,7 +128,7 @@ def group_rows(results: Path, run: str) -> list[dict]:
     d = results / "runs" / run
     cfg, trace = _read_json(d / "config.json"), _read_json(d / "trace.json")
     widths, n = trace["expert_widths"], trace["experts_per_group"]
-    ident = {"run": run, "dataset": cfg["dataset"], "family": cfg["family"], "seed": cfg["train"]["seed"]}
+    ident = {"run": run, "dataset": cfg["dataset"], "family": model_name(cfg), "seed": cfg["train"]["seed"]}
     per_level: dict[tuple, list[int]] = {}
     over_layers: dict[str, list[int]] = {}
     for layer in trace["layers"]:
@@ -234,10 +239,10 @@ def collect(results: Path, runs: Sequence[str], traced: Sequence[str], presets: 
     seen = set()
     for r in runs:
         cfg = _read_json(results / "runs" / r / "config.json")
-        key = f"{cfg['dataset']}-{cfg['family']}"
+        key = f"{cfg['dataset']}-{model_name(cfg)}"
         if key not in seen:  # parameters do not depend on the seed
             seen.add(key)
-            prow += param_rows(key, cfg["family"], _read_json(results / "runs" / r / "params.json"))
+            prow += param_rows(key, model_name(cfg), _read_json(results / "runs" / r / "params.json"))
     for p in presets:
         family = p.split("-")[0]
         prow += param_rows(f"preset-{p}", family, _read_json(results / "params" / f"preset-{p}.json"))

@@ -467,6 +467,7 @@ class RunConfig(_Section):
 
     name: str = "run"
     family: str = "mohge"
+    variant: str = ""
     dataset: str = "data"
     model: ModelConfig = field(default_factory=ModelConfig)
     loss: LossConfig = field(default_factory=LossConfig)

@@ -6,11 +6,11 @@ is the workflow's MoHGE ``model`` section with the family's matched baseline der
 its vocabulary and context taken from the dataset.
 
 Workflow config keys (see ``configs/README.md``): ``datasets`` (name -> data section), ``model``, ``loss``,
-``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset, families, seeds}),
+``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset, families, seeds, variants}),
 ``moe_width`` (the homogeneous baseline's width; null = the release's ratio), ``utilization``, ``figures``.
 
     python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
-    python -m mohge.runs list CONFIG     # the runs a config plans
+    python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)
 """
 
 from __future__ import annotations
@@ -24,16 +24,24 @@ import typing
 from collections.abc import Sequence
 from typing import Any
 
-import yaml
-
-from .config import ConfigError, EvalConfig, LossConfig, ModelConfig, RunConfig, TrainConfig, to_dict
+from .cli import user_errors
+from .config import (
+    ConfigError,
+    EvalConfig,
+    LossConfig,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+    load_yaml_or_json,
+    to_dict,
+)
 from .matched import FAMILIES, derive
 
 PLACEMENTS_FOR_STUDY = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 
 
-def run_name(dataset: str, family: str, seed: int) -> str:
-    return f"{dataset}-{family}-s{seed}"
+def run_name(dataset: str, family: str, seed: int, variant: str = "") -> str:
+    return f"{dataset}-{family}-{variant}-s{seed}" if variant else f"{dataset}-{family}-s{seed}"
 
 
 def _section(config: dict, key: str) -> dict:
@@ -43,12 +51,42 @@ def _section(config: dict, key: str) -> dict:
     return value
 
 
+def _merge(base: dict, over: dict) -> dict:
+    """Deep merge: mappings merge key by key, anything else in ``over`` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+VARIANT_SECTIONS = ("model", "loss", "train", "eval")
+
+
+def _variants(exp: dict, where: str) -> dict[str, dict]:
+    """An experiment's variants: name -> overrides of the shared sections ({"": {}} when it has none).
+
+    A variant changes the MoHGE ``model`` (before each family is derived from it), ``loss``, ``train`` or
+    ``eval``; e.g. ``{release: {}, renorm: {model: {router: {gate_mode: product_renorm}}}}``.
+    """
+    variants = exp.get("variants")
+    if variants is None:
+        return {"": {}}
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError(f"{where}.variants={variants!r}: expected a non-empty mapping name -> overrides")
+    for name, over in variants.items():
+        if not isinstance(name, str) or not name.replace("_", "").isalnum():
+            raise ConfigError(f"{where}.variants: name {name!r} must be letters, digits and underscores")
+        bad = sorted(set(over or {}) - set(VARIANT_SECTIONS))
+        if bad:
+            raise ConfigError(f"{where}.variants.{name}.{bad[0]}: unknown key (known: {', '.join(VARIANT_SECTIONS)})")
+    return {name: over or {} for name, over in variants.items()}
+
+
 def plan(config: dict) -> dict[str, RunConfig]:
     """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key."""
     datasets = _section(config, "datasets")
     if not datasets:
         raise ConfigError("datasets: at least one dataset is needed")
-    base_model = _section(config, "model")
     experiments = config.get("experiments") or []
     if not experiments:
         raise ConfigError("experiments: at least one experiment is needed")
@@ -59,33 +97,37 @@ def plan(config: dict) -> dict[str, RunConfig]:
         if ds not in datasets:
             raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
         data = datasets[ds]
-        for fam in exp.get("families", []):
-            if fam not in FAMILIES:
-                raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
-            seeds = exp.get("seeds", {})
-            fam_seeds = seeds.get(fam, seeds.get("default", [0])) if isinstance(seeds, dict) else seeds
+        for variant, over in _variants(exp, where).items():
+            shared = {k: _merge(_section(config, k), over.get(k, {})) for k in VARIANT_SECTIONS}
             model_dict = {
-                **base_model,
+                **shared["model"],
                 "vocab_size": data.get("vocab_size", 2048),
                 "max_seq_len": data.get("seq_len", 256),
             }
             mohge_cfg = ModelConfig.from_dict(model_dict, "model")
-            model = derive(mohge_cfg, fam, config.get("moe_width"))
-            for seed in fam_seeds:
-                name = run_name(ds, fam, seed)
-                train = {**_section(config, "train"), "seed": seed}
-                runs[name] = RunConfig.from_dict(
-                    {
-                        "name": name,
-                        "family": fam,
-                        "dataset": ds,
-                        "model": to_dict(model),
-                        "loss": _section(config, "loss"),
-                        "train": train,
-                        "data": data,
-                        "eval": _section(config, "eval"),
-                    }
-                )
+            for fam in exp.get("families", []):
+                if fam not in FAMILIES:
+                    raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
+                seeds = exp.get("seeds", {})
+                fam_seeds = seeds.get(fam, seeds.get("default", [0])) if isinstance(seeds, dict) else seeds
+                model = derive(mohge_cfg, fam, config.get("moe_width"))
+                for seed in fam_seeds:
+                    name = run_name(ds, fam, seed, variant)
+                    if name in runs:
+                        raise ConfigError(f"{where}: run {name} is planned twice")
+                    runs[name] = RunConfig.from_dict(
+                        {
+                            "name": name,
+                            "family": fam,
+                            "variant": variant,
+                            "dataset": ds,
+                            "model": to_dict(model),
+                            "loss": shared["loss"],
+                            "train": {**shared["train"], "seed": seed},
+                            "data": data,
+                            "eval": shared["eval"],
+                        }
+                    )
     return runs
 
 
@@ -122,6 +164,7 @@ def workflow_schema() -> dict:
     model = _schema_of(ModelConfig)
     for key in ("vocab_size", "max_seq_len"):  # taken from the dataset
         model["properties"].pop(key)
+    loss, train, evalc = _schema_of(LossConfig), _schema_of(TrainConfig), _schema_of(EvalConfig)
     seeds = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     experiment = {
         "type": "object",
@@ -130,6 +173,20 @@ def workflow_schema() -> dict:
         "properties": {
             "dataset": {"type": "string"},
             "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
+            "variants": {
+                "type": "object",
+                "minProperties": 1,
+                "additionalProperties": {
+                    "anyOf": [
+                        {"type": "null"},
+                        {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "properties": {"model": model, "loss": loss, "train": train, "eval": evalc},
+                        },
+                    ]
+                },
+            },
             "seeds": {
                 "anyOf": [
                     seeds,
@@ -151,9 +208,9 @@ def workflow_schema() -> dict:
         "properties": {
             "datasets": {"type": "object", "additionalProperties": data, "minProperties": 1},
             "model": model,
-            "loss": _schema_of(LossConfig),
-            "train": _schema_of(TrainConfig),
-            "eval": _schema_of(EvalConfig),
+            "loss": loss,
+            "train": train,
+            "eval": evalc,
             "experiments": {"type": "array", "items": experiment, "minItems": 1},
             "moe_width": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
             "utilization": {
@@ -175,18 +232,21 @@ def workflow_schema() -> dict:
     }
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mohge.runs", description="Experiment plan and config schema.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("schema", help="print the workflow config's JSON schema")
     ls = sub.add_parser("list", help="list the runs a workflow config plans")
-    ls.add_argument("config")
+    ls.add_argument("configs", nargs="+", help="config files, merged in order as Snakemake does (--configfile)")
     args = ap.parse_args(argv)
     if args.cmd == "schema":
         print(json.dumps(workflow_schema(), indent=2))
         return 0
-    with open(args.config) as fh:
-        runs = plan(yaml.safe_load(fh))
+    config: dict = {}
+    for path in args.configs:
+        config = _merge(config, load_yaml_or_json(path))
+    runs = plan(config)
     for name, cfg in runs.items():
         print(f"{name:<32} {cfg.model.ffn.kind:<6} steps={cfg.train.steps}")
     return 0

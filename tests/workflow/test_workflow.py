@@ -139,9 +139,18 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
     again = subprocess.run([*cmd, "-n"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
     runs = (work / "results" / "runs.csv").read_text().splitlines()
-    assert len(runs) == 1 + 7  # header + 2 mohge + 2 moe + hmoe + modse + dense
+    assert len(runs) == 1 + 8  # header + 2 mohge + 2 moe + hmoe + modse + dense + the mohge variant
+    assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
     report = subprocess.run(
         [*cmd, "--report", "report.html"], cwd=work, env=env, capture_output=True, text=True, timeout=300
     )
     assert report.returncode == 0, report.stderr[-2000:]
     assert b"F4_gpu_load.png" in (work / "report.html").read_bytes()
+
+
+def test_another_config_runs_into_its_own_directory(tmp_path):
+    """`-d DIR` keeps the default config and presets from the checkout and writes nothing here."""
+    out = smk("-n", "-d", str(tmp_path / "abl"), "--configfile", "configs/ablations.yaml")
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    assert "shakespeare-mohge-renorm-s1" in text and "params_preset" in text

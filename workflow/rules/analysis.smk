@@ -19,7 +19,7 @@ rule params_run:
 rule params_preset:
     # The release's 3B MoHGE and its homogeneous 64x1024 MoE: the paper-scale parameter comparison.
     input:
-        cfg="configs/models/{preset}.yaml",
+        cfg=os.path.join(workflow.basedir, "configs", "models", "{preset}.yaml"),
     output:
         "results/params/preset-{preset}.json",
     log:

@@ -53,18 +53,24 @@ def runs_where(family=None, dataset=None, source=None):
 
 
 def trace_runs():
-    """Runs whose routing traces feed the utilization study and F3: one seed of each MoE family."""
-    return [
-        n
-        for n, c in RUNS.items()
-        if c.family != "dense"
-        and c.train.seed
-        == min(
-            o.train.seed
-            for o in RUNS.values()
-            if o.family == c.family and o.dataset == c.dataset
-        )
-    ]
+    """Runs whose routing traces feed the utilization study and F3: the first seed of each MoE model."""
+    first = {}
+    for name, c in RUNS.items():
+        key = (c.dataset, c.family, c.variant)
+        if c.family != "dense" and (
+            key not in first or c.train.seed < RUNS[first[key]].train.seed
+        ):
+            first[key] = name
+    return sorted(first.values())
+
+
+def in_checkout(path):
+    """A relative path from the config, read from the workdir when it is there, else from the checkout."""
+    return (
+        path
+        if os.path.isabs(path) or os.path.exists(path)
+        else os.path.join(workflow.basedir, path)
+    )
 
 
 def util_source():

@@ -106,7 +106,9 @@ rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh); a labelled placeholder
     # when no GPU result has been recorded.
     input:
-        kernels=config.get("figures", {}).get("bench_csv", "results/bench/kernels.csv"),
+        kernels=in_checkout(
+            config.get("figures", {}).get("bench_csv", "results/bench/kernels.csv")
+        ),
     output:
         png=report(
             "figures/F6_kernels.png",

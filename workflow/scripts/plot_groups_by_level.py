@@ -30,7 +30,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot the share of routed slots per expert group at each difficulty level (F3)."""
     df = ps.read_csv(inputs.get("groups"))
     if not df.empty and params.get("families"):
-        df = df[df["family"].isin(params["families"])]
+        df = df[ps.in_families(df["family"], params["families"])]
     if not df.empty:  # only corpora whose tokens carry difficulty levels (the graded corpus)
         df = df[df.groupby("run")["level"].transform(lambda lv: (lv.astype(str) != "all").any())]
     if df.empty:

@@ -44,6 +44,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                     yerr=yerr,
                     fmt=st["marker"],
                     color=st["color"],
+                    mfc=st.get("markerfacecolor", st["color"]),
                     ms=6,
                     capsize=3,
                     lw=1,

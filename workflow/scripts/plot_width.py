@@ -19,7 +19,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     families = params.get("families") or ["mohge", "hmoe"]
     df = ps.read_csv(inputs.get("curves"))
     if not df.empty and "mean_width" in df:
-        df = df[df["family"].isin(families) & df["mean_width"].notna()]
+        df = df[ps.in_families(df["family"], families) & df["mean_width"].notna()]
     if df.empty or "mean_width" not in df:
         ps.placeholder_figure(outputs, "Mean activated expert width", "no expert-width curves recorded yet")
         return

@@ -93,13 +93,23 @@ plt.rcParams.update(
 
 def family_label(family: str, width: int | None = None) -> str:
     """'MoHGE', 'MoE (1024)' when the homogeneous width is given, ...; unknown names pass through."""
-    if width is not None and family in ("moe", "moe_equal"):
-        return f"MoE ({width})"
-    return FAMILY_LABELS.get(family, str(family))
+    base, _, variant = str(family).partition("+")  # "mohge+renorm": a variant of a family
+    label = f"MoE ({width})" if width is not None and base in ("moe", "moe_equal") else FAMILY_LABELS.get(base, base)
+    return f"{label} [{variant}]" if variant else label
 
 
 def family_style(family: str) -> dict:
-    return {"color": FAMILY_COLORS.get(family, OTHER_COLOR), "marker": FAMILY_MARKERS.get(family, "o")}
+    """Colour and marker of the family; a variant keeps its family's colour and takes a hollow marker."""
+    base, _, variant = str(family).partition("+")
+    style = {"color": FAMILY_COLORS.get(base, OTHER_COLOR), "marker": FAMILY_MARKERS.get(base, "o")}
+    if variant:
+        style.update(markerfacecolor="white", ls="--")
+    return style
+
+
+def in_families(family: pd.Series, families) -> pd.Series:
+    """Rows whose family, or the family a variant belongs to ("mohge+renorm" -> mohge), is in ``families``."""
+    return family.astype(str).str.partition("+")[0].isin(list(families))
 
 
 def strategy_label(strategy: str) -> str:
@@ -271,7 +281,7 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
     """Mean over seeds of ``y`` against step for each family, with its 95% CI band. Each run is first smoothed
     by a trailing moving average of ``smooth`` logged points (0: about 2% of the run). Returns end labels."""
     ends = []
-    for fam in [f for f in ordered(df["family"], FAMILIES) if not families or f in families]:
+    for fam in [f for f in ordered(df["family"], FAMILIES) if not families or f.partition("+")[0] in families]:
         runs = df[(df["family"] == fam) & df[y].notna()].sort_values("step")
         if runs.empty:
             continue
@@ -279,7 +289,7 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
         runs = runs.assign(_y=runs.groupby("run")[y].rolling(win, min_periods=1).mean().droplevel(0))
         band = mean_band(runs, "step", "_y")
         st = family_style(fam)
-        ax.plot(band["step"], band["mean"], color=st["color"], lw=1.3)
+        ax.plot(band["step"], band["mean"], color=st["color"], ls=st.get("ls", "-"), lw=1.3)
         ax.fill_between(band["step"], band["lo"], band["hi"], color=st["color"], alpha=0.2, lw=0)
         n = runs["run"].nunique()
         ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{family_label(fam)} (n={n})", st["color"]))
