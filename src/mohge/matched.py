@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import FFNConfig, ModelConfig, RouterConfig
+from .config import ModelConfig, RouterConfig
 
 FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
 RELEASE_WIDTH_RATIO = 832 / 1024  # mean MoHGE width / homogeneous baseline width in the release
@@ -65,4 +65,4 @@ def all_families(cfg: ModelConfig, moe_width: int | None = None) -> dict[str, Mo
     return {f: derive(cfg, f, moe_width) for f in FAMILIES}
 
 
-__all__ = ["FAMILIES", "FFNConfig", "all_families", "default_moe_width", "derive"]
+__all__ = ["FAMILIES", "all_families", "default_moe_width", "derive"]

@@ -3,7 +3,9 @@
     y = SharedExpert(x) + sum_{e in TopK(x)} w_e(x) * E_e(x)            (spec section 1.4)
 
 * ``mohge``: two-level router (groups, then experts), Group-Wise Aux Loss + Intra-Group Experts Aux Loss,
-  experts of G widths; the all-size allocation maps router order to physical (expert-parallel) order.
+  experts of G widths. Where the experts live (the all-size allocation's router-order -> physical-order map,
+  spec section 4) does not change a single-process layer's output; it is :mod:`mohge.allocation`'s, used by
+  the expert-parallel layer and the utilization study.
 * ``moe``: one width, flat top-k router, Switch balance loss (Megatron's ``aux_loss``).
 * ``hmoe``: several widths, flat router, size-weighted balance loss favouring small experts (HMoE).
 * ``modse``: several widths in pairs of constant total width, flat router, Switch loss, pair placement.
@@ -18,7 +20,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from .allocation import physical_of_router
 from .config import FFNConfig, LossConfig, RouterConfig
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss
@@ -52,12 +53,6 @@ class MoELayer(nn.Module):
         self.register_buffer(
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
-        # Router order -> physical order (spec section 4): used for placement and per-rank load, never for
-        # the math of a single-process layer, whose output does not depend on where experts live. The
-        # load-driven flop_lpt placement is decided from measured loads (mohge.utilization), not at build.
-        strategy = "contiguous" if ffn.placement == "flop_lpt" else ffn.placement
-        phys = physical_of_router(strategy, ffn.per_expert_widths, ffn.ep_size, experts_per_group=ffn.experts_per_group)
-        self.register_buffer("physical_of_router", torch.tensor(phys), persistent=False)
         self.record = False
 
     def aux_losses(self, r: Routing) -> dict[str, Tensor]:
