@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mohge.config import ModelConfig
+from mohge.runs import merge_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,13 +50,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 TINY_RUN = {
     "name": "tiny",
     "family": "mohge",
@@ -92,7 +86,7 @@ TINY_RUN = {
 
 def tiny_run(**sections) -> dict:
     """A tiny MoHGE run config on the graded corpus (trains in about a second); ``sections`` deep-merge in."""
-    return _merge(TINY_RUN, sections)
+    return merge_config(TINY_RUN, sections)
 
 
 def train_tiny(root: Path, run: dict) -> tuple[Path, Path]:

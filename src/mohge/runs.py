@@ -51,11 +51,11 @@ def _section(config: dict, key: str) -> dict:
     return value
 
 
-def _merge(base: dict, over: dict) -> dict:
+def merge_config(base: dict, over: dict) -> dict:
     """Deep merge: mappings merge key by key, anything else in ``over`` replaces."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -98,7 +98,7 @@ def plan(config: dict) -> dict[str, RunConfig]:
             raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
         data = datasets[ds]
         for variant, over in _variants(exp, where).items():
-            shared = {k: _merge(_section(config, k), over.get(k, {})) for k in VARIANT_SECTIONS}
+            shared = {k: merge_config(_section(config, k), over.get(k, {})) for k in VARIANT_SECTIONS}
             model_dict = {
                 **shared["model"],
                 "vocab_size": data.get("vocab_size", 2048),
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     config: dict = {}
     for path in args.configs:
-        config = _merge(config, load_yaml_or_json(path))
+        config = merge_config(config, load_yaml_or_json(path))
     runs = plan(config)
     for name, cfg in runs.items():
         print(f"{name:<32} {cfg.model.ffn.kind:<6} steps={cfg.train.steps}")
