@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .reference import check_contract
+from .reference import check_contract, sort_slots
 from .triton_gemm import INTERPRET
 from .triton_permute import combine_rows_op, gate_grad_op, gather_rows_op
 from .triton_projections import OPS
@@ -43,14 +43,13 @@ def route(idx_TK: Tensor, num_experts: int) -> tuple[Tensor, Tensor, Tensor, lis
     counts: tokens per expert as host ints (the one device-to-host sync of the forward).
     """
     T, K = idx_TK.shape
-    flat_A = idx_TK.reshape(-1).to(torch.int64)
-    order_A = torch.argsort(flat_A, stable=True)
+    order_A, tok_A, counts_E = sort_slots(idx_TK.to(torch.int64), num_experts)  # the torch path's sort
     inv_A = torch.empty_like(order_A)
     inv_A[order_A] = torch.arange(order_A.numel(), device=order_A.device)
-    counts = torch.bincount(flat_A, minlength=num_experts).tolist()
+    counts = counts_E.tolist()
     if len(counts) != num_experts:
         raise ValueError(f"expert ids must lie in [0, {num_experts}), got counts for {len(counts)} ids")
-    return order_A, order_A // K, inv_A.view(T, K), counts
+    return order_A, tok_A, inv_A.view(T, K), counts
 
 
 class _TritonSwiGLU(torch.autograd.Function):

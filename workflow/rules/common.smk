@@ -20,10 +20,6 @@ wildcard_constraints:
     dataset="|".join(DATASETS),
 
 
-def run_config(wildcards):
-    return RUNS[wildcards.run]
-
-
 def run_config_json(wildcards):
     """The resolved config as a string: a params entry, so a changed config reruns the run."""
     return json.dumps(to_dict(RUNS[wildcards.run]), sort_keys=True)
@@ -40,16 +36,6 @@ def data_dir(wildcards):
 
 def data_meta(wildcards):
     return f"{data_dir(wildcards)}/meta.json"
-
-
-def runs_where(family=None, dataset=None, source=None):
-    return [
-        name
-        for name, cfg in RUNS.items()
-        if (family is None or cfg.family == family)
-        and (dataset is None or cfg.dataset == dataset)
-        and (source is None or cfg.data_config.source == source)
-    ]
 
 
 def trace_runs():
