@@ -110,7 +110,7 @@ def plan(config: dict) -> dict[str, RunConfig]:
                     raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
                 seeds = exp.get("seeds", {})
                 fam_seeds = seeds.get(fam, seeds.get("default", [0])) if isinstance(seeds, dict) else seeds
-                model = derive(mohge_cfg, fam, config.get("moe_width"))
+                model = derive(mohge_cfg, fam, exp.get("moe_width", config.get("moe_width")))
                 for seed in fam_seeds:
                     name = run_name(ds, fam, seed, variant)
                     if name in runs:
@@ -172,6 +172,7 @@ def workflow_schema() -> dict:
         "required": ["dataset", "families"],
         "properties": {
             "dataset": {"type": "string"},
+            "moe_width": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
             "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
             "variants": {
                 "type": "object",
@@ -221,6 +222,19 @@ def workflow_schema() -> dict:
                     "ep_sizes": {"type": "array", "items": {"type": "integer", "minimum": 1}},
                     "measure_nproc": {"type": "integer", "minimum": 0},
                     "measure_tokens": {"type": "integer", "minimum": 1},
+                    "trace_all_seeds": {"type": "boolean"},
+                },
+            },
+            "analysis": {
+                "type": "object",
+                "additionalProperties": False,
+                "description": "the pre-declared statistical analysis of a study (configs/study.yaml)",
+                "properties": {
+                    "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                    "equivalence_margin": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+                    "primary_metric": {"enum": ["test_ppl", "val_ppl"]},
+                    "reference_family": {"enum": list(FAMILIES)},
+                    "iso_family": {"enum": list(FAMILIES)},
                 },
             },
             "figures": {

@@ -39,7 +39,10 @@ def data_meta(wildcards):
 
 
 def trace_runs():
-    """Runs whose routing traces feed the utilization study and F3: the first seed of each MoE model."""
+    """Runs whose routing traces feed the utilization study and F3: the first seed of each MoE model, or
+    every seed of every MoE model with `utilization.trace_all_seeds` (balance with CIs over seeds)."""
+    if UTIL.get("trace_all_seeds", False):
+        return sorted(r for r, c in RUNS.items() if c.family != "dense")
     first = {}
     for name, c in RUNS.items():
         key = (c.dataset, c.family, c.variant)
