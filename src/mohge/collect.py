@@ -64,8 +64,10 @@ def run_row(results: Path, run: str) -> dict:
         "activated_params": measured_activated(cfg, params, d / "train_log.jsonl"),
         "activated_params_uniform": params["activated_sum"],
         "routed_params": params["total"]["routed_experts"],
-        "val_loss": summary.get("val_loss"),
-        "val_ppl": summary.get("val_ppl"),
+        # held-out quality on the FULL val and test splits (metrics.json); the trainer's own val_ppl is only a
+        # fixed head of the val split, kept in summary.json for monitoring
+        "val_loss": metrics.get("val", {}).get("loss", summary.get("val_loss")),
+        "val_ppl": metrics.get("val", {}).get("ppl", summary.get("val_ppl")),
         "test_loss": metrics.get("test", {}).get("loss"),
         "test_ppl": metrics.get("test", {}).get("ppl"),
         "tokens_per_s": summary.get("tokens_per_s"),

@@ -55,9 +55,12 @@ from tqdm import tqdm
 from mohge.atomic import write_bytes_atomic, write_text_atomic
 from mohge.cli import user_errors
 from mohge.graded import (
+    DESIGNS,
     LEVEL_NAMES,
     LEVEL_SEP,
+    SUM_DIGITS,
     generate_graded,
+    generate_sums,
     token_levels,
 )
 from mohge.tokenizer import EOT_ID, MIN_VOCAB_SIZE, encode_with_offsets, load_tokenizer, train_tokenizer
@@ -110,6 +113,8 @@ class DataConfig:
     # graded
     graded_num_docs: int = 2000
     graded_levels: tuple[str, ...] = LEVEL_NAMES
+    graded_design: str = "mixed"  # "mixed": copy / agreement / sum lines; "sums": the calibrated sum ladder
+    graded_sum_digits: tuple[tuple[int, int], ...] = SUM_DIGITS  # sums design: operand digits per level
     # text
     text_files: tuple[str, ...] = ()
     # hf
@@ -162,6 +167,14 @@ class DataConfig:
         bad_levels = [lv for lv in self.graded_levels if lv not in LEVEL_NAMES]
         if bad_levels or not self.graded_levels:
             raise _bad("graded_levels", self.graded_levels, f"expected a non-empty subset of {LEVEL_NAMES}")
+        if self.graded_design not in DESIGNS:
+            raise _bad("graded_design", self.graded_design, f"expected one of {DESIGNS}")
+        digits = self.graded_sum_digits
+        if len(digits) != len(LEVEL_NAMES) or any(
+            len(d) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 6 for x in d)
+            for d in digits
+        ):
+            raise _bad("graded_sum_digits", digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
         if set(self.graded_levels) == {"easy"}:
             raise _bad("graded_levels", self.graded_levels, "easy copies need a medium or hard line to copy")
         need_str("hf_name", optional=True)
@@ -208,6 +221,8 @@ class DataConfig:
                 value = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in value)
                 order = {name: i for i, name in enumerate(SPLITS)}  # canonical order: equal after a round trip
                 value = tuple(sorted(value, key=lambda p: order.get(p[0], len(order)) if isinstance(p, tuple) else 0))
+            elif key == "graded_sum_digits" and isinstance(value, list | tuple):
+                value = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in value)
             elif known[key].type.startswith("tuple") and isinstance(value, list):
                 value = tuple(value)
             kwargs[key] = value
@@ -217,6 +232,7 @@ class DataConfig:
         """Plain JSON-able dict; `DataConfig.from_dict(cfg.to_dict()) == cfg`."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["hf_splits"] = self.hf_split_map
+        d["graded_sum_digits"] = [list(p) for p in self.graded_sum_digits]
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
@@ -379,7 +395,10 @@ def _split_counts(n: int, val_fraction: float, test_fraction: float, what: str) 
 
 
 def _graded_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
-    docs = generate_graded(cfg.graded_num_docs, cfg.seed, cfg.graded_levels)
+    if cfg.graded_design == "sums":
+        docs = generate_sums(cfg.graded_num_docs, cfg.seed, cfg.graded_sum_digits)
+    else:
+        docs = generate_graded(cfg.graded_num_docs, cfg.seed, cfg.graded_levels)
     n_train, n_val, _ = _split_counts(len(docs), cfg.val_fraction, cfg.test_fraction, "document")
     named = [Doc(f"graded-{i:06d}", d.text, d.levels) for i, d in enumerate(docs)]
     return {

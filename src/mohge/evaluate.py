@@ -49,7 +49,7 @@ import yaml
 from .atomic import write_json_atomic, write_text_atomic
 from .cli import user_errors
 from .data import TokenStream, load_meta
-from .graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS
+from .graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 
 log = logging.getLogger("mohge.evaluate")
 
@@ -57,6 +57,7 @@ TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
 LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS)
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
+_SUM = re.compile(r"\d+(?:\+\d+)+=\d+")
 _VERB_FLIP = {**VERBS, **{pl: sg for sg, pl in VERBS.items()}}
 
 
@@ -149,11 +150,14 @@ def graded_docs(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, A
                 if k is not None:
                     flipped = " ".join(words[:k] + [_VERB_FLIP[words[k]]] + words[k + 1 :])
                     out["mohge_graded_medium"].append(_choice_doc(context, line, [flipped], rng))
-            elif LEVEL_HARD in lv:
-                cut = line.index("=") + 1
-                answer = line[cut:]
-                wrong = _near_numbers(int(answer), rng)
-                out["mohge_graded_hard"].append(_choice_doc(context + line[:cut], answer, wrong, rng))
+            elif _SUM.fullmatch(line) and (lv_answer := set(levels[start + line.index("=") + 1 : start + len(line)])):
+                # a sum's answer: the task of its level (hard in the mixed design; any level in the sums ladder)
+                if len(lv_answer) == 1 and min(lv_answer) >= 0:
+                    cut = line.index("=") + 1
+                    answer = line[cut:]
+                    wrong = _near_numbers(int(answer), rng)
+                    task = GRADED_TASKS[min(lv_answer)]
+                    out[task].append(_choice_doc(context + line[:cut], answer, wrong, rng))
             start += len(line) + 1
     return out
 

@@ -9,6 +9,11 @@ mixes lines of three kinds, each character labelled with its level:
 * hard (2): the digits of a sum's answer;
 
 and -1 for separators (newlines, end of text). Documents are a pure function of (seed, index).
+
+A second design, ``sums`` (:func:`generate_sums`), is a difficulty ladder of one kind of token: every line is a
+sum "a+b=c", and the level of its answer digits is set by the operands' digit counts (easy 1+1 digits, medium
+2+1, hard 2+2 by default; the problem part and separators are -1). One knob per level lets the study calibrate
+every level to land between chance and ceiling for the models it trains (docs/method.md, the graded corpus).
 """
 
 from __future__ import annotations
@@ -123,6 +128,43 @@ def generate_graded(
             char_levels += ([LEVEL_SEP] if j else []) + lv
         assert len(char_levels) == len(text)
         docs.append(GradedDoc(text, char_levels))
+    return docs
+
+
+DESIGNS = ("mixed", "sums")
+SUM_DIGITS = ((1, 1), (2, 1), (2, 2))  # operand digit counts of the easy / medium / hard sums
+
+
+def sum_line(rng: random.Random, digits: tuple[int, int]) -> tuple[str, str]:
+    """A sum of two numbers with exactly the given digit counts (a one-digit operand may be 0): ("47+8=", "55")."""
+    a, b = (rng.randrange(10 ** (d - 1) if d > 1 else 0, 10**d) for d in digits)
+    return f"{a}+{b}=", str(a + b)
+
+
+def generate_sums(
+    num_docs: int,
+    seed: int,
+    digits: Sequence[Sequence[int]] = SUM_DIGITS,
+    lines_per_doc: tuple[int, int] = (6, 12),
+) -> list[GradedDoc]:
+    """`num_docs` documents of newline-separated sums; each line's level is drawn uniformly from
+    ``range(len(digits))`` and its operands have ``digits[level]`` digits. Only the answer digits carry the
+    level; the "a+b=" part and the newlines are -1. Document i depends only on (seed, i)."""
+    if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or min(d) < 1 for d in digits):
+        raise ValueError(f"digits={digits!r}: expected {len(LEVEL_NAMES)} pairs of positive digit counts")
+    docs = []
+    for i in range(num_docs):
+        rng = random.Random(f"sums:{seed}:{i}")
+        text, char_levels = [], []
+        for j in range(rng.randint(*lines_per_doc)):
+            level = rng.randrange(len(digits))
+            problem, answer = sum_line(rng, (int(digits[level][0]), int(digits[level][1])))
+            if j:
+                text.append("\n")
+                char_levels.append(LEVEL_SEP)
+            text.append(problem + answer)
+            char_levels += [LEVEL_SEP] * len(problem) + [level] * len(answer)
+        docs.append(GradedDoc("".join(text), char_levels))
     return docs
 
 
