@@ -22,6 +22,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ import pandas as pd
 from scipy import stats
 
 from .cli import user_errors
+from .utilization import Trace, TraceLayer, analyze, load_trace
 
 # The metric each local task is scored by (what its YAML's metric_list declares first) and its chance level.
 TASK_METRIC = {
@@ -188,6 +190,32 @@ def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: st
     return pd.DataFrame(rows)
 
 
+def even_within_groups(trace: Trace) -> Trace:
+    """The same trace with every group's routed slots spread evenly over its experts (the remainder to the first
+    experts): the intra-group balance that the all-size allocation assumes (docs/method.md §placement)."""
+    n = trace.experts_per_group
+    layers = []
+    for lay in trace.layers:
+        counts = []
+        for g in range(len(trace.expert_widths)):
+            total = sum(lay.counts[g * n : (g + 1) * n])
+            counts += [total // n + (1 if e < total % n else 0) for e in range(n)]
+        layers.append(TraceLayer(lay.layer, counts))
+    return dataclasses.replace(trace, layers=layers)
+
+
+def balanced_trace_summary(results: Path, runs: Sequence[str], strategies, ep_sizes) -> pd.DataFrame:
+    """utilization_summary-style rows (layer "all") of each run's trace made even within groups."""
+    rows = []
+    for run in runs:
+        path = results / "runs" / run / "trace.json"
+        trace = load_trace(path) if path.is_file() else None
+        if trace is not None and len(trace.expert_widths) > 1:  # one group: already even, nothing to learn
+            _, summary = analyze(even_within_groups(trace), strategies, ep_sizes)
+            rows += [{**r, "source": run} for r in summary if str(r["layer"]) == "all"]
+    return pd.DataFrame(rows)
+
+
 def mean_width_by_level(groups: pd.DataFrame) -> pd.DataFrame:
     """Per run and level: the mean width of the expert slots the tokens of that level were routed to (all layers)."""
     g = groups[(groups["layer"].astype(str) == "all") & (groups["level"].isin(LEVELS))]
@@ -252,7 +280,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), args.out / "S2_tests")
     util = args.results / "utilization_summary.csv"
     if util.is_file():
-        write_table(balance(pd.read_csv(util), runs, alpha), args.out / "S3_balance")
+        trained = balance(pd.read_csv(util), runs, alpha)
+        u = config.get("utilization") or {}
+        even = balanced_trace_summary(
+            args.results, runs["run"], u.get("strategies", ["contiguous", "all_size"]), u.get("ep_sizes", [2, 4, 8])
+        )
+        tables = [trained.assign(trace="trained")]
+        if len(even):
+            tables.append(balance(even, runs, alpha).assign(trace="even_within_groups"))
+        write_table(pd.concat(tables, ignore_index=True), args.out / "S3_balance")
     groups = args.results / "groups_by_level.csv"
     if groups.is_file():
         write_table(difficulty(pd.read_csv(groups), runs, alpha), args.out / "S4_difficulty")

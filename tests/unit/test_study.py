@@ -154,3 +154,12 @@ def test_reportable_tasks_leave_chance_and_ceiling():
     assert why["mohge_cloze"].startswith("reported")
     assert "chance" in why["mohge_hellaswag"] and why["mohge_hellaswag"].startswith("not")
     assert "ceiling" in why["mohge_graded_medium"]
+
+
+def test_even_within_groups_keeps_group_totals_and_evens_experts():
+    from mohge.utilization import Trace, TraceLayer
+
+    trace = Trace("m", 8, [16, 32], 6, 3, [TraceLayer(0, [10, 0, 0, 1, 2, 4])])
+    even = study.even_within_groups(trace)
+    assert even.layers[0].counts == [4, 3, 3, 3, 2, 2]
+    assert trace.layers[0].counts == [10, 0, 0, 1, 2, 4]  # the input is not changed
