@@ -1,4 +1,4 @@
-"""The claims study's pre-declared analysis (configs/study.yaml; docs/method.md, "The claims study").
+"""The claims study's pre-declared analysis (configs/study.yaml; design and tests in docs/study.md).
 
 Reads the collected CSVs of one study root and writes its tables. Every test is paired by seed (seed s fixes the
 data order of every model) and works on log-perplexity, so a difference is a ratio of perplexities:
