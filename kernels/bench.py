@@ -1,4 +1,4 @@
-"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (spec 1.1, 1.5).
+"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (docs/method.md §1).
 
 d_model 1024, 8 groups x 8 experts of widths 384, 512, ..., 1280, top-4 groups then top-6 experts among the
 32 candidates (random routing, as the router does at initialisation), bf16. For each T it times, forward

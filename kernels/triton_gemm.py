@@ -4,7 +4,7 @@ Three kernels serve the six expert projections of the SwiGLU forward and backwar
 per-expert problem table and tile list built on the host by :mod:`mohge.kernels.triton_schedule`:
 
 * ``_up_swiglu_kernel``   [a; u] = x W1_e^T for one (rows, columns) tile of both halves at once, with
-  SiLU(a) * u fused in the epilogue (arXiv 2604.23108, spec 1.2); writes the activation and [a; u];
+  SiLU(a) * u fused in the epilogue (arXiv 2604.23108, docs/method.md §1.2); writes the activation and [a; u];
 * ``_grouped_mm_kernel``  C_e = A_e B_e with B_e stored [N, K] (``B_NK``) or [K, N]; optionally the SwiGLU
   backward in the epilogue (reads [a; u], writes [da; du]);
 * ``_wgrad_kernel``       dW_e = G_e^T X_e, reducing over the expert's C rows (zero rows: writes zeros).

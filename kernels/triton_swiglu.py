@@ -1,7 +1,7 @@
 """Grouped SwiGLU experts of several widths in Triton: the fast path of :func:`mohge.kernels.expert_swiglu`.
 
 Same contract and result as ``swiglu_grouped_torch`` in :mod:`mohge.kernels.reference` (the bias-free
-SwiGLU expert of arXiv 2604.23108, spec 1.2, combined as in spec 2 step D):
+SwiGLU expert of arXiv 2604.23108, docs/method.md §1.2, combined as in §3):
 
     y_t = sum_k gates[t, k] * W2_e (SiLU(a) * u),   [a; u] = W1_e x_t,   e = idx[t, k]
 

@@ -1,6 +1,6 @@
 """Feed-forward networks: the dense SwiGLU and the bank of routed experts of several widths.
 
-Every FFN here is the bias-free SwiGLU of the release (spec section 1.2): [a; u] = W1 x, y = W2 (SiLU(a) * u)
+Every FFN here is the bias-free SwiGLU of the release (docs/method.md §1.2): [a; u] = W1 x, y = W2 (SiLU(a) * u)
 with W1 in R^{2h x D} and W2 in R^{D x h}, 3*D*h parameters.
 
 Legend: T tokens, D model width, K experts per token, H intermediate width of one class.

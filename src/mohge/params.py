@@ -91,7 +91,7 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
         w = sum(c / s * h for c, h in zip(row, widths_E, strict=True))
         mean_width.append(w)
         activated["routed_experts"] += round(K * 3 * D * w)
-    # "non-embedding" leaves out the input embedding and the LM head, as the spec's section 1.6 does
+    # "non-embedding" leaves out the input embedding and the LM head, as docs/method.md §9 does
     emb = total["embeddings"] + total["lm_head"]
     return {
         "total": total,

@@ -1,6 +1,6 @@
 """Per-GPU utilization under expert parallelism: analytic per-rank load from routing traces, and its CLI.
 
-MoHGE claims "balanced GPU utilization" (arXiv 2604.23108; spec sections 4 and 5.2): with the all-size
+MoHGE claims "balanced GPU utilization" (arXiv 2604.23108; docs/method.md §4 and §11): with the all-size
 allocation every expert-parallel rank holds every width, so group popularity does not become rank
 imbalance. This module measures that claim analytically on recorded routing, for each placement strategy
 of :mod:`mohge.allocation` and each EP size the strategy allows, and (``--measure``) launches the
@@ -13,7 +13,7 @@ Per rank rho and layer, with f_e tokens routed to expert e (router order) and h_
     flops_rho  = sum_{e on rho} f_e * flop_mult * 3 * d * h_e     (flop_mult FLOPs per token per parameter)
 
 ``flop_mult`` = 6 counts training (forward 2 + backward 4 per parameter per token, the "6N" rule), 2
-counts inference. Spec 5.2's proxy f_e * 6 * d * h_e is the forward pass (= flop_mult 2 here); the
+counts inference. A per-token forward proxy 2 * 3 * d * h_e is flop_mult 2 (docs/method.md §11); the
 imbalance ratios below do not depend on the multiplier. Imbalance is reported as max/mean over ranks and
 the coefficient of variation (population std / mean). For the layer 'all' rows: max_over_mean is
 sum_layers(max) / sum_layers(mean), the slowdown of a whole step over a perfectly balanced one (each
@@ -71,8 +71,9 @@ from .allocation import STRATEGIES, place
 log = logging.getLogger("mohge.utilization")
 
 WIDTHS_3B = (384, 512, 640, 768, 896, 1024, 1152, 1280)
-# Group popularity skewed toward small groups, as the Group-Wise Aux Loss pushes it (spec 3.1): 0.75**g, the demo
-# default. (A milder skew such as 0.22 .. 0.06 happens to make popularity x width nearly flat across groups.)
+# Group popularity skewed toward small groups, as the Group-Wise Aux Loss pushes it (docs/method.md §5.1):
+# 0.75**g, the demo default. (A milder skew such as 0.22 .. 0.06 happens to make popularity x width nearly
+# flat across groups.)
 SKEWED_POPULARITY = tuple(round(0.75**g, 6) for g in range(8))
 ANALYTIC_COLUMNS = (
     "model",

@@ -1,4 +1,4 @@
-"""Parameter counts: the spec's worked numbers for the released 3B config, and counts that match the model."""
+"""Parameter counts: the worked numbers of docs/method.md §9 for the released 3B config; counts that match the model."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from mohge.model import LanguageModel
 PRESETS = ROOT / "configs" / "models"
 
 
-def test_release_3b_matches_spec_worked_numbers():  # 8.6 (f) and section 1.6
+def test_release_3b_matches_worked_numbers():  # docs/method.md §9
     mohge = params.count_params(load_model_config(PRESETS / "mohge-3b.yaml"))
     moe = params.count_params(load_model_config(PRESETS / "moe-3b.yaml"))
     assert mohge["total_sum"] == pytest.approx(2.78e9, rel=0.01)

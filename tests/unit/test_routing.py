@@ -1,4 +1,4 @@
-"""The two-level router and its losses against the spec (section 8.6 invariants and section 2 steps)."""
+"""The two-level router and its losses against docs/method.md §2 (steps G1-E6) and its invariants."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def release_router(gate_mode="code_exact", d=64, std=0.5) -> GroupedRouter:
     return GroupedRouter(d, RELEASE, RouterConfig(topk=6, group_topk=4, gate_mode=gate_mode, init_std=std))
 
 
-def test_combined_scores_are_a_distribution_on_selected_groups():  # 8.6 (c)
+def test_combined_scores_are_a_distribution_on_selected_groups():  # docs/method.md §2 E4
     router = release_router()
     x = torch.randn(300, 64)
     lG, gmap, c = router.scores(x)
@@ -42,7 +42,7 @@ def test_selected_experts_lie_in_selected_groups_without_quota():
     assert per_token_distinct.min() < 4 <= per_token_distinct.max()
 
 
-def test_code_exact_gates_within_exact_bounds():  # 8.6 (d)
+def test_code_exact_gates_within_exact_bounds():  # docs/method.md §2 E6
     lo, hi = 1 / (5 + math.e), math.e / (5 + math.e)
     assert (round(lo, 5), round(hi, 5)) == (0.12956, 0.35219)
     r = release_router(std=3.0)(torch.randn(1000, 64) * 5)
@@ -76,7 +76,7 @@ def test_product_renorm_is_renormalized_combined_score():
     assert torch.equal(r.idx_TK.sort(-1).values, c.topk(6, dim=-1).indices.sort(-1).values)
 
 
-def test_group_loss_uniform_softmax_balanced_selection():  # 8.6 (e)
+def test_group_loss_uniform_softmax_balanced_selection():  # docs/method.md §5.1 (the check)
     G, Kg, T = 8, 4, 64
     omega = torch.tensor(group_cost_weights(RELEASE, LossConfig()))
     torch.testing.assert_close(omega, torch.tensor([1.0, 1.125, 1.25, 1.375, 1.5, 1.625, 1.75, 1.875]))
@@ -121,7 +121,7 @@ def test_gradients_reach_both_routers_through_lm_path_alone():
 
     layer = MoELayer(32, cfg.ffn, cfg.router, LossConfig(), 0.02, 0.02)
     y, _ = layer(torch.randn(2, 8, 32))
-    y.square().sum().backward()  # no aux loss: gradient reaches W_G through p (spec, gradient flow)
+    y.square().sum().backward()  # no aux loss: gradient reaches W_G through p (docs/method.md §2.3)
     assert layer.router.group_router.weight.grad.abs().sum() > 0
     assert layer.router.expert_router.weight.grad.abs().sum() > 0
 

@@ -1,4 +1,4 @@
-"""Analytic per-rank load: the spec's balance claims, synthetic traces, the trace reader and the CLI outputs."""
+"""Analytic per-rank load: the balance claims of docs/method.md §4.2, synthetic traces, the trace reader, the CLI."""
 
 import csv
 import json
@@ -40,11 +40,11 @@ def flops_imbalance(strategy, counts, ep, d=1024):
     return imbalance([r["flops"] for r in rows])
 
 
-def test_rank_loads_formulas_and_spec_memory():
+def test_rank_loads_formulas_and_method_memory():
     rows = rank_loads(group_counts([1] * 8), WIDTHS_E, place("all_size", WIDTHS_E, 4), 4, 1024, flop_mult=6)
     for r in rows:
         assert r["experts"] == 16 and r["width_sum"] == 13312 and r["tokens"] == 16
-        assert r["params"] == 3 * 1024 * 13312  # 40.9 M params per GPU per layer at EP = 4 (spec 4.2)
+        assert r["params"] == 3 * 1024 * 13312  # 40.9 M params per GPU per layer at EP = 4 (docs/method.md §4.2)
         assert r["flops"] == 6 * r["params"]  # one token per expert
     inference = rank_loads(group_counts([1] * 8), WIDTHS_E, place("all_size", WIDTHS_E, 4), 4, 1024, flop_mult=2)
     assert inference[0]["flops"] == 2 * inference[0]["params"]
