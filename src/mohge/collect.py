@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from .atomic import atomic_path
+from .experts import swiglu_params
 from .losses import group_aux_active
 
 log = logging.getLogger("mohge.collect")
@@ -86,7 +87,7 @@ def measured_activated(cfg: dict, params: dict, log_path: Path) -> float:
     widths = next((r["activated_expert_width"] for r in reversed(rows) if r.get("activated_expert_width")), None)
     if not widths:
         return params["activated_sum"]
-    routed = sum(3 * cfg["model"]["d_model"] * w for w in widths)
+    routed = sum(swiglu_params(cfg["model"]["d_model"], w) for w in widths)
     return params["activated_sum"] - params["activated"]["routed_experts"] + routed
 
 
