@@ -24,11 +24,11 @@ import pandas as pd
 from .atomic import atomic_path
 from .experts import swiglu_params
 from .losses import group_aux_active
+from .params import COMPONENTS
 
 log = logging.getLogger("mohge.collect")
 # lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task
 TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte")
-COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts", "dense_ffn")
 
 
 def _read_json(path: Path) -> dict:
