@@ -12,7 +12,7 @@ is exactly the router order.
 Legend: T tokens, D model width, K experts per token, E experts, A = T*K routed slots,
 C tokens of one expert, H intermediate width of one class.
 
-Tensor contract (shared with the Triton path in ``triton_swiglu.py``):
+Tensor contract (shared with the Triton path in ``swiglu.py``):
     x_TD      float [T, D]
     idx_TK    int64 [T, K]         expert id per slot, in [0, E)
     gates_TK  float [T, K]
