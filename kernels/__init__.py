@@ -3,7 +3,7 @@
 One entry point, :func:`expert_swiglu`, chooses the implementation once from ``backend``:
 
 * ``torch``  - the pure-torch grouped path (:mod:`mohge.kernels.reference`), what trains on a CPU;
-* ``triton`` - the Triton kernels (:mod:`mohge.kernels.triton_swiglu`), on CUDA or under ``TRITON_INTERPRET=1``;
+* ``triton`` - the Triton kernels (:mod:`mohge.kernels.swiglu`), on CUDA or under ``TRITON_INTERPRET=1``;
 * ``auto``   - Triton when the input lives on a CUDA device, torch otherwise.
 
 ``loop`` is also accepted: the obvious per-expert loop, kept as the reference every path is tested against.
@@ -37,6 +37,6 @@ def expert_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s, backend: str = "auto") -> to
         return swiglu_grouped_torch(x_TD, idx_TK, gates_TK, w1s, w2s)
     if chosen == "loop":
         return swiglu_loop(x_TD, idx_TK, gates_TK, w1s, w2s)
-    from .triton_swiglu import swiglu_grouped_triton
+    from .swiglu import swiglu_grouped_triton
 
     return swiglu_grouped_triton(x_TD, idx_TK, gates_TK, w1s, w2s)

@@ -1,10 +1,10 @@
-"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (spec 1.1, 1.5).
+"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (docs/method.md §1).
 
 d_model 1024, 8 groups x 8 experts of widths 384, 512, ..., 1280, top-4 groups then top-6 experts among the
 32 candidates (random routing, as the router does at initialisation), bf16. For each T it times, forward
 and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
 
-* ``triton`` - :func:`mohge.kernels.triton_swiglu.swiglu_grouped_triton`;
+* ``triton`` - :func:`mohge.kernels.swiglu.swiglu_grouped_triton`;
 * ``dense``  - one dense SwiGLU pair of equal FLOPs: [T, D] x [D, 2 F] and [T, F] x [F, D], F = K * mean width;
 * ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
 * ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`.
@@ -55,7 +55,7 @@ def _dense_swiglu(x_TD, w1_2FD, w2_DF):
 def _runners(T: int, dtype: torch.dtype, seed: int):
     """{path: (forward thunk, forward+backward thunk, FLOPs of the forward)}."""
     from .reference import swiglu_grouped_torch, swiglu_loop
-    from .triton_swiglu import swiglu_grouped_triton
+    from .swiglu import swiglu_grouped_triton
 
     x, idx, gates, w1s, w2s = release_problem(T, dtype, seed)
     h_mean = torch.tensor(WIDTHS, device=idx.device)[idx // PER_GROUP].float().mean().item()

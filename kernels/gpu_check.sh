@@ -4,11 +4,10 @@
 #
 #   kernels/gpu_check.sh OUTDIR            (from any directory; PYTHON overrides the interpreter, default python3)
 #
-# Needs torch, triton, numpy and pytest, not an install of mohge: kernels/ becomes mohge.kernels only through
-# pyproject's package-dir mapping, so the script builds a throwaway import layout
-#   $LAYOUT/mohge          a copy of src/mohge
-#   $LAYOUT/mohge/kernels  a symlink to kernels/
-# and puts $LAYOUT first on PYTHONPATH. Exit status: 0 when both steps pass, 1 otherwise.
+# Needs torch, triton, numpy and pytest, and mohge installed in that interpreter's environment (setup.sh does it).
+# When the interpreter does not import this checkout's mohge.kernels, the script installs the checkout there,
+# editable and without dependencies or network (pip install --no-deps --no-build-isolation -e; setuptools maps
+# kernels/ to mohge.kernels, so no PYTHONPATH is involved). Exit status: 0 when both steps pass, 1 otherwise.
 set -euo pipefail
 
 OUT=${1:?usage: kernels/gpu_check.sh OUTDIR}
@@ -16,13 +15,23 @@ PY=${PYTHON:-python3}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+export PYTHONUNBUFFERED=1
 
-LAYOUT=$(mktemp -d)
-trap 'rm -rf "$LAYOUT"' EXIT
-cp -r "$ROOT/src/mohge" "$LAYOUT/mohge"
-rm -rf "$LAYOUT/mohge/kernels"
-ln -s "$ROOT/kernels" "$LAYOUT/mohge/kernels"
-export PYTHONPATH="$LAYOUT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# Does $PY import mohge.kernels from this checkout? (find_spec locates it without importing torch.)
+imports_checkout() {
+    (cd / && "$1" -c 'import importlib.util as u, pathlib, sys
+s = u.find_spec("mohge.kernels")
+sys.exit(s is None or pathlib.Path(s.origin).resolve().parent != pathlib.Path(sys.argv[1]).resolve())' \
+        "$ROOT/kernels") 2>/dev/null
+}
+if ! imports_checkout "$PY"; then
+    echo "gpu_check: installing $ROOT into $("$PY" -c 'import sys; print(sys.prefix)') (editable, --no-deps)"
+    if ! "$PY" -m pip install --quiet --no-deps --no-build-isolation --no-index -e "$ROOT" || ! imports_checkout "$PY"; then
+        echo "gpu_check: could not install $ROOT offline (pip needs setuptools >= 70.1, or wheel);" \
+            "install it yourself: $PY -m pip install --no-deps -e $ROOT" >&2
+        exit 1
+    fi
+fi
 cd "$ROOT"
 
 {

@@ -4,7 +4,7 @@ Both compute, for every token t,
 
     y_t = sum_k gates[t, k] * E_{idx[t, k]}(x_t),    E_e(x) = W2_e (SiLU(a) * u),  [a; u] = W1_e x
 
-(the bias-free SwiGLU expert of arXiv 2604.23108, spec section 1.2). Experts come in *width classes*:
+(the bias-free SwiGLU expert of arXiv 2604.23108, docs/method.md §1.2). Experts come in *width classes*:
 class c holds n_c experts of intermediate width h_c, stored as one tensor per class. Expert ids are
 class-major: ids [off_c, off_c + n_c) belong to class c. For MoHGE a class is a group, so class-major
 is exactly the router order.
@@ -12,7 +12,7 @@ is exactly the router order.
 Legend: T tokens, D model width, K experts per token, E experts, A = T*K routed slots,
 C tokens of one expert, H intermediate width of one class.
 
-Tensor contract (shared with the Triton path in ``triton_swiglu.py``):
+Tensor contract (shared with the Triton path in ``swiglu.py``):
     x_TD      float [T, D]
     idx_TK    int64 [T, K]         expert id per slot, in [0, E)
     gates_TK  float [T, K]

@@ -7,10 +7,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from mohge.config import ModelConfig
+from mohge.config import FFNConfig, ModelConfig, RouterConfig
+from mohge.routing import GroupedRouter
 from mohge.runs import merge_config
 
 ROOT = Path(__file__).resolve().parents[1]
+# The release's 3B expert layout (docs/method.md §1.1): 8 groups of 8, widths 384..1280.
+RELEASE = FFNConfig(kind="mohge", num_experts=64, expert_widths=(384, 512, 640, 768, 896, 1024, 1152, 1280))
+
+
+def release_router(gate_mode: str = "code_exact", d: int = 64, std: float = 0.5) -> GroupedRouter:
+    """The release's router (top-4 groups, top-6 experts) at model width ``d``; a large ``std`` gives peaked scores."""
+    return GroupedRouter(d, RELEASE, RouterConfig(topk=6, group_topk=4, gate_mode=gate_mode, init_std=std))
 
 
 def tiny_model_config(**ffn_router) -> ModelConfig:

@@ -1,15 +1,15 @@
 """Expert placement: router order vs physical (expert-parallel) order, and the strategies compared.
 
-The All-size Group-decoupling Allocation of MoHGE (arXiv 2604.23108; spec section 4) keeps the router's
+The All-size Group-decoupling Allocation of MoHGE (arXiv 2604.23108; docs/method.md §4) keeps the router's
 group-contiguous expert order and the physical order as two index spaces joined by a fixed permutation:
 physical index e_p = j*G + pos, where pos is the position of group g in R = [0, G-1, 1, G-2, ...].
 Expert-parallel rank rho owns the contiguous physical block [rho*E/EP, (rho+1)*E/EP).
 
 Every strategy below is such a permutation ``phys[e_r]`` (router id -> physical id); the rank of an expert
-is then ``phys[e_r] // (E/EP)``. Four strategies are compared (spec section 5.2):
+is then ``phys[e_r] // (E/EP)``. Four strategies are compared (docs/method.md §4.1):
 
 * ``contiguous``: physical = router order, so each rank holds whole groups (what HMoE-style models get).
-* ``all_size``: MoHGE's interleave (spec 4.1). Per-rank width sums are identical whenever E/EP is even
+* ``all_size``: MoHGE's interleave (docs/method.md §4.1). Per-rank width sums are identical whenever E/EP is even
   (13312 / 6656 / 3328 / 1664 at EP 4 / 8 / 16 / 32 for the 3B widths), and per-rank FLOPs are identical
   for *any* group popularity when E/EP is a multiple of G and load is uniform within each group.
 * ``modse_pairs``: MoDSE's expert pairs (g, G-1-g) of constant total width, pair-index-major: pair type
@@ -31,7 +31,7 @@ STRATEGIES = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 
 
 def interleave_order(G: int) -> list[int]:
-    """R = [0, G-1, 1, G-2, ..., G/2-1, G/2]: smallest group next to largest (spec step P)."""
+    """R = [0, G-1, 1, G-2, ..., G/2-1, G/2]: smallest group next to largest (docs/method.md §4.1)."""
     if G % 2:
         raise ValueError(f"G={G}: the all-size interleave needs an even number of groups")
     order = []
@@ -41,7 +41,7 @@ def interleave_order(G: int) -> list[int]:
 
 
 def group_of_physical(e_p: int, G: int) -> int:
-    """Closed form of R[e_p mod G] (spec 4.1): r even -> r/2, r odd -> G - (r+1)/2."""
+    """Closed form of R[e_p mod G] (docs/method.md §4.1): r even -> r/2, r odd -> G - (r+1)/2."""
     r = e_p % G
     return r // 2 if r % 2 == 0 else G - (r + 1) // 2
 

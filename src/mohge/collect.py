@@ -22,12 +22,13 @@ from pathlib import Path
 import pandas as pd
 
 from .atomic import atomic_path
+from .experts import swiglu_params
 from .losses import group_aux_active
+from .params import COMPONENTS
 
 log = logging.getLogger("mohge.collect")
 # lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task
 TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte")
-COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts", "dense_ffn")
 
 
 def _read_json(path: Path) -> dict:
@@ -88,7 +89,7 @@ def measured_activated(cfg: dict, params: dict, log_path: Path) -> float:
     widths = next((r["activated_expert_width"] for r in reversed(rows) if r.get("activated_expert_width")), None)
     if not widths:
         return params["activated_sum"]
-    routed = sum(3 * cfg["model"]["d_model"] * w for w in widths)
+    routed = sum(swiglu_params(cfg["model"]["d_model"], w) for w in widths)
     return params["activated_sum"] - params["activated"]["routed_experts"] + routed
 
 

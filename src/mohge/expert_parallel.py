@@ -1,7 +1,7 @@
 """Expert-parallel MoE experts on torch.distributed, and the torchrun worker that times each rank.
 
 Each of the EP ranks holds the experts a placement (:mod:`mohge.allocation`) gives it, of several widths,
-and its own share of the tokens. One forward (arXiv 2604.23108, spec section 2 step D, ``alltoall``):
+and its own share of the tokens. One forward (arXiv 2604.23108, docs/method.md §3, ``alltoall``):
 
     dispatch:  every routed slot (t, k) goes to the rank of expert idx[t, k]: slots sorted by destination,
                counts exchanged, token rows and local expert ids sent with ``all_to_all_single``

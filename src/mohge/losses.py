@@ -3,7 +3,7 @@
 The layer returns the raw values (what Megatron logs as ``load_balancing_loss`` and
 ``load_group_balancing_loss``, i.e. divided by the coefficient); :func:`weighted_aux` multiplies them by
 the coefficients of :class:`~mohge.config.LossConfig`, with the group loss's schedule, and the trainer adds
-the sum to the LM loss (spec section 3.4: L_total = L_LM + sum_layers (L_G + L_E)).
+the sum to the LM loss (docs/method.md §5.4: L_total = L_LM + sum_layers (L_G + L_E)).
 
 Legend: T tokens, G groups, E experts, K experts per token, Kg groups per token.
 """
@@ -19,7 +19,7 @@ Tensor = torch.Tensor
 
 
 def group_cost_weights(ffn: FFNConfig, loss: LossConfig) -> list[float]:
-    """omega_g of the Group-Wise Aux Loss: (h_g - h_min + interval) / interval (spec 3.1), unless given.
+    """omega_g of the Group-Wise Aux Loss: (h_g - h_min + interval) / interval (docs/method.md §5.1), unless given.
 
     The release uses interval 1024 with widths 384..1280, giving omega = 1.000, 1.125, ..., 1.875.
     """
@@ -31,7 +31,7 @@ def group_cost_weights(ffn: FFNConfig, loss: LossConfig) -> list[float]:
 
 
 def group_aux_loss(group_logits_TG: Tensor, group_map_TG: Tensor, omega_G: Tensor, group_topk: int) -> Tensor:
-    """Group-Wise Auxiliary Loss (spec 3.1), without alpha_G:
+    """Group-Wise Auxiliary Loss (docs/method.md §5.1), without alpha_G:
 
     L_G = G / (T^2 Kg) * sum_g omega_g * P_g * f_g,
     P_g = sum_t softmax(l^G_t)_g  (fp32, dense: every group gets gradient),
@@ -46,12 +46,12 @@ def group_aux_loss(group_logits_TG: Tensor, group_map_TG: Tensor, omega_G: Tenso
 def intra_group_aux_loss(
     routing: Routing, num_experts: int, num_groups: int, group_topk: int, topk: int, mode: str = "code"
 ) -> Tensor:
-    """Intra-Group Experts Auxiliary Loss (spec 3.2), without alpha_E.
+    """Intra-Group Experts Auxiliary Loss (docs/method.md §5.2), without alpha_E.
 
     ``code`` (the release): L_E = N_eff / (T^2 K) * sum_e Pt_e f_e with Pt_e = sum_t w_{t,e} the *sparse
     final gates* and N_eff = E * Kg / G, the candidates a token competes over.
 
-    ``per_group`` (an ablation, spec 6.4): a dimensionless Switch loss inside each group over the routed
+    ``per_group`` (an ablation, docs/method.md §10.4): a dimensionless Switch loss inside each group over the routed
     slots that landed in it, n / (S_g^2) * sum_{e in g} Pt_e f_e with S_g the slots (and gate mass) of group
     g, averaged over the groups that received any slot. It is 1 when a group's slots are spread evenly.
     """
@@ -87,7 +87,7 @@ def switch_aux_loss(probs_TE: Tensor, counts_E: Tensor, topk: int, size_weight_E
 
 
 def group_aux_active(step: int, total_steps: int, start_frac: float) -> bool:
-    """Whether L_G is on at ``step`` (0-based): the release switches on when step > total // 2 (spec 3.1).
+    """Whether L_G is on at ``step`` (0-based): the release switches on when step > total // 2 (docs/method.md §6).
 
     With start_frac = 0.5 this is exactly ``step > total_steps // 2``; in general
     ``step > int(total_steps * start_frac)``; start_frac = 0 turns it on from step 1.

@@ -2,7 +2,7 @@
 
 Pre-norm blocks with RMSNorm, RoPE and causal attention through ``F.scaled_dot_product_attention``;
 attention is plain multi-head (``mha``, what we train) or DeepSeek-V2 multi-head latent attention (``mla``,
-the release's 3B model, spec section 1.5; plain RoPE, no YaRN scaling). The first ``ffn.dense_layers`` layers
+the release's 3B model, docs/method.md §1.4; plain RoPE, no YaRN scaling). The first ``ffn.dense_layers`` layers
 use a dense SwiGLU (the release's "first k dense" rule), the rest the configured MoE layer.
 
 Legend: B batch, S sequence, D model width, H heads, Dh head dim, V vocabulary.

@@ -1,10 +1,10 @@
 """The MoE feed-forward layer of every family: MoHGE, homogeneous MoE, HMoE and MoDSE.
 
-    y = SharedExpert(x) + sum_{e in TopK(x)} w_e(x) * E_e(x)            (spec section 1.4)
+    y = SharedExpert(x) + sum_{e in TopK(x)} w_e(x) * E_e(x)            (docs/method.md §1.3)
 
 * ``mohge``: two-level router (groups, then experts), Group-Wise Aux Loss + Intra-Group Experts Aux Loss,
   experts of G widths. Where the experts live (the all-size allocation's router-order -> physical-order map,
-  spec section 4) does not change a single-process layer's output; it is :mod:`mohge.allocation`'s, used by
+  docs/method.md §4) does not change a single-process layer's output; it is :mod:`mohge.allocation`'s, used by
   the expert-parallel layer and the utilization study.
 * ``moe``: one width, flat top-k router, Switch balance loss (Megatron's ``aux_loss``).
 * ``hmoe``: several widths, flat router, size-weighted balance loss favouring small experts (HMoE).

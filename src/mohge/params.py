@@ -3,8 +3,9 @@
 The model is instantiated on the ``meta`` device (no memory, so the 3B preset counts in milliseconds) and
 every parameter is classified by its module path, so the counts are those of the code that trains, not of
 a separate formula. Activated parameters count the experts a token reaches: for each MoE layer,
-K x sum_e share_e x 3*D*h_e, where share_e is the fraction of routed slots that expert e receives
-(uniform: 1/E each; or a histogram measured from a routing trace).
+K x sum_e share_e x 3*D*h_e (:func:`mohge.experts.swiglu_params`), where share_e is the fraction of routed
+slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
+docs/method.md §9.
 
     python -m mohge.params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
         [--histogram trace.json] [--json out.json]
@@ -23,6 +24,7 @@ import torch
 from .atomic import write_json_atomic
 from .cli import user_errors
 from .config import LossConfig, ModelConfig, load_model_config
+from .experts import swiglu_params
 from .model import LanguageModel
 
 COMPONENTS = (
@@ -90,8 +92,8 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
             raise ValueError(f"histogram row {i} sums to {s}; it needs positive counts")
         w = sum(c / s * h for c, h in zip(row, widths_E, strict=True))
         mean_width.append(w)
-        activated["routed_experts"] += round(K * 3 * D * w)
-    # "non-embedding" leaves out the input embedding and the LM head, as the spec's section 1.6 does
+        activated["routed_experts"] += round(K * swiglu_params(D, w))
+    # "non-embedding" leaves out the input embedding and the LM head, as docs/method.md §9 does
     emb = total["embeddings"] + total["lm_head"]
     return {
         "total": total,

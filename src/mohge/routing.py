@@ -1,7 +1,7 @@
 """Routers: MoHGE's two-level group/expert router and the flat top-k router of the baselines.
 
-MoHGE routing follows the official release step by step (arXiv 2604.23108; spec ``shared/spec/mohge.md``
-section 2, steps G1-G4 and E1-E6). The flat router is Megatron's default top-k softmax router used by the
+MoHGE routing follows the official release step by step (arXiv 2604.23108; docs/method.md §2, steps
+G1-G4 and E1-E6). The flat router is Megatron's default top-k softmax router used by the
 homogeneous MoE, HMoE and MoDSE baselines.
 
 Legend: T tokens, D model width, G groups, n experts per group, E = G*n experts, K experts per token
@@ -93,11 +93,11 @@ class GroupedRouter(nn.Module):
     def forward(self, x_TD: Tensor) -> Routing:
         lG_TG, gmap_TG, c_TE = self.scores(x_TD)
         # E5: global top-k among the experts of the selected groups; unselected experts are masked to
-        # -inf rather than trusting their zeros (spec: candidates can underflow to 0 in bf16).
+        # -inf rather than trusting their zeros (docs/method.md §2 E5: candidates can underflow to 0 in bf16).
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
         topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
         # E6: final gates. code_exact = Megatron's softmax over the top-k *probabilities* (the release);
-        # product_renorm = the top-k combined scores renormalized to sum to 1 (spec section 6.1).
+        # product_renorm = the top-k combined scores renormalized to sum to 1 (docs/method.md §10.1).
         if self.gate_mode == "code_exact":
             gates_TK = torch.softmax(topv_TK, dim=-1)
         else:

@@ -1,6 +1,6 @@
 """Training throughput on this machine: MoHGE against a homogeneous MoE of equal activated FLOPs.
 
-    python -m mohge.bench train [--steps 10] [--json out.json]     (wired by the lead to main())
+    python -m mohge.bench train [--steps 10] [--json out.json]     (mohge.bench dispatches to main() here)
 
 The MoE is ``mohge.matched.derive(cfg, "moe_equal")``: the same experts count and top-k, every expert at
 MoHGE's mean width, so under uniform routing both activate the same FFN FLOPs per token; differences come

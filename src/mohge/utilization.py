@@ -1,6 +1,6 @@
 """Per-GPU utilization under expert parallelism: analytic per-rank load from routing traces, and its CLI.
 
-MoHGE claims "balanced GPU utilization" (arXiv 2604.23108; spec sections 4 and 5.2): with the all-size
+MoHGE claims "balanced GPU utilization" (arXiv 2604.23108; docs/method.md §4 and §11): with the all-size
 allocation every expert-parallel rank holds every width, so group popularity does not become rank
 imbalance. This module measures that claim analytically on recorded routing, for each placement strategy
 of :mod:`mohge.allocation` and each EP size the strategy allows, and (``--measure``) launches the
@@ -9,27 +9,18 @@ torch.distributed measurement of :mod:`mohge.expert_parallel` and compares the t
 Per rank rho and layer, with f_e tokens routed to expert e (router order) and h_e its width:
 
     tokens_rho = sum_{e on rho} f_e
-    params_rho = sum_{e on rho} 3 * d * h_e                       (SwiGLU: W1 2h x d, W2 d x h)
+    params_rho = sum_{e on rho} 3 * d * h_e                       (mohge.experts.swiglu_params)
     flops_rho  = sum_{e on rho} f_e * flop_mult * 3 * d * h_e     (flop_mult FLOPs per token per parameter)
 
 ``flop_mult`` = 6 counts training (forward 2 + backward 4 per parameter per token, the "6N" rule), 2
-counts inference. Spec 5.2's proxy f_e * 6 * d * h_e is the forward pass (= flop_mult 2 here); the
+counts inference. A per-token forward proxy 2 * 3 * d * h_e is flop_mult 2 (docs/method.md §11); the
 imbalance ratios below do not depend on the multiplier. Imbalance is reported as max/mean over ranks and
 the coefficient of variation (population std / mean). For the layer 'all' rows: max_over_mean is
 sum_layers(max) / sum_layers(mean), the slowdown of a whole step over a perfectly balanced one (each
 layer's all-to-all waits for its slowest rank), and cv is the mean of the per-layer cvs.
 
-TRACE FORMAT (written by the evaluation code; read by :func:`load_trace`). A JSON file::
-
-    {"model": "mohge-small", "d_model": 256,
-     "expert_widths": [384, 512, ...],        # per-group widths, group g = router experts g*n .. g*n+n-1
-     "num_experts": 64, "experts_per_group": 8,
-     "tokens": 4096, "topk": 6,               # optional: tokens per layer and experts per token
-     "layers": [{"layer": 1, "counts": [E ints, tokens per expert in router order]}, ...]}
-
-Optionally an ``.npz`` with the same stem beside it (``trace.json`` -> ``trace.npz``) holding, for each
-layer i of the JSON, ``idx_<i>`` int [T, K] (router ids) and ``gates_<i>`` float [T, K] for replay by the
-expert-parallel measurement. :func:`synthetic_trace` builds such a trace from chosen group popularities.
+INPUT: a routing trace (format and readers in :mod:`mohge.traces`), recorded from a trained model or
+built synthetically from chosen group popularities (``--synthetic``, :func:`mohge.traces.synthetic_trace`).
 
 OUTPUTS (``--out DIR``):
 
@@ -54,26 +45,34 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import logging
 import math
 import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
 from .allocation import STRATEGIES, place
+from .experts import swiglu_params
+from .traces import (
+    SKEWED_POPULARITY,
+    WIDTHS_3B,
+    Trace,
+    TraceError,
+    load_trace,
+    replay_arrays,
+    replay_path,
+    synthetic_trace,
+    write_trace,
+)
+
+# mohge.expert_parallel imports these trace helpers from here for now; their owner is mohge.traces.
+from .traces import load_replay as load_replay
+from .traces import routing_from_counts as routing_from_counts
 
 log = logging.getLogger("mohge.utilization")
 
-WIDTHS_3B = (384, 512, 640, 768, 896, 1024, 1152, 1280)
-# Group popularity skewed toward small groups, as the Group-Wise Aux Loss pushes it (spec 3.1): 0.75**g, the demo
-# default. (A milder skew such as 0.22 .. 0.06 happens to make popularity x width nearly flat across groups.)
-SKEWED_POPULARITY = tuple(round(0.75**g, 6) for g in range(8))
 ANALYTIC_COLUMNS = (
     "model",
     "layer",
@@ -111,222 +110,6 @@ COMPARISON_COLUMNS = (
 )
 
 
-class TraceError(ValueError):
-    """A missing or malformed routing trace: the message names the file and the offending key."""
-
-
-@dataclass
-class TraceLayer:
-    layer: int
-    counts: list[int]  # tokens per expert, router order [E]
-
-
-@dataclass
-class Trace:
-    model: str
-    d_model: int
-    expert_widths: list[int]  # per group
-    num_experts: int
-    experts_per_group: int
-    layers: list[TraceLayer]
-    tokens: int | None = None
-    topk: int | None = None
-    path: Path | None = field(default=None, compare=False)
-
-    @property
-    def widths_E(self) -> list[int]:
-        """Width of every expert, router (group-major) order."""
-        return [w for w in self.expert_widths for _ in range(self.experts_per_group)]
-
-    def to_json(self) -> dict:
-        out = {
-            "model": self.model,
-            "d_model": self.d_model,
-            "expert_widths": list(self.expert_widths),
-            "num_experts": self.num_experts,
-            "experts_per_group": self.experts_per_group,
-            "layers": [{"layer": lay.layer, "counts": [int(c) for c in lay.counts]} for lay in self.layers],
-        }
-        if self.tokens is not None:
-            out["tokens"] = self.tokens
-        if self.topk is not None:
-            out["topk"] = self.topk
-        return out
-
-
-def _need(data: dict, key: str, tp: type, where: str):
-    if key not in data:
-        raise TraceError(f"{where}: missing key {key!r}")
-    value = data[key]
-    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise TraceError(f"{where}: {key}={value!r} must be an integer")
-    if tp is not int and not isinstance(value, tp):
-        raise TraceError(f"{where}: {key}={value!r} must be a {tp.__name__}")
-    return value
-
-
-def trace_from_dict(data: dict, where: str = "trace") -> Trace:
-    """Validate a trace mapping (format in the module docstring); errors name ``where`` and the key."""
-    if not isinstance(data, dict):
-        raise TraceError(f"{where}: expected a JSON object, got {type(data).__name__}")
-    model = str(_need(data, "model", str, where))
-    d_model = _need(data, "d_model", int, where)
-    widths = _need(data, "expert_widths", list, where)
-    E = _need(data, "num_experts", int, where)
-    n = _need(data, "experts_per_group", int, where)
-    layers = _need(data, "layers", list, where)
-    if d_model <= 0:
-        raise TraceError(f"{where}: d_model={d_model} must be > 0")
-    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in widths):
-        raise TraceError(f"{where}: expert_widths={widths!r} must be a non-empty list of positive integers")
-    if n <= 0 or E != n * len(widths):
-        raise TraceError(
-            f"{where}: num_experts={E} must equal experts_per_group={n} x len(expert_widths)={len(widths)}"
-        )
-    if not layers:
-        raise TraceError(f"{where}: 'layers' is empty")
-    out = []
-    for i, lay in enumerate(layers):
-        lw = f"{where}: layers[{i}]"
-        if not isinstance(lay, dict):
-            raise TraceError(f"{lw}: expected an object with 'layer' and 'counts'")
-        layer = _need(lay, "layer", int, lw)
-        counts = _need(lay, "counts", list, lw)
-        if len(counts) != E:
-            raise TraceError(f"{lw}: 'counts' has {len(counts)} entries, expected num_experts={E}")
-        if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts):
-            raise TraceError(f"{lw}: 'counts' must hold non-negative integers")
-        out.append(TraceLayer(layer, list(counts)))
-    if len({lay.layer for lay in out}) != len(out):
-        raise TraceError(f"{where}: duplicate layer ids {[lay.layer for lay in out]}")
-    tokens, topk = data.get("tokens"), data.get("topk")
-    for key, value in (("tokens", tokens), ("topk", topk)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            raise TraceError(f"{where}: {key}={value!r} must be a positive integer")
-    return Trace(model, d_model, list(widths), E, n, out, tokens, topk)
-
-
-def load_trace(path: str | Path) -> Trace:
-    """Read a routing trace JSON; a missing, unreadable or malformed file is a TraceError naming it."""
-    p = Path(path)
-    if not p.is_file():
-        raise TraceError(f"trace file {str(p)!r} does not exist")
-    try:
-        data = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise TraceError(f"trace file {str(p)!r} is not valid JSON: {err}") from err
-    trace = trace_from_dict(data, f"trace file {str(p)!r}")
-    trace.path = p
-    return trace
-
-
-def replay_path(trace_path: str | Path) -> Path:
-    return Path(trace_path).with_suffix(".npz")
-
-
-def load_replay(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
-    """Per-layer (idx [T,K] int64, gates [T,K] float32) from the .npz beside the trace, or None if absent."""
-    if trace.path is None or not replay_path(trace.path).is_file():
-        return None
-    p = replay_path(trace.path)
-    out = {}
-    with np.load(p) as z:
-        for lay in trace.layers:
-            ki, kg = f"idx_{lay.layer}", f"gates_{lay.layer}"
-            if ki not in z or kg not in z:
-                raise TraceError(f"replay file {str(p)!r}: missing {ki!r} or {kg!r} for layer {lay.layer}")
-            idx, gates = z[ki].astype(np.int64), z[kg].astype(np.float32)
-            if idx.ndim != 2 or idx.shape != gates.shape:
-                raise TraceError(f"replay file {str(p)!r}: {ki} {idx.shape} and {kg} {gates.shape} must be [T, K]")
-            if idx.size and (idx.min() < 0 or idx.max() >= trace.num_experts):
-                raise TraceError(f"replay file {str(p)!r}: {ki} holds ids outside [0, {trace.num_experts})")
-            out[lay.layer] = (idx, gates)
-    return out
-
-
-def write_trace(trace: Trace, path: str | Path, replay: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> Path:
-    """Write the JSON (and the .npz beside it when ``replay`` is given); returns the JSON path."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(trace.to_json(), indent=1) + "\n")
-    if replay is not None:
-        arrays = {}
-        for layer, (idx, gates) in replay.items():
-            arrays[f"idx_{layer}"], arrays[f"gates_{layer}"] = np.asarray(idx), np.asarray(gates)
-        np.savez(replay_path(p), **arrays)
-    trace.path = p
-    return p
-
-
-def _round_to_total(x: np.ndarray, total: int) -> np.ndarray:
-    """Largest-remainder rounding of non-negative reals to integers summing to ``total``."""
-    x = x * (total / x.sum())
-    base = np.floor(x).astype(np.int64)
-    rest = total - int(base.sum())
-    order = np.argsort(-(x - base), kind="stable")
-    base[order[:rest]] += 1
-    return base
-
-
-def routing_from_counts(counts_E: Sequence[int], topk: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """A routing (idx [T,K], gates [T,K]) with exactly ``counts_E`` tokens per expert, distinct experts per token.
-
-    The T*K slots, sorted by expert, are laid out so slot s goes to token s mod T, position s // T; an
-    expert's run of f_e <= T consecutive slots therefore hits f_e different tokens. Tokens are then
-    shuffled, and gates are random positive weights summing to 1 per token.
-    """
-    counts = np.asarray(counts_E, dtype=np.int64)
-    total = int(counts.sum())
-    if topk <= 0 or total % topk:
-        raise ValueError(f"sum(counts)={total} is not a multiple of topk={topk}")
-    T = total // topk
-    if counts.max(initial=0) > T:
-        raise ValueError(f"an expert has {counts.max()} tokens, more than the T={T} tokens of the layer")
-    rng = np.random.default_rng(seed)
-    slots = np.repeat(np.arange(len(counts)), counts)
-    idx_TK = slots.reshape(topk, T).T[rng.permutation(T)]
-    idx_TK = np.take_along_axis(idx_TK, rng.random((T, topk)).argsort(1), axis=1)
-    gates_TK = rng.random((T, topk)).astype(np.float32) + 0.1
-    gates_TK /= gates_TK.sum(1, keepdims=True)
-    return np.ascontiguousarray(idx_TK), gates_TK
-
-
-def synthetic_trace(
-    group_popularity: Sequence[float] = SKEWED_POPULARITY,
-    *,
-    tokens: int = 4096,
-    topk: int = 6,
-    expert_widths: Sequence[int] = WIDTHS_3B,
-    experts_per_group: int = 8,
-    d_model: int = 256,
-    num_layers: int = 1,
-    noise: float = 0.0,
-    seed: int = 0,
-    model: str = "synthetic",
-) -> tuple[Trace, dict[int, tuple[np.ndarray, np.ndarray]]]:
-    """A trace whose group g receives a share popularity_g / sum(popularity) of the T*K routed slots.
-
-    Within a group the share is uniform, times (1 + u_e) with u_e ~ U(-noise, noise) per expert and layer;
-    counts are rounded to integers summing to T*K (exactly uniform when noise = 0 and the shares divide).
-    Returns the trace and a matching replay routing (per layer: idx, gates; see :func:`routing_from_counts`).
-    """
-    G, n = len(expert_widths), experts_per_group
-    pop = np.asarray(group_popularity, dtype=np.float64)
-    if pop.shape != (G,) or (pop < 0).any() or pop.sum() <= 0:
-        raise ValueError(f"group_popularity={list(group_popularity)} needs {G} non-negative values, not all 0")
-    if not 0.0 <= noise < 1.0:
-        raise ValueError(f"noise={noise} must lie in [0, 1)")
-    rng = np.random.default_rng(seed)
-    layers, replay = [], {}
-    for layer in range(num_layers):
-        share_E = np.repeat(pop / pop.sum() / n, n) * (1.0 + rng.uniform(-noise, noise, G * n))
-        counts = _round_to_total(share_E, tokens * topk)
-        layers.append(TraceLayer(layer, counts.tolist()))
-        replay[layer] = routing_from_counts(counts, topk, seed=seed * 1000 + layer)
-    trace = Trace(model, d_model, list(expert_widths), G * n, n, layers, tokens, topk)
-    return trace, replay
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Analytic per-rank load
 
@@ -346,8 +129,8 @@ def rank_loads(
         row["experts"] += 1
         row["width_sum"] += int(w)
         row["tokens"] += int(f)
-        row["params"] += 3 * d_model * int(w)
-        row["flops"] += float(f) * flop_mult * 3 * d_model * int(w)
+        row["params"] += swiglu_params(d_model, int(w))
+        row["flops"] += float(f) * flop_mult * swiglu_params(d_model, int(w))
     return rows
 
 
@@ -485,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
             "parameter memory / tokens per rank from a routing trace (analytic.csv, summary.csv) and, with "
             "--measure, timed per-rank expert compute under torchrun (measured.csv, comparison.csv)."
         ),
-        epilog="Trace format, CSV schemas and formulas: see the docstring of mohge/utilization.py.",
+        epilog="CSV schemas and formulas: the docstring of mohge/utilization.py; trace format: mohge/traces.py.",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", type=Path, help="routing trace JSON (a .npz beside it enables replay)")
@@ -601,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 noise=args.noise,
                 seed=args.seed,
             )
-            trace_path = write_trace(trace, args.out / "synthetic_trace.json", replay)
+            trace_path = write_trace(trace, args.out / "synthetic_trace.json", replay_arrays(replay))
             log.info("wrote synthetic trace %s (+ %s)", trace_path, replay_path(trace_path).name)
         else:
             trace_path = args.trace

@@ -66,7 +66,7 @@ def _bf16_rounded(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_fp32_matches_torch(name):
-    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+    from mohge.kernels.swiglu import swiglu_grouped_triton
 
     prob = _problem(*SHAPES[name])
     tri = _run(swiglu_grouped_triton, *prob, torch.float32)
@@ -78,7 +78,7 @@ def test_fp32_matches_torch(name):
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_bf16_as_close_as_torch_bf16(name):
     """bf16 accumulates in fp32: its error to an fp32 reference is at most about torch bf16's own."""
-    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+    from mohge.kernels.swiglu import swiglu_grouped_triton
 
     x, idx, gates, w1s, w2s, dy = _problem(*SHAPES[name])
     rnd = _bf16_rounded  # every path sees the same bf16-representable inputs
@@ -92,7 +92,7 @@ def test_bf16_as_close_as_torch_bf16(name):
 
 
 def test_unused_expert_gets_zero_weight_grad():
-    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+    from mohge.kernels.swiglu import swiglu_grouped_triton
 
     T, K, D, widths, ns, unused = SHAPES["t600_three_classes"]
     out = _run(swiglu_grouped_triton, *_problem(T, K, D, widths, ns, unused), torch.float32)
@@ -103,7 +103,7 @@ def test_unused_expert_gets_zero_weight_grad():
 
 def test_bitwise_deterministic():
     """No atomics anywhere: two runs give identical bits, forward and backward."""
-    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+    from mohge.kernels.swiglu import swiglu_grouped_triton
 
     prob = _problem(*SHAPES["t600_three_classes"])
     a = _run(swiglu_grouped_triton, *prob, torch.bfloat16)
@@ -112,7 +112,7 @@ def test_bitwise_deterministic():
 
 
 def test_auto_backend_picks_triton_on_cuda(monkeypatch):
-    from mohge.kernels import triton_swiglu
+    from mohge.kernels import swiglu as triton_swiglu
 
     calls = []
 

@@ -1,7 +1,7 @@
 """CPU tests of the Triton expert path: Triton's interpreter against the per-expert loop, fp32, awkward shapes.
 
 Why child processes. ``TRITON_INTERPRET=1`` is read when a ``@triton.jit`` decorator runs, i.e. when
-``mohge.kernels.triton_*`` is first imported, and the module then stays cached in ``sys.modules``. Setting
+a Triton module of ``mohge.kernels`` is first imported, and the module then stays cached in ``sys.modules``. Setting
 it inside this pytest process would either come too late (another test imported the kernels first) or
 leak (the GPU tests of the same session would run interpreted). So the module fixture runs *this file*
 as a script in two child processes with ``TRITON_INTERPRET=1`` set before anything imports Triton; they
@@ -105,7 +105,7 @@ def test_kernels_compile_for_hopper():
 
 
 def test_tile_list_covers_each_output_once():
-    from mohge.kernels.triton_schedule import tile_list
+    from mohge.kernels.schedule import tile_list
 
     m_E, n_E = np.array([0, 1, 33, 16, 5]), np.array([20, 36, 20, 0, 48])
     tiles = tile_list(m_E, n_E, 16, 16)
@@ -141,7 +141,7 @@ def _make_case(T, K, D, widths, ns, unused, frozen, seed=0):
 def _run_case(name: str) -> dict:
     import torch
     from mohge.kernels.reference import swiglu_loop
-    from mohge.kernels.triton_swiglu import swiglu_grouped_triton
+    from mohge.kernels.swiglu import swiglu_grouped_triton
 
     T, K, D, widths, ns, unused, frozen = CASES[name]
     x, idx, gates, w1s, w2s, dy, leaves = _make_case(*CASES[name])
@@ -171,31 +171,33 @@ def _run_case(name: str) -> dict:
 
 def _opcheck_all() -> dict:
     """torch.library.opcheck on every custom op: schema, fake (shape) impl, AOT dispatch. Forward only:
-    the ops carry no autograd of their own (the autograd.Function in triton_swiglu orders their backward)."""
+    the ops carry no autograd of their own (the autograd.Function in kernels/swiglu.py orders their backward)."""
     import torch
-    from mohge.kernels.triton_permute import combine_rows_op, gate_grad_op, gather_rows_op
-    from mohge.kernels.triton_projections import OPS
-    from mohge.kernels.triton_swiglu import route
+    from mohge.kernels.grouped_mm import down_proj_bwd_op, down_proj_op, up_proj_bwd_x_op
+    from mohge.kernels.permute import combine_rows_op, gate_grad_op, gather_rows_op
+    from mohge.kernels.swiglu import route
+    from mohge.kernels.up_swiglu import up_swiglu_op
+    from mohge.kernels.wgrad import grad_w1_op, grad_w2_op
 
     x, idx, gates, w1s, w2s, dy, _ = _make_case(9, 2, 48, [20, 36], [2, 2], [], True)
     x, gates = x.detach(), gates.detach()
     order, tok, inv, counts = route(idx, sum(w.shape[0] for w in w1s))
     xs = gather_rows_op(x, tok)
-    act, h = OPS["up_swiglu"](xs, w1s, counts)
-    out = OPS["down_proj"](act, w2s, counts)
+    act, h = up_swiglu_op(xs, w1s, counts)
+    out = down_proj_op(act, w2s, counts)
     _, dout = gate_grad_op(dy, out, order, gates)
-    dh = OPS["down_proj_bwd"](dout, h, w2s, counts)
+    dh = down_proj_bwd_op(dout, h, w2s, counts)
     calls = [
         (gather_rows_op, (x, tok)),
         (combine_rows_op, (out, inv, gates)),
         (combine_rows_op, (out, inv, None)),
         (gate_grad_op, (dy, out, order, gates)),
-        (OPS["up_swiglu"], (xs, w1s, counts)),
-        (OPS["down_proj"], (act, w2s, counts)),
-        (OPS["down_proj_bwd"], (dout, h, w2s, counts)),
-        (OPS["up_proj_bwd_x"], (dh, w1s, counts)),
-        (OPS["grad_w1"], (dh, xs, w1s, counts)),
-        (OPS["grad_w2"], (dout, act, w2s, counts)),
+        (up_swiglu_op, (xs, w1s, counts)),
+        (down_proj_op, (act, w2s, counts)),
+        (down_proj_bwd_op, (dout, h, w2s, counts)),
+        (up_proj_bwd_x_op, (dh, w1s, counts)),
+        (grad_w1_op, (dh, xs, w1s, counts)),
+        (grad_w2_op, (dout, act, w2s, counts)),
     ]
     failed = {}
     for op, args in calls:
@@ -211,8 +213,8 @@ def _compile_all() -> dict:
     import re
 
     import triton
-    from mohge.kernels import triton_gemm as G
-    from mohge.kernels import triton_permute as P
+    from mohge.kernels import grouped_mm, up_swiglu, wgrad
+    from mohge.kernels import permute as P
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -234,11 +236,12 @@ def _compile_all() -> dict:
         rows = {n: f"*{dt}" for n in ("a_ptr", "c_ptr", "h_ptr", "x_ptr", "act_ptr", "g_ptr")}
         rows.update(desc_ptr="*i64", tile_ptr="*i64")
         tag = f"{dt}{'' if hint else '_nohint'}"
-        variants.append((f"{tag} gemm up_swiglu", G._up_swiglu_kernel, rows, c, nw, ns))
+        variants.append((f"{tag} gemm up_swiglu", up_swiglu._up_swiglu_kernel, rows, c, nw, ns))
         for b_nk, sw in [(True, False), (False, True), (False, False)]:
             cc = dict(c, B_NK=b_nk, SWIGLU_BWD=sw)
-            variants.append((f"{tag} gemm mm B_NK={b_nk} SWIGLU_BWD={sw}", G._grouped_mm_kernel, rows, cc, nw, ns))
-        variants.append((f"{tag} gemm wgrad", G._wgrad_kernel, rows, c, nw, ns))
+            mm = grouped_mm._grouped_mm_kernel
+            variants.append((f"{tag} gemm mm B_NK={b_nk} SWIGLU_BWD={sw}", mm, rows, cc, nw, ns))
+        variants.append((f"{tag} gemm wgrad", wgrad._wgrad_kernel, rows, c, nw, ns))
     for dt in ("bf16", "fp32"):
         perm = dict(x_ptr=f"*{dt}", out_ptr=f"*{dt}", rows_ptr=f"*{dt}", y_ptr=f"*{dt}", dy_ptr=f"*{dt}",
                     dout_ptr=f"*{dt}", src_ptr="*i64", inv_ptr="*i64", order_ptr="*i64", gate_ptr="*fp32",

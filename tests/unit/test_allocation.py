@@ -1,4 +1,4 @@
-"""Placement strategies: the spec's worked all-size numbers, MoDSE pairs, the FLOP-aware LPT, and the errors."""
+"""Placement strategies: the all-size numbers of docs/method.md §4.2, MoDSE pairs, the FLOP-aware LPT, the errors."""
 
 import itertools
 import random
@@ -42,10 +42,10 @@ def test_interleave_and_closed_form():
         interleave_order(7)
 
 
-def test_all_size_is_the_spec_permutation():
+def test_all_size_is_the_documented_permutation():
     phys = physical_of_router("all_size", WIDTHS_E, 4, experts_per_group=N)
     assert phys == all_size_physical_of_router(G, N)
-    # Physical row j is [g0, g7, g1, g6, g2, g5, g3, g4] (spec 4.2).
+    # Physical row j is [g0, g7, g1, g6, g2, g5, g3, g4] (docs/method.md §4.2).
     router_of = {p: e for e, p in enumerate(phys)}
     assert [router_of[p] // N for p in range(8)] == [0, 7, 1, 6, 2, 5, 3, 4]
     assert [router_of[p] % N for p in range(8, 16)] == [1] * 8
@@ -53,12 +53,12 @@ def test_all_size_is_the_spec_permutation():
 
 
 @pytest.mark.parametrize("ep, per_rank_sum", [(4, 13312), (8, 6656), (16, 3328), (32, 1664)])
-def test_all_size_width_sums_match_spec(ep, per_rank_sum):
+def test_all_size_width_sums_match_method(ep, per_rank_sum):
     ranks = place("all_size", WIDTHS_E, ep)
     assert width_sums(ranks, ep) == [per_rank_sum] * ep
 
 
-def test_all_size_rank_contents_match_spec_table():
+def test_all_size_rank_contents_match_method_table():
     assert all(g == sorted(list(range(8)) * 2) for g in groups_on(place("all_size", WIDTHS_E, 4), 4))
     assert all(g == list(range(8)) for g in groups_on(place("all_size", WIDTHS_E, 8), 8))
     assert groups_on(place("all_size", WIDTHS_E, 16), 16)[0] == [0, 1, 6, 7]

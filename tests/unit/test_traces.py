@@ -1,6 +1,8 @@
-"""Routing traces: the documented keys, counts that add up to T*K per layer, levels, the replay .npz."""
+"""Routing traces: the format (one writer, the readers, their errors), synthetic traces, and the tracer of a
+trained model (documented keys, counts that add up to T*K per layer, levels, the replay .npz)."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,15 @@ from conftest import tiny_run, train_tiny
 from mohge import traces
 from mohge.data import DataConfig, TokenStream, prepare
 from mohge.evaluate import main as evaluate_main
+from mohge.traces import (
+    TraceError,
+    load_replay,
+    load_trace,
+    replay_arrays,
+    routing_from_counts,
+    synthetic_trace,
+    write_trace,
+)
 
 RUN = tiny_run(
     name="tiny-trace",
@@ -54,11 +65,13 @@ def test_trace_keys_and_counts(run, tmp_path):
             assert sum(row["counts_by_level"][name]) == 2 * int((levels == lv).sum())
         per_expert = np.sum([row["counts_by_level"][k] for k in ("easy", "medium", "hard")], axis=0)
         assert (per_expert <= np.array(row["counts"])).all()
+    back = load_trace(out)  # what the tracer writes, the reader takes
+    assert back.num_experts == 12 and back.layers[1].counts == t["layers"][1]["counts"] and back.topk == 2
 
 
 def test_trace_npz_replay_arrays(run, tmp_path):
     model, data = run
-    trace = traces.write_trace(model, data, tmp_path / "t.json")
+    trace = traces.trace_checkpoint(model, data, tmp_path / "t.json")
     z = np.load(tmp_path / "t.npz")
     n = 2 * 4 * 16  # trace_batches full batches of batch_size x seq_len
     assert sorted(z.files) == ["gates_0", "gates_1", "idx_0", "idx_1", "levels"]
@@ -82,3 +95,105 @@ def test_trace_without_levels_and_max_batches(run, tmp_path):
     trace, raw = traces.collect_trace(net, cfg, tmp_path / "plain", batch_size=4, max_batches=1, keep_batches=0)
     assert trace["tokens"] == 4 * 16 and raw == {}
     assert all(sum(r["counts"]) == 4 * 16 * 2 and r["counts_by_level"] == {} for r in trace["layers"])
+
+
+def test_synthetic_trace_shares_and_replay():
+    pop = [8, 4, 2, 1, 1, 2, 4, 8]
+    trace, replay = synthetic_trace(pop, tokens=600, topk=4, noise=0.0, seed=3, num_layers=2)
+    assert trace.num_experts == 64 and trace.experts_per_group == 8 and trace.tokens == 600 and trace.topk == 4
+    for lay in trace.layers:
+        c = np.array(lay.counts).reshape(8, 8)
+        assert c.sum() == 2400
+        assert (c.max(1) - c.min(1)).max() <= 1  # uniform within groups up to rounding
+        np.testing.assert_allclose(c.sum(1) / 2400, np.array(pop) / sum(pop), atol=8 / 2400)
+        idx, gates = replay[lay.layer]
+        assert idx.shape == gates.shape == (600, 4)
+        assert all(len(set(row)) == 4 for row in idx.tolist())  # distinct experts per token
+        np.testing.assert_array_equal(np.bincount(idx.ravel(), minlength=64), lay.counts)
+        np.testing.assert_allclose(gates.sum(1), 1.0, rtol=1e-6)
+    # Exactly uniform when the shares divide: all_size EP=8 is then exactly balanced.
+    exact, _ = synthetic_trace([1, 1, 2, 2, 4, 4, 1, 1], tokens=512, topk=4, noise=0.0)
+    assert np.array(exact.layers[0].counts).reshape(8, 8).std(1).max() == 0
+    noisy, _ = synthetic_trace(pop, tokens=4096, topk=6, noise=0.1, seed=1)
+    c = np.array(noisy.layers[0].counts).reshape(8, 8)
+    ratio = c / (4096 * 6 * np.array(pop)[:, None] / sum(pop) / 8)  # against the noise-free count
+    assert ratio.min() > 0.88 and ratio.max() < 1.12 and ratio.std() > 0.03
+    with pytest.raises(ValueError, match="group_popularity"):
+        synthetic_trace([1, 2, 3])
+
+
+def test_routing_from_counts_exact_and_errors():
+    counts = [5, 0, 3, 4, 0, 6]
+    idx, gates = routing_from_counts(counts, 3, seed=1)
+    assert idx.shape == (6, 3)
+    np.testing.assert_array_equal(np.bincount(idx.ravel(), minlength=6), counts)
+    assert all(len(set(r)) == 3 for r in idx.tolist())
+    with pytest.raises(ValueError, match="multiple of topk=4"):
+        routing_from_counts(counts, 4)
+    with pytest.raises(ValueError, match="more than the T=6"):
+        routing_from_counts([7, 5, 6], 3)
+
+
+def test_trace_round_trip_and_replay(tmp_path):
+    trace, replay = synthetic_trace([1, 2, 3, 4], tokens=40, topk=2, expert_widths=[8, 16, 24, 32], experts_per_group=2)
+    path = write_trace(trace, tmp_path / "t.json", replay_arrays(replay))
+    back = load_trace(path)
+    assert back == trace
+    rep = load_replay(back)
+    np.testing.assert_array_equal(rep[0][0], replay[0][0])
+    (tmp_path / "t.npz").unlink()
+    assert load_replay(back) is None
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d.pop("d_model"), "missing key 'd_model'"),
+        (lambda d: d.update(num_experts=10), "num_experts=10 must equal"),
+        (lambda d: d["layers"][0].update(counts=[1, 2]), r"layers\[0\]: 'counts' has 2 entries"),
+        (lambda d: d["layers"][0]["counts"].__setitem__(0, -1), "non-negative"),
+        (lambda d: d.update(layers=[]), "'layers' is empty"),
+        (lambda d: d.update(expert_widths=[0, 4]), "expert_widths"),
+        (lambda d: d["layers"].append(dict(d["layers"][0])), "duplicate layer"),
+    ],
+)
+def test_bad_traces_name_file_and_key(tmp_path, mutate, match):
+    trace, _ = synthetic_trace([1, 1], tokens=8, topk=1, expert_widths=[4, 8], experts_per_group=2)
+    data = trace.to_json()
+    mutate(data)
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(data))
+    with pytest.raises(TraceError, match=match) as err:
+        load_trace(p)
+    assert "bad.json" in str(err.value)
+
+
+def test_missing_and_malformed_trace_files(tmp_path):
+    with pytest.raises(TraceError, match="nope.json.*does not exist"):
+        load_trace(tmp_path / "nope.json")
+    (tmp_path / "x.json").write_text("{not json")
+    with pytest.raises(TraceError, match="x.json.*not valid JSON"):
+        load_trace(tmp_path / "x.json")
+
+
+def test_reader_accepts_extra_keys_and_int32_replay(tmp_path):
+    # mohge.traces writes more than the reader needs (family, split, group_counts, counts_by_level, levels).
+    trace, replay = synthetic_trace([1, 1], tokens=10, topk=1, expert_widths=[4, 8], experts_per_group=2)
+    data = trace.to_json() | {"family": "mohge", "split": "test"}
+    data["layers"][0] |= {"group_counts": [5, 5], "counts_by_level": {}}
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    idx, gates = replay[0]
+    np.savez(tmp_path / "t.npz", idx_0=idx.astype(np.int32), gates_0=gates, levels=np.zeros(10, np.int8))
+    back = load_trace(tmp_path / "t.json")
+    assert back.layers[0].counts == trace.layers[0].counts
+    rep = load_replay(back)
+    assert rep[0][0].dtype == np.int64 and rep[0][0].tolist() == idx.tolist()
+
+
+def test_writer_refuses_what_the_reader_would(tmp_path):
+    trace, _ = synthetic_trace([1, 1], tokens=8, topk=1, expert_widths=[4, 8], experts_per_group=2)
+    data = trace.to_json()
+    data["layers"][0]["counts"] = [1, 2]
+    with pytest.raises(TraceError, match=re.escape("layers[0]: 'counts' has 2 entries")):
+        write_trace(data, tmp_path / "t.json")
+    assert not (tmp_path / "t.json").exists()

@@ -1,6 +1,6 @@
 """Shared style and glue of every table and figure script: colours, labels, statistics, saving, invocation.
 
-Figures never need a GPU (STYLE.md, principle 6): the scripts import pandas, matplotlib and this module, nothing
+Figures never need a GPU: the scripts import pandas, matplotlib and this module, nothing
 else. Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
 Scripts run by Snakemake's ``script:`` directive get a preamble prepended (Snakemake 9.27), so they must not
 use ``from __future__ import``; they find this module through ``snakemake.scriptdir``.

@@ -11,7 +11,7 @@ of ``gather_rows``.
 
 Legend: T tokens, D model width, K experts per token, A = T*K routed slots.
 Ladder per op: ``_op_kernel`` -> ``op()`` launcher (checks) -> ``mohge::op`` custom op with a fake impl.
-The autograd of the whole expert block lives in :mod:`mohge.kernels.triton_swiglu`.
+The autograd of the whole expert block lives in :mod:`mohge.kernels.swiglu`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_gemm import INTERPRET
+from .grouped import INTERPRET
 
 Tensor = torch.Tensor
 

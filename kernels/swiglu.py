@@ -1,7 +1,8 @@
-"""Grouped SwiGLU experts of several widths in Triton: the fast path of :func:`mohge.kernels.expert_swiglu`.
+"""The composite op: grouped SwiGLU experts of several widths in Triton, the fast path of
+:func:`mohge.kernels.expert_swiglu`, as one ``autograd.Function`` that orders the ``mohge::`` ops.
 
 Same contract and result as ``swiglu_grouped_torch`` in :mod:`mohge.kernels.reference` (the bias-free
-SwiGLU expert of arXiv 2604.23108, spec 1.2, combined as in spec 2 step D):
+SwiGLU expert of arXiv 2604.23108, docs/method.md §1.2, combined as in §3):
 
     y_t = sum_k gates[t, k] * W2_e (SiLU(a) * u),   [a; u] = W1_e x_t,   e = idx[t, k]
 
@@ -14,7 +15,8 @@ Forward, with the A = T*K routed slots sorted by expert (one host sync: the per-
 
 Backward: gate_grad (dgates, dout = gate * dy), down_proj_bwd (dact and the SwiGLU backward fused),
 up_proj_bwd_x, combine_rows without gates (dx), grad_w1, grad_w2. Every op is a ``mohge::`` custom op;
-this module only orders them. Kernels run on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
+this module only orders them (ops in :mod:`.permute`, :mod:`.up_swiglu`, :mod:`.grouped_mm`,
+:mod:`.wgrad`). Kernels run on CUDA, or on CPU tensors under ``TRITON_INTERPRET=1``.
 
 Legend: T tokens, D model width, K experts per token, E experts, A = T*K slots, C tokens of one expert,
 H expert width.
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import torch
 
+from .grouped import INTERPRET
+from .grouped_mm import down_proj_bwd_op, down_proj_op, up_proj_bwd_x_op
+from .permute import combine_rows_op, gate_grad_op, gather_rows_op
 from .reference import check_contract, sort_slots
-from .triton_gemm import INTERPRET
-from .triton_permute import combine_rows_op, gate_grad_op, gather_rows_op
-from .triton_projections import OPS
+from .up_swiglu import up_swiglu_op
+from .wgrad import grad_w1_op, grad_w2_op
 
 Tensor = torch.Tensor
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -61,8 +65,8 @@ class _TritonSwiGLU(torch.autograd.Function):
         E = sum(w.shape[0] for w in w1s)
         order_A, tok_A, inv_TK, counts = route(idx_TK, E)
         xs_AD = gather_rows_op(x_TD, tok_A)
-        act_R, h_R = OPS["up_swiglu"](xs_AD, w1s, counts)
-        out_AD = OPS["down_proj"](act_R, w2s, counts)
+        act_R, h_R = up_swiglu_op(xs_AD, w1s, counts)
+        out_AD = down_proj_op(act_R, w2s, counts)
         y_TD = combine_rows_op(out_AD, inv_TK, gates_TK)
         ctx.num_classes, ctx.counts = num_classes, counts
         ctx.save_for_backward(xs_AD, act_R, h_R, out_AD, order_A, inv_TK, gates_TK, *weights)
@@ -79,13 +83,13 @@ class _TritonSwiGLU(torch.autograd.Function):
         dgates_TK, dout_AD = gate_grad_op(dy_TD.contiguous(), out_AD, order_A, gates_TK)
         dx_TD = dw1s = dw2s = None
         if need_x or need_w1:
-            dh_R = OPS["down_proj_bwd"](dout_AD, h_R, w2s, counts)
+            dh_R = down_proj_bwd_op(dout_AD, h_R, w2s, counts)
             if need_x:
-                dx_TD = combine_rows_op(OPS["up_proj_bwd_x"](dh_R, w1s, counts), inv_TK, None)
+                dx_TD = combine_rows_op(up_proj_bwd_x_op(dh_R, w1s, counts), inv_TK, None)
             if need_w1:
-                dw1s = OPS["grad_w1"](dh_R, xs_AD, w1s, counts)
+                dw1s = grad_w1_op(dh_R, xs_AD, w1s, counts)
         if need_w2:
-            dw2s = OPS["grad_w2"](dout_AD, act_R, w2s, counts)
+            dw2s = grad_w2_op(dout_AD, act_R, w2s, counts)
         dws = [*(dw1s or [None] * nc), *(dw2s or [None] * nc)]
         return (dx_TD, None, dgates_TK if need_g else None, None, *dws)
 
@@ -99,7 +103,7 @@ def swiglu_grouped_triton(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w
     if x_TD.device.type != "cuda" and not INTERPRET:
         raise ValueError(
             f"triton path needs CUDA tensors (got {x_TD.device}); on a CPU set TRITON_INTERPRET=1 before "
-            "importing mohge.kernels.triton_swiglu, or use backend='torch'"
+            "importing mohge.kernels.swiglu, or use backend='torch'"
         )
     if idx_TK.device != x_TD.device or gates_TK.device != x_TD.device:
         raise ValueError(f"idx on {idx_TK.device} and gates on {gates_TK.device} must be on {x_TD.device}")
