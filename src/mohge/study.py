@@ -33,7 +33,8 @@ import pandas as pd
 from scipy import stats
 
 from .cli import user_errors
-from .utilization import Trace, TraceLayer, analyze, load_trace
+from .traces import Trace, TraceLayer, load_trace
+from .utilization import analyze
 
 # The metric each local task is scored by (what its YAML's metric_list declares first) and its chance level.
 TASK_METRIC = {

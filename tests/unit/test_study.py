@@ -157,7 +157,7 @@ def test_reportable_tasks_leave_chance_and_ceiling():
 
 
 def test_even_within_groups_keeps_group_totals_and_evens_experts():
-    from mohge.utilization import Trace, TraceLayer
+    from mohge.traces import Trace, TraceLayer
 
     trace = Trace("m", 8, [16, 32], 6, 3, [TraceLayer(0, [10, 0, 0, 1, 2, 4])])
     even = study.even_within_groups(trace)
