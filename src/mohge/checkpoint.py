@@ -37,7 +37,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .atomic import write_bytes_atomic, write_json_atomic
+from .atomic import sha256_file, write_bytes_atomic, write_json_atomic
 from .config import ConfigError, RunConfig, load_run_config, to_dict
 
 log = logging.getLogger("mohge.checkpoint")
@@ -55,14 +55,6 @@ class CheckpointError(RuntimeError):
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def step_dir_name(step: int) -> str:
