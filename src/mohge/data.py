@@ -60,6 +60,7 @@ from mohge.graded import (
     generate_graded,
     token_levels,
 )
+from mohge.preflight import check_hub, check_text_files
 from mohge.tokenizer import EOT_ID, encode_with_offsets, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
@@ -267,7 +268,7 @@ def _cut_at_line(text: str, pos: int) -> int:
 
 
 def _text_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
-    files = resolve_text_files(cfg.text_files)
+    files = check_text_files(cfg.text_files)  # globs, empty files and bad UTF-8 refused in one line
     texts = {str(p): p.read_text(encoding="utf-8") for p in files}
     needed = 1 + (cfg.val_fraction > 0) + (cfg.test_fraction > 0)
     if len(files) >= needed and len(files) > 1:
@@ -296,6 +297,8 @@ def _hf_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     import datasets  # slow to import; only this source needs it
 
     split_map = cfg.hf_split_map
+    if cfg.hf_local_path is None:
+        check_hub(cfg)  # offline: one line now instead of ~40 s of retries and a ConnectionError
     local = datasets.load_from_disk(cfg.hf_local_path) if cfg.hf_local_path else None
 
     def load(ours: str) -> list[Doc]:

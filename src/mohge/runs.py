@@ -34,6 +34,7 @@ from .config import (
     to_dict,
 )
 from .matched import FAMILIES, derive
+from .preflight import check_run
 from .strict import NAME_PATTERN, ConfigError, _Section, check_name, knob, schema_of
 
 PLACEMENTS_FOR_STUDY = PLACEMENTS
@@ -171,8 +172,9 @@ def _check_top_level(config: dict) -> None:
         _section(config, name)
 
 
-def plan(config: dict) -> dict[str, RunConfig]:
+def plan(config: dict, preflight: bool = True) -> dict[str, RunConfig]:
     """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key.
+    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight).
 
     This is the validator of the workflow config: ``mohge.runs list``, the Snakefile and (through the run
     configs it resolves) ``mohge.train`` share it, and the JSON schema is generated from the same sections.
@@ -190,6 +192,7 @@ def plan(config: dict) -> dict[str, RunConfig]:
     if not isinstance(experiments, list) or not experiments:
         raise ConfigError(f"experiments={experiments!r}: at least one experiment is needed (a list)")
     runs: dict[str, RunConfig] = {}
+    files_checked: set[str] = set()
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
         if not isinstance(exp, dict):
@@ -220,7 +223,7 @@ def plan(config: dict) -> dict[str, RunConfig]:
                     name = run_name(ds, fam, seed, variant)
                     if name in runs:
                         raise ConfigError(f"{where}: run {name} is planned twice")
-                    runs[name] = RunConfig.from_dict(
+                    runs[name] = cfg = RunConfig.from_dict(
                         {
                             "name": name,
                             "family": fam,
@@ -233,6 +236,9 @@ def plan(config: dict) -> dict[str, RunConfig]:
                             "eval": shared["eval"],
                         }
                     )
+                    if preflight:
+                        check_run(cfg, config.get("cluster"), files=ds not in files_checked)
+                        files_checked.add(ds)
     return runs
 
 

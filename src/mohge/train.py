@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
+from . import preflight
 from .atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
 from .config import ConfigError, RunConfig, TrainConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
@@ -284,12 +285,17 @@ def train(
     gpus: int | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` (resuming from SCRATCH when it holds a valid checkpoint); returns the summary."""
+    out, scratch = Path(out), Path(scratch) if scratch else Path(out) / ".scratch"
+    for folder, what in ((out, "--out"), (scratch, "--scratch")):
+        preflight.check_writable(folder, what)
+    preflight.check_run(cfg, files=data is None)
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
+        preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
-        return _train(cfg, Path(out), Path(scratch) if scratch else Path(out) / ".scratch", data, require_resume, rt)
+        return _train(cfg, out, scratch, data, require_resume, rt)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():

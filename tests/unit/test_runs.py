@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import time
 
 import pytest
 import yaml
@@ -20,7 +22,9 @@ def with_experiments(*experiments) -> dict:
     return {**BASE, "experiments": list(experiments)}
 
 
-def test_default_configs_plan_the_documented_runs():
+def test_default_configs_plan_the_documented_runs(monkeypatch):
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # set by mohge.evaluate in this process, maybe
+        monkeypatch.delenv(var, raising=False)
     default = plan(yaml.safe_load((ROOT / "configs" / "config.yaml").read_text()))
     assert len(default) == 11 and "shakespeare-mohge-s2" in default and "graded-hmoe-s0" in default
     assert default["shakespeare-moe-s0"].model.ffn.expert_widths == (256,)
@@ -189,3 +193,81 @@ def test_runs_list_refuses_in_one_line_with_status_2(tmp_path, caplog):
     path.write_text(yaml.safe_dump({**BASE, "experiments": [{**BASE["experiments"][0], "seeds": []}]}))
     assert runs_main(["list", str(path)]) == 2
     assert "experiments[0].seeds=[]" in caplog.text
+
+
+# ------------------------------------------------------------------------------------------------
+# Refused at plan time: files, tasks, backend on a CPU, the hub while offline
+# ------------------------------------------------------------------------------------------------
+
+
+def text_config(*patterns: str) -> dict:
+    cfg = copy.deepcopy(BASE)
+    cfg["datasets"]["graded"] = {"source": "text", "text_files": list(patterns), "vocab_size": 300, "seq_len": 32}
+    return cfg
+
+
+def test_text_files_are_checked_at_plan_time(tmp_path):
+    good = tmp_path / "a.txt"
+    good.write_text("to be or not to be\n" * 20)
+    assert plan(text_config(str(good)))
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me\n".encode("latin-1"))
+    for pattern, needle in [
+        (str(tmp_path / "nothing*.txt"), "matches no file"),
+        (str(tmp_path / "missing.txt"), "matches no file"),
+        (str(tmp_path / "empty.txt"), "empty.txt is empty"),
+        (str(tmp_path / "latin1.txt"), "latin1.txt is not UTF-8 (byte 3)"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(needle)) as err:
+            plan(text_config(str(good), pattern))
+        assert str(err.value).startswith("data.text_files")
+
+
+@pytest.mark.parametrize(
+    ("eval_section", "needle"),
+    [
+        ({"tasks": ["mohge_ppl", "mohge_nonsense"]}, "eval.tasks[1]='mohge_nonsense': unknown task"),
+        ({"tasks": ["hellaswag"]}, "eval.tasks[0]='hellaswag': a standard lm-eval task"),
+    ],
+)
+def test_unknown_eval_tasks_are_refused_before_training(eval_section, needle):
+    cfg = copy.deepcopy(BASE)
+    cfg["eval"] = eval_section
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        plan(cfg)
+
+
+def test_standard_tasks_plan_with_allow_hub():
+    assert plan({**BASE, "eval": {"tasks": ["mohge_ppl", "hellaswag"], "allow_hub": True}})
+
+
+def test_triton_backend_on_a_cpu_run_is_refused(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr("mohge.preflight.cuda_present", lambda: False)
+    cfg = copy.deepcopy(BASE)
+    cfg["model"]["ffn"]["backend"] = "triton"
+    with pytest.raises(ConfigError, match=r"model\.ffn\.backend='triton': the Triton kernels need a GPU"):
+        plan(cfg)
+    assert plan({**cfg, "cluster": {"gpus_per_node": 4}})  # planned on a login node for GPU nodes
+    with pytest.raises(ConfigError, match="backend='triton'"):
+        plan({**cfg, "cluster": {"gpus_per_node": 4}, "train": {**cfg["train"], "device": "cpu"}})
+
+
+def test_hf_source_is_refused_fast_when_offline(monkeypatch):
+    from mohge import preflight
+    from mohge.config import DataConfig
+
+    cfg = copy.deepcopy(BASE)
+    cfg["datasets"]["graded"] = {"source": "hf", "hf_name": "some/corpus", "vocab_size": 300, "seq_len": 32}
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set"):
+        plan(cfg)
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    assert plan(cfg)  # the hub is asked when the data is prepared, not while planning
+    monkeypatch.setattr(preflight, "HUB_HOST", "127.0.0.1")
+    monkeypatch.setattr(preflight, "HUB_PORT", 9)  # nothing listens: refused at once
+    t0 = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"data.hf_name='some/corpus': the hub .* does not answer"):
+        preflight.check_hub(DataConfig.from_dict(cfg["datasets"]["graded"]))
+    assert time.perf_counter() - t0 < preflight.HUB_TIMEOUT_S + 1

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from mohge import train as train_mod
 from mohge.checkpoint import find_latest_valid, list_checkpoints
-from mohge.config import RunConfig, TrainConfig, load_run_config
+from mohge.config import ConfigError, RunConfig, TrainConfig, load_run_config
 from mohge.data import DataConfig, prepare
 from mohge.train import NonFiniteLossError, lr_at, train
 
@@ -194,3 +194,15 @@ def test_ddp_two_cpu_processes(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens_trained"] == 4 * 8 * 32 * 2
+
+
+def test_unwritable_output_is_refused_before_any_step(tmp_path, data_dir, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cfg = load_run_config(write_config(tmp_path / "run.json"))
+    monkeypatch.setattr(train_mod, "setup_runtime", lambda *a: pytest.fail("got past the output checks"))
+    with pytest.raises(ConfigError, match=r"--out .*a_file/out is not writable"):
+        train(cfg, blocker / "out", tmp_path / "scratch", data=str(data_dir))
+    with pytest.raises(ConfigError, match=r"--scratch .*a_file/scratch is not writable"):
+        train(cfg, tmp_path / "out", blocker / "scratch", data=str(data_dir))
+    assert train_mod.main(["--config", str(tmp_path / "run.json"), "--out", str(blocker / "o")]) == 2
