@@ -60,9 +60,13 @@ from .losses import group_aux_active, weighted_aux
 from .model import LanguageModel
 from .moe import LayerStats
 from .params import count_params
+from .tokenizer import check_tokenizer
 from .traces import routing_summary
 
 log = logging.getLogger("mohge.train")
+
+# The final output folder; manifest.json (sha256 of each) is written after all of them.
+FINAL_FILES = ("model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl", "summary.json")
 
 
 class NonFiniteLossError(RuntimeError):
@@ -308,6 +312,10 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
+    if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
+        check_tokenizer(data_dir / "tokenizer.json")
+        preflight.verify_token_files(data_dir, scratch / "data_verified.json")
+    rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
     resolved = ckpt.resolved_config(cfg)
     random.seed(tc.seed)
@@ -415,6 +423,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
+        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
@@ -423,6 +432,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
 def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
     """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
     tc = cfg.train
+    (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
     ckpt.write_model(out / "model.safetensors", model.state_dict())
     write_json_atomic(out / "config.json", resolved)
     write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
