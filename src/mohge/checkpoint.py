@@ -160,16 +160,20 @@ def save_checkpoint(
         "data.json": _json_bytes({"step": step}),
         "config.json": _json_bytes(config),
     }
-    for name, data in blobs.items():
-        write_bytes_atomic(tmp / name, data)
-    manifest = {
-        "format_version": 1,
-        "step": step,
-        "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()},
-    }
-    write_json_atomic(tmp / MANIFEST, manifest)
-    _fsync_dir(tmp)
-    os.replace(tmp, final)
+    try:
+        for name, data in blobs.items():
+            write_bytes_atomic(tmp / name, data)
+        manifest = {
+            "format_version": 1,
+            "step": step,
+            "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()},
+        }
+        write_json_atomic(tmp / MANIFEST, manifest)
+        _fsync_dir(tmp)
+        os.replace(tmp, final)
+    except BaseException:  # disk full, killed, ...: the older checkpoints stay as they were, no half folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _fsync_dir(scratch)
     prune_checkpoints(scratch, keep)
     return final

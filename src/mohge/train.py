@@ -52,7 +52,8 @@ from tqdm import tqdm
 
 from . import checkpoint as ckpt
 from . import preflight
-from .atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from .atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
+from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, TrainConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
 from .evaluate import heldout_loss
@@ -203,6 +204,29 @@ class WindowMeter:
             v = torch.stack([st.aux[name].detach().float() for st in layers])
             self.aux_L[name] = v if name not in self.aux_L else self.aux_L[name] + v
 
+    def state(self) -> dict[str, Any]:
+        """The accumulators, for the checkpoint: a resumed run's first row covers its whole window."""
+        counts = None if self.counts_LE is None else self.counts_LE.cpu()
+        plain = {"steps": self.steps, "micro": self.micro, "tokens": self.tokens, "time": self.time}
+        return {
+            **plain,
+            "sums": dict(self.sums),
+            "counts_LE": counts,
+            "aux_L": {k: v.cpu() for k, v in self.aux_L.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, device: torch.device) -> WindowMeter:
+        meter = cls()
+        if state:
+            meter.steps, meter.micro, meter.tokens, meter.time = (
+                state[k] for k in ("steps", "micro", "tokens", "time")
+            )
+            meter.sums = dict(state["sums"])
+            meter.counts_LE = None if state["counts_LE"] is None else state["counts_LE"].to(device)
+            meter.aux_L = {k: v.to(device) for k, v in state["aux_L"].items()}
+        return meter
+
     def add_step(self, values: dict[str, float], tokens: int, seconds: float) -> None:
         self.steps += 1
         self.tokens += tokens
@@ -299,7 +323,11 @@ def train(
         preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
-        return _train(cfg, out, scratch, data, require_resume, rt)
+        with contextlib.ExitStack() as locks:
+            if rt.main:  # one writer per output: a second training on the same folders is refused
+                for folder in (out, scratch):
+                    locks.enter_context(output_lock(folder, log))
+            return _train(cfg, out, scratch, data, require_resume, rt)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():
@@ -343,16 +371,19 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         net = _wrap_ddp(model, rt)
     model.train()
     micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
-    meter, trained_tokens, train_time = WindowMeter(), 0, 0.0
+    meters = state["state"].get("meters") if state is not None else None
+    own = None if not meters else meters[rt.rank] if len(meters) == rt.world else meters[0]
+    meter, trained_tokens, train_time = WindowMeter.from_state(own, rt.device), 0, 0.0
 
     def save(step: int) -> Path | None:
-        rngs = [ckpt.capture_rng()]
+        rngs, meters = [ckpt.capture_rng()], [meter.state()]
         if rt.world > 1:
-            rngs = [None] * rt.world
+            rngs, meters = [None] * rt.world, [None] * rt.world
             dist.all_gather_object(rngs, ckpt.capture_rng())
+            dist.all_gather_object(meters, meter.state())
         path = None
         if rt.main:
-            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs}
+            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs, "meters": meters}
             path = ckpt.save_checkpoint(scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints)
         rt.barrier()
         return path
@@ -361,7 +392,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
-    with bar, open(log_path, "a") if rt.main else contextlib.nullcontext() as log_fh:
+    with bar:
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
             lr = lr_at(s, tc)
@@ -404,16 +435,14 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
                 meter = WindowMeter()
                 if rt.main:
                     rows.append(row)
-                    log_fh.write(json.dumps(row) + "\n")
-                    log_fh.flush()
+                    append_line(log_path, json.dumps(row))
                     bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}")
             if tc.eval_every and (s + 1) % tc.eval_every == 0:
                 if rt.main:
                     val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
                     row = {"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]}
                     rows.append(row)
-                    log_fh.write(json.dumps(row) + "\n")
-                    log_fh.flush()
+                    append_line(log_path, json.dumps(row))
                 rt.barrier()
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
                 last_good = save(s + 1)
@@ -462,12 +491,15 @@ def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, train
     }
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.train",
         description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
-        "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss.",
+        "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
+        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH "
+        "(see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -499,13 +531,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
-    except NonFiniteLossError as err:
+    except (NonFiniteLossError, LaunchError) as err:
+        if os.environ.get("MOHGE_DEBUG"):
+            raise
         log.error("%s", err)
-        return 3
-    except (ConfigError, ckpt.CheckpointError, FileNotFoundError, LaunchError) as err:
-        log.error("%s", err)
-        return 2
-    return 0
+        return EXIT_NONFINITE if isinstance(err, NonFiniteLossError) else EXIT_USER
+    return EXIT_OK
 
 
 if __name__ == "__main__":
