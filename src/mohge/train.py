@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import logging
 import math
@@ -40,7 +39,6 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +59,7 @@ from .losses import group_aux_active, weighted_aux
 from .model import LanguageModel
 from .moe import LayerStats
 from .params import count_params
+from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
 from .tokenizer import check_tokenizer
 from .traces import routing_summary
 
@@ -72,10 +71,6 @@ FINAL_FILES = ("model.safetensors", "config.json", "tokenizer.json", "train_log.
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm of a step is NaN or infinite."""
-
-
-class LaunchError(RuntimeError):
-    """The processes or devices do not match what the run asked for."""
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -104,80 +99,6 @@ def compute_loss(
     for stats in out.layers:
         aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)
     return lm + aux, lm, aux, out.layers
-
-
-# ----------------------------------------------------------------------------------------------------
-# Runtime: device, precision, processes
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Runtime:
-    rank: int
-    world: int
-    device: torch.device
-    autocast: torch.dtype | None
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def set_deterministic(mode: bool) -> None:
-    """``torch.use_deterministic_algorithms`` without its import of the inductor config (~3 s at start-up,
-    only to set a torch.compile flag; nothing here is compiled)."""
-    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if setter is None:
-        torch.use_deterministic_algorithms(mode)
-    else:
-        setter(mode)
-
-
-def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
-    """Device and process group; under torchrun (WORLD_SIZE > 1) one process per GPU, checked against what
-    is visible and against ``gpus`` when given."""
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() and gpus != 0 else "cpu")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise LaunchError("train.device='cuda' but torch sees no CUDA device")
-        visible = torch.cuda.device_count()
-        if gpus is not None and (visible != gpus or local_world != gpus):
-            raise LaunchError(
-                f"--gpus {gpus}: {visible} GPU(s) visible (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), {local_world} process(es) on this node"
-            )
-        if local_world > visible:
-            raise LaunchError(f"{local_world} processes on this node but only {visible} GPU(s) visible")
-        if local_world < visible and rank == 0:
-            log.warning("using %d of the %d visible GPUs", local_world, visible)
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        if gpus:
-            raise LaunchError(f"--gpus {gpus} given but train.device resolves to cpu")
-        device = torch.device("cpu")
-    if world > 1:
-        dist.init_process_group("nccl" if kind == "cuda" else "gloo")  # env:// from torchrun
-    precision = tc.precision if tc.precision != "auto" else ("bf16" if kind == "cuda" else "fp32")
-    if precision == "bf16" and kind == "cpu" and rank == 0:
-        log.warning("bf16 autocast on a CPU is ~20x slower than fp32 here")
-    return Runtime(rank, world, device, torch.bfloat16 if precision == "bf16" else None)
-
-
-def _wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
-    """DDP without per-forward buffer broadcasts (the buffers are constants: RoPE tables, expert widths)."""
-    ddp = torch.nn.parallel.DistributedDataParallel
-    quiet = (
-        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
-    )
-    ids = [rt.device.index] if rt.device.type == "cuda" else None
-    return ddp(model, device_ids=ids, **{quiet: False})
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -368,7 +289,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
     net: torch.nn.Module = model
     if rt.world > 1:
-        net = _wrap_ddp(model, rt)
+        net = wrap_ddp(model, rt)
     model.train()
     micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
     meters = state["state"].get("meters") if state is not None else None
