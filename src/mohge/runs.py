@@ -127,7 +127,7 @@ def _variants(exp: dict, where: str) -> dict[str, dict]:
     if not isinstance(variants, dict) or not variants:
         raise ConfigError(f"{where}.variants={variants!r}: expected a non-empty mapping name -> overrides")
     for name, over in variants.items():
-        check_name(name, f"{where}.variants.{name}")
+        check_name(name, f"{where}.variants")
         if not isinstance(over or {}, dict):
             raise ConfigError(f"{where}.variants.{name}={over!r}: expected a mapping of section overrides")
         bad = sorted(set(over or {}) - set(VARIANT_SECTIONS))
@@ -186,7 +186,7 @@ def plan(config: dict, preflight: bool = True) -> dict[str, RunConfig]:
     if not datasets:
         raise ConfigError("datasets: at least one dataset is needed")
     for ds in datasets:
-        check_name(ds, f"datasets.{ds}")
+        check_name(ds, "datasets")
         DataConfig.from_dict(_section(datasets, ds), f"datasets.{ds}")
     experiments = config.get("experiments")
     if not isinstance(experiments, list) or not experiments:
