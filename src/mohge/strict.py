@@ -181,6 +181,7 @@ def to_dict(obj: Any) -> Any:
 
 # ---------------------------------------------------------------- JSON schema from the same declarations
 
+FLOAT_PATTERN = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
 _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
 
 
@@ -221,7 +222,10 @@ def schema_of(tp: Any, meta: dict | None = None) -> dict:
     if tp is dict or origin is dict:
         return {"type": "object"}
     base = {int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"}, str: {"type": "string"}}
-    return _constrain(dict(base[tp]), {k: v for k, v in meta.items() if k != "min_items"})
+    out = _constrain(dict(base[tp]), {k: v for k, v in meta.items() if k != "min_items"})
+    if tp is float:  # YAML 1.1 reads 1e-3 (no dot) as a string; the loader converts it, so the schema allows it
+        return {"anyOf": [out, {"type": "string", "pattern": FLOAT_PATTERN}]}
+    return out
 
 
 # ---------------------------------------------------------------- files

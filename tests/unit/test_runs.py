@@ -185,7 +185,7 @@ def test_schema_carries_enums_ranges_and_descriptions():
     assert ffn["properties"]["expert_widths"]["minItems"] == 1
     assert ffn["properties"]["expert_widths"]["items"]["exclusiveMinimum"] == 0
     assert ffn["description"] and ffn["properties"]["placement"]["description"]
-    assert schema["properties"]["train"]["properties"]["beta1"]["exclusiveMaximum"] == 1
+    assert schema["properties"]["train"]["properties"]["beta1"]["anyOf"][0]["exclusiveMaximum"] == 1
 
 
 def test_runs_list_refuses_in_one_line_with_status_2(tmp_path, caplog):
@@ -271,3 +271,9 @@ def test_hf_source_is_refused_fast_when_offline(monkeypatch):
     with pytest.raises(ConfigError, match=r"data.hf_name='some/corpus': the hub .* does not answer"):
         preflight.check_hub(DataConfig.from_dict(cfg["datasets"]["graded"]))
     assert time.perf_counter() - t0 < preflight.HUB_TIMEOUT_S + 1
+
+
+def test_yaml_exponent_without_a_dot_is_a_number_for_both_validators():
+    cfg = yaml.safe_load(yaml.safe_dump(BASE) + "loss:\n  expert_aux_coeff: 1e-3\n")
+    assert cfg["loss"]["expert_aux_coeff"] == "1e-3"  # YAML 1.1: a string
+    assert plan(cfg)["graded-mohge-s0"].loss.expert_aux_coeff == 1e-3 and schema_accepts(cfg)
