@@ -9,10 +9,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
-from mohge.atomic import LOCK_NAME, LockedError, append_line, output_lock
+from mohge.atomic import LOCK_NAME, STALE_AFTER_S, LockedError, append_line, output_lock
 
 
 def _append_rows(path: str, tag: str, n: int) -> None:
@@ -52,3 +53,29 @@ def test_a_live_holder_is_named_and_a_stale_lock_is_taken_over(tmp_path, caplog)
     with pytest.raises(LockedError, match=f"pid {dead_pid} on elsewhere"):
         with output_lock(folder):
             pass
+
+
+def test_a_lock_from_another_host_is_stale_only_without_heartbeat(tmp_path, caplog):
+    folder = tmp_path / "out"
+    folder.mkdir()
+    lock = folder / LOCK_NAME
+    lock.write_text(json.dumps({"pid": 1, "host": "node17", "started": "then"}))
+    with pytest.raises(LockedError, match="pid 1 on node17"):
+        with output_lock(folder):
+            pass
+    old = time.time() - STALE_AFTER_S - 5
+    os.utime(lock, (old, old))  # a job killed on node17 and requeued here: its heartbeat stopped
+    with caplog.at_level(logging.WARNING), output_lock(folder):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert "of pid 1 on node17 (since then): no heartbeat for" in caplog.text
+
+
+def test_the_holder_keeps_its_lock_fresh(tmp_path, monkeypatch):
+    import mohge.atomic as atomic
+
+    monkeypatch.setattr(atomic, "HEARTBEAT_S", 0.05)
+    with output_lock(tmp_path) as lock:
+        old = time.time() - 1000
+        os.utime(lock, (old, old))
+        time.sleep(0.3)
+        assert time.time() - lock.stat().st_mtime < 5
