@@ -467,7 +467,10 @@ def default_cache_dir() -> Path:
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
-    if path.stat().st_size == 0:  # mmap refuses empty files
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise ValueError(f"{path}: {size} bytes, not a whole number of {dtype.name} tokens (truncated?)")
+    if size == 0:  # mmap refuses empty files
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 

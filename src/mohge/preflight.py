@@ -143,13 +143,14 @@ def check_backend(cfg: RunConfig, cluster: dict[str, Any] | None = None, on_cpu:
         )
 
 
-def check_run(cfg: RunConfig, cluster: dict[str, Any] | None = None, files: bool = True) -> None:
-    """Everything about one run that can be known before it starts (see the module docstring); ``files``:
-    also read the text source's files (once per dataset is enough)."""
+def check_run(cfg: RunConfig, cluster: dict[str, Any] | None = None, inputs: bool = True) -> None:
+    """Everything about one run that can be known before it starts (see the module docstring). ``inputs``:
+    also check what preparing its data needs (text files, the hub); off once the data is prepared."""
     data = cfg.data_config
-    if files and data.source == "text":
+    if inputs and data.source == "text":
         check_text_files(data.text_files)
-    check_hub_allowed(data)
+    if inputs:
+        check_hub_allowed(data)
     check_tasks(cfg)
     check_backend(cfg, cluster)
 

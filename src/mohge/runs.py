@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from .cli import user_errors
@@ -172,9 +172,10 @@ def _check_top_level(config: dict) -> None:
         _section(config, name)
 
 
-def plan(config: dict, preflight: bool = True) -> dict[str, RunConfig]:
+def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -> dict[str, RunConfig]:
     """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key.
-    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight).
+    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight), except
+    the inputs of the datasets named in ``prepared`` (their data is already prepared).
 
     This is the validator of the workflow config: ``mohge.runs list``, the Snakefile and (through the run
     configs it resolves) ``mohge.train`` share it, and the JSON schema is generated from the same sections.
@@ -237,7 +238,8 @@ def plan(config: dict, preflight: bool = True) -> dict[str, RunConfig]:
                         }
                     )
                     if preflight:
-                        check_run(cfg, config.get("cluster"), files=ds not in files_checked)
+                        inputs = ds not in files_checked and ds not in prepared
+                        check_run(cfg, config.get("cluster"), inputs=inputs)
                         files_checked.add(ds)
     return runs
 

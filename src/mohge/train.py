@@ -237,7 +237,7 @@ def train(
     out, scratch = Path(out), Path(scratch) if scratch else Path(out) / ".scratch"
     for folder, what in ((out, "--out"), (scratch, "--scratch")):
         preflight.check_writable(folder, what)
-    preflight.check_run(cfg, files=data is None)
+    preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:

@@ -277,3 +277,12 @@ def test_yaml_exponent_without_a_dot_is_a_number_for_both_validators():
     cfg = yaml.safe_load(yaml.safe_dump(BASE) + "loss:\n  expert_aux_coeff: 1e-3\n")
     assert cfg["loss"]["expert_aux_coeff"] == "1e-3"  # YAML 1.1: a string
     assert plan(cfg)["graded-mohge-s0"].loss.expert_aux_coeff == 1e-3 and schema_accepts(cfg)
+
+
+def test_prepared_datasets_skip_the_input_checks(monkeypatch):
+    cfg = copy.deepcopy(BASE)
+    cfg["datasets"]["graded"] = {"source": "hf", "hf_name": "some/corpus", "vocab_size": 300, "seq_len": 32}
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="HF_DATASETS_OFFLINE is set"):
+        plan(cfg)
+    assert plan(cfg, prepared={"graded"})  # prepared on a machine with network; trained offline
