@@ -16,8 +16,10 @@ the new complete folder: a folder named ``step_*`` always holds a manifest writt
 A folder whose manifest is missing or whose files do not match it (truncated, bit rot) is reported with the
 file and both hashes, and the next older valid folder is used.
 
-``load_trained(dir)`` loads a trained model from a final output folder (``model.safetensors`` +
-``config.json``) or from a checkpoint folder; evaluation, traces and the lm-eval adapter use it.
+The final output folder of ``mohge.train`` carries a manifest too (``{"files": {name: sha256}}``, written last by
+:func:`write_manifest`). ``load_trained(dir)`` loads a trained model from a final output folder or a checkpoint
+folder after :func:`verify_manifest`; evaluation, traces and the lm-eval adapter use it, so a flipped bit in any
+file of the folder is refused, naming the file.
 """
 
 from __future__ import annotations

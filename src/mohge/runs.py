@@ -5,9 +5,12 @@ dataclasses of :mod:`mohge.config`) before any job starts. A run is ``{dataset}-
 is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.matched`,
 its vocabulary and context taken from the dataset.
 
-Workflow config keys (see ``configs/README.md``): ``datasets`` (name -> data section), ``model``, ``loss``,
-``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset, families, seeds, variants}),
-``moe_width`` (the homogeneous baseline's width; null = the release's ratio), ``utilization``, ``figures``.
+Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
+data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
+families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
+``utilization``, ``figures``, ``cluster`` (SLURM resources). Names (datasets, variants, study) are identifiers
+(:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake in one line naming the key, and then checks
+what the runs need from the world (:mod:`mohge.preflight`).
 
     python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
     python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)

@@ -17,8 +17,12 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
+* Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
+  the run passes mohge.preflight, tokenizer.json round-trips, the token files match meta.json's sha256.
+* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.cli's (docs/errors.md).
 
-Log rows (SCRATCH/train_log.jsonl while running, copied to OUT at the end), one per ``log_every`` steps:
+Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
+to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
 ``step`` is the 0-based index of the last step of the window; losses are means over the window (all ranks);
 ``aux`` the raw aux losses (no coefficient) summed over layers, ``aux_layers`` per layer; per MoE layer
 ``group_usage`` = routed slots per width class / all slots, ``mean_expert_width`` = sum_e share_e * width_e
