@@ -16,8 +16,10 @@ the new complete folder: a folder named ``step_*`` always holds a manifest writt
 A folder whose manifest is missing or whose files do not match it (truncated, bit rot) is reported with the
 file and both hashes, and the next older valid folder is used.
 
-``load_trained(dir)`` loads a trained model from a final output folder (``model.safetensors`` +
-``config.json``) or from a checkpoint folder; evaluation, traces and the lm-eval adapter use it.
+The final output folder of ``mohge.train`` carries a manifest too (``{"files": {name: sha256}}``, written last by
+:func:`write_manifest`). ``load_trained(dir)`` loads a trained model from a final output folder or a checkpoint
+folder after :func:`verify_manifest`; evaluation, traces and the lm-eval adapter use it, so a flipped bit in any
+file of the folder is refused, naming the file.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .atomic import write_bytes_atomic, write_json_atomic
+from .atomic import sha256_file, write_bytes_atomic, write_json_atomic
 from .config import ConfigError, RunConfig, load_run_config, to_dict
 
 log = logging.getLogger("mohge.checkpoint")
@@ -49,20 +51,13 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint folder that cannot be used: the message names the file and what is wrong with it."""
+class CheckpointError(ValueError):
+    """A checkpoint or model folder that cannot be used: the message names the file and what is wrong with it
+    (a ValueError: a bad input, shown by the CLIs as one line with status 2)."""
 
 
 def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def step_dir_name(step: int) -> str:
@@ -167,16 +162,20 @@ def save_checkpoint(
         "data.json": _json_bytes({"step": step}),
         "config.json": _json_bytes(config),
     }
-    for name, data in blobs.items():
-        write_bytes_atomic(tmp / name, data)
-    manifest = {
-        "format_version": 1,
-        "step": step,
-        "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()},
-    }
-    write_json_atomic(tmp / MANIFEST, manifest)
-    _fsync_dir(tmp)
-    os.replace(tmp, final)
+    try:
+        for name, data in blobs.items():
+            write_bytes_atomic(tmp / name, data)
+        manifest = {
+            "format_version": 1,
+            "step": step,
+            "files": {name: {"sha256": sha256_bytes(data), "bytes": len(data)} for name, data in blobs.items()},
+        }
+        write_json_atomic(tmp / MANIFEST, manifest)
+        _fsync_dir(tmp)
+        os.replace(tmp, final)
+    except BaseException:  # disk full, killed, ...: the older checkpoints stay as they were, no half folder
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     _fsync_dir(scratch)
     prune_checkpoints(scratch, keep)
     return final
@@ -205,33 +204,48 @@ def remove_stale_temps(scratch: str | Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check a checkpoint folder against its manifest; return the manifest or raise CheckpointError naming
-    the file (and the expected and actual sha256 on a mismatch)."""
-    path = Path(path)
+def write_manifest(folder: str | Path, names: list[str]) -> Path:
+    """``folder/manifest.json`` = ``{"files": {name: sha256}}`` of ``names``, written last and atomically (the
+    final model folder's seal; :func:`verify_manifest` checks it)."""
+    folder = Path(folder)
+    files = {name: sha256_file(folder / name) for name in sorted(names)}
+    write_json_atomic(folder / MANIFEST, {"format_version": 1, "files": files})
+    return folder / MANIFEST
+
+
+def verify_manifest(folder: str | Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check every file a folder's manifest lists (entries ``sha256`` or ``{"sha256": ..., "bytes": ...}``);
+    return the manifest, or raise CheckpointError naming the file (and both hashes on a mismatch)."""
+    path = Path(folder)
     mpath = path / MANIFEST
     if not mpath.is_file():
-        raise CheckpointError(f"{mpath} is missing: the save of {path.name} did not complete")
+        raise CheckpointError(f"{mpath} is missing: {path} is incomplete or was not written by mohge.train")
     try:
         manifest = json.loads(mpath.read_text())
-        files = manifest["files"]
-    except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise CheckpointError(f"{mpath} is unreadable: {err}") from err
-    missing = [f for f in FILES if f not in files]
+        files = {k: v if isinstance(v, str) else v["sha256"] for k, v in manifest["files"].items()}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{mpath} is unreadable: {err!r}") from err
+    missing = [f for f in required if f not in files]
     if missing:
         raise CheckpointError(f"{mpath} does not list {missing}")
-    for name, entry in files.items():
+    for name, expected in files.items():
         fpath = path / name
         if not fpath.is_file():
             raise CheckpointError(f"{fpath} is missing (listed in {MANIFEST})")
         actual = sha256_file(fpath)
-        if actual != entry["sha256"]:
-            size = fpath.stat().st_size
+        if actual != expected:
+            entry = manifest["files"][name]
+            size = f", manifest expects {entry['bytes']} bytes" if isinstance(entry, dict) else ""
             raise CheckpointError(
-                f"{fpath} is corrupted: sha256 {actual} ({size} bytes), "
-                f"manifest expects {entry['sha256']} ({entry.get('bytes')} bytes)"
+                f"{fpath} is corrupted: sha256 {actual} ({fpath.stat().st_size} bytes), "
+                f"manifest expects {expected}{size}"
             )
     return manifest
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check a checkpoint folder against its manifest (see :func:`verify_manifest`)."""
+    return verify_manifest(path, FILES)
 
 
 def find_latest_valid(scratch: str | Path) -> tuple[Path | None, list[str]]:
@@ -315,8 +329,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     for name in ("model.safetensors", "config.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path / name} is missing: not a trained-model folder")
-    if (path / MANIFEST).is_file():
-        verify_checkpoint(path)
+    verify_manifest(path, ("model.safetensors", "config.json"))  # a flipped bit fails here, naming the file
     cfg = load_run_config(path / "config.json")
     model = LanguageModel(cfg.model, cfg.loss)
     state = safetensors.torch.load_file(path / "model.safetensors")
@@ -344,5 +357,7 @@ __all__ = [
     "restore_rng",
     "save_checkpoint",
     "verify_checkpoint",
+    "verify_manifest",
+    "write_manifest",
     "write_model",
 ]

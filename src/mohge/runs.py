@@ -5,9 +5,12 @@ dataclasses of :mod:`mohge.config`) before any job starts. A run is ``{dataset}-
 is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.matched`,
 its vocabulary and context taken from the dataset.
 
-Workflow config keys (see ``configs/README.md``): ``datasets`` (name -> data section), ``model``, ``loss``,
-``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset, families, seeds, variants}),
-``moe_width`` (the homogeneous baseline's width; null = the release's ratio), ``utilization``, ``figures``.
+Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
+data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
+families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
+``utilization``, ``figures``, ``cluster`` (SLURM resources). Names (datasets, variants, study) are identifiers
+(:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake in one line naming the key, and then checks
+what the runs need from the world (:mod:`mohge.preflight`).
 
     python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
     python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)
@@ -16,17 +19,15 @@ Workflow config keys (see ``configs/README.md``): ``datasets`` (name -> data sec
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
-import types
-import typing
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
 
 from .cli import user_errors
 from .config import (
-    ConfigError,
+    PLACEMENTS,
+    DataConfig,
     EvalConfig,
     LossConfig,
     ModelConfig,
@@ -36,8 +37,78 @@ from .config import (
     to_dict,
 )
 from .matched import FAMILIES, derive
+from .preflight import check_run
+from .strict import NAME_PATTERN, ConfigError, _Section, check_name, knob, schema_of
 
-PLACEMENTS_FOR_STUDY = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
+PLACEMENTS_FOR_STUDY = PLACEMENTS
+
+
+@dataclass(frozen=True)
+class UtilizationConfig(_Section):
+    """The per-GPU utilization study: placement strategies and expert-parallel sizes it compares."""
+
+    strategies: tuple[str, ...] = knob(PLACEMENTS, "placement strategies compared", choices=PLACEMENTS, min_items=1)
+    ep_sizes: tuple[int, ...] = knob((2, 4), "expert-parallel sizes", ge=1, min_items=1)
+    measure_nproc: int = knob(0, "processes of the measured EP run (0: none)", ge=0)
+    measure_tokens: int = knob(256, "tokens per rank of the measured EP run", ge=1)
+    trace_all_seeds: bool = knob(False, "trace every seed of every MoE model, not only the first (balance CIs)")
+    _path: str = field(default="utilization", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class FiguresConfig(_Section):
+    """Inputs of the figures that are not produced by the workflow."""
+
+    bench_csv: str = knob("results/bench/kernels.csv", "kernel benchmark CSV (committed)")
+    _path: str = field(default="figures", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ClusterConfig(_Section):
+    """SLURM resources of a training job and its launcher (srun + torchrun when nodes * gpus_per_node > 1)."""
+
+    nodes: int = knob(1, "nodes per training job", ge=1)
+    gpus_per_node: int = knob(0, "GPUs per node (0: train on CPUs)", ge=0)
+    cpus_per_task: int = knob(2, "CPU cores per task", ge=1)
+    mem_gb: int = knob(8, "memory per node in GB", ge=1)
+    runtime_min: int = knob(60, "wall-clock limit of a training job in minutes", ge=1)
+    _path: str = field(default="cluster", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class AnalysisConfig(_Section):
+    """A study's pre-declared statistical analysis (mohge.study; docs/study.md)."""
+
+    alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)
+    equivalence_margin: float = knob(0.03, "TOST margin on the perplexity ratio (0.03: +-3 %)", gt=0, lt=1)
+    primary_metric: str = knob("test_ppl", "primary endpoint (full split)", choices=("test_ppl", "val_ppl"))
+    reference_family: str = knob("moe", "Q1: the MoE that MoHGE should equal", choices=FAMILIES)
+    iso_family: str = knob("moe_equal", "Q1b: the iso-parameter MoE that MoHGE should beat", choices=FAMILIES)
+    _path: str = field(default="analysis", repr=False, compare=False)
+
+
+# Top-level keys of the workflow config (besides the sections above): see configs/README.md.
+TOP_LEVEL = (
+    "study",
+    "datasets",
+    "model",
+    "loss",
+    "train",
+    "eval",
+    "experiments",
+    "moe_width",
+    "utilization",
+    "figures",
+    "cluster",
+    "analysis",
+)
+EXPERIMENT_KEYS = ("dataset", "families", "seeds", "variants", "moe_width")
+SECTIONS = {
+    "utilization": UtilizationConfig,
+    "figures": FiguresConfig,
+    "cluster": ClusterConfig,
+    "analysis": AnalysisConfig,
+}
 
 
 def run_name(dataset: str, family: str, seed: int, variant: str = "") -> str:
@@ -45,9 +116,13 @@ def run_name(dataset: str, family: str, seed: int, variant: str = "") -> str:
 
 
 def _section(config: dict, key: str) -> dict:
-    value = config.get(key) or {}
+    """A mapping section of the config; absent is {} but a key left empty (``model:``) is refused."""
+    if key not in config:
+        return {}
+    value = config[key]
     if not isinstance(value, dict):
-        raise ConfigError(f"{key}={value!r}: expected a mapping")
+        why = "an empty section: give its keys or remove the line" if value is None else "expected a mapping"
+        raise ConfigError(f"{key}={value!r}: {why}")
     return value
 
 
@@ -74,48 +149,107 @@ def _variants(exp: dict, where: str) -> dict[str, dict]:
     if not isinstance(variants, dict) or not variants:
         raise ConfigError(f"{where}.variants={variants!r}: expected a non-empty mapping name -> overrides")
     for name, over in variants.items():
-        if not isinstance(name, str) or not name.replace("_", "").isalnum():
-            raise ConfigError(f"{where}.variants: name {name!r} must be letters, digits and underscores")
+        check_name(name, f"{where}.variants")
+        if not isinstance(over or {}, dict):
+            raise ConfigError(f"{where}.variants.{name}={over!r}: expected a mapping of section overrides")
         bad = sorted(set(over or {}) - set(VARIANT_SECTIONS))
         if bad:
             raise ConfigError(f"{where}.variants.{name}.{bad[0]}: unknown key (known: {', '.join(VARIANT_SECTIONS)})")
+        for key in VARIANT_SECTIONS:
+            _section(over or {}, key)  # an empty override (`model:`) is refused
     return {name: over or {} for name, over in variants.items()}
 
 
-def plan(config: dict) -> dict[str, RunConfig]:
-    """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key."""
+def _seeds(exp: dict, fam: str, where: str) -> list[int]:
+    """The seeds of one family: a list for every family, or a mapping family|default -> list."""
+    seeds = exp.get("seeds", [0])
+    if isinstance(seeds, dict):
+        bad = sorted(set(seeds) - {*FAMILIES, "default"})
+        if bad:
+            raise ConfigError(f"{where}.seeds.{bad[0]}: unknown key (known: {', '.join((*FAMILIES, 'default'))})")
+        key = fam if fam in seeds else "default"
+        where, seeds = f"{where}.seeds.{key}", seeds.get(key, [0])
+    else:
+        where = f"{where}.seeds"
+    if not isinstance(seeds, list) or not seeds:
+        raise ConfigError(f"{where}={seeds!r}: expected a non-empty list of seeds")
+    for i, seed in enumerate(seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"{where}[{i}]={seed!r}: a seed must be an integer >= 0")
+    return seeds
+
+
+def _check_top_level(config: dict) -> None:
+    """Top-level keys and the study-level sections (utilization, figures, cluster, study, moe_width)."""
+    unknown = sorted(set(config) - set(TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown top-level key (known: {', '.join(TOP_LEVEL)})")
+    check_name(config.get("study", "default"), "study")
+    for key, cls in SECTIONS.items():
+        cls.from_dict(_section(config, key), key)
+    width = config.get("moe_width")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ConfigError(f"moe_width={width!r}: expected an integer >= 1 or null")
+    for name in VARIANT_SECTIONS:
+        _section(config, name)
+
+
+def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -> dict[str, RunConfig]:
+    """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key.
+    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight), except
+    the inputs of the datasets named in ``prepared`` (their data is already prepared).
+
+    This is the validator of the workflow config: ``mohge.runs list``, the Snakefile and (through the run
+    configs it resolves) ``mohge.train`` share it, and the JSON schema is generated from the same sections.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"config={config!r}: expected a mapping")
+    _check_top_level(config)
     datasets = _section(config, "datasets")
     if not datasets:
         raise ConfigError("datasets: at least one dataset is needed")
-    experiments = config.get("experiments") or []
-    if not experiments:
-        raise ConfigError("experiments: at least one experiment is needed")
+    for ds in datasets:
+        check_name(ds, "datasets")
+        DataConfig.from_dict(_section(datasets, ds), f"datasets.{ds}")
+    experiments = config.get("experiments")
+    if not isinstance(experiments, list) or not experiments:
+        raise ConfigError(f"experiments={experiments!r}: at least one experiment is needed (a list)")
     runs: dict[str, RunConfig] = {}
+    files_checked: set[str] = set()
     for i, exp in enumerate(experiments):
         where = f"experiments[{i}]"
+        if not isinstance(exp, dict):
+            raise ConfigError(f"{where}={exp!r}: expected a mapping with dataset, families, seeds, variants")
+        bad = sorted(set(exp) - set(EXPERIMENT_KEYS))
+        if bad:
+            raise ConfigError(f"{where}.{bad[0]}: unknown key (known: {', '.join(EXPERIMENT_KEYS)})")
+        width = exp.get("moe_width")
+        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+            raise ConfigError(f"{where}.moe_width={width!r}: expected an integer >= 1 or null")
         ds = exp.get("dataset")
         if ds not in datasets:
             raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
+        families = exp.get("families")
+        if not isinstance(families, list) or not families:
+            raise ConfigError(f"{where}.families={families!r}: expected a non-empty list of {FAMILIES}")
         data = datasets[ds]
         for variant, over in _variants(exp, where).items():
-            shared = {k: merge_config(_section(config, k), over.get(k, {})) for k in VARIANT_SECTIONS}
+            shared = {k: merge_config(_section(config, k), over.get(k) or {}) for k in VARIANT_SECTIONS}
             model_dict = {
                 **shared["model"],
                 "vocab_size": data.get("vocab_size", 2048),
                 "max_seq_len": data.get("seq_len", 256),
             }
             mohge_cfg = ModelConfig.from_dict(model_dict, "model")
-            for fam in exp.get("families", []):
+            for fam in families:
                 if fam not in FAMILIES:
                     raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
-                seeds = exp.get("seeds", {})
-                fam_seeds = seeds.get(fam, seeds.get("default", [0])) if isinstance(seeds, dict) else seeds
                 model = derive(mohge_cfg, fam, exp.get("moe_width", config.get("moe_width")))
-                for seed in fam_seeds:
+                for seed in _seeds(exp, fam, where):
                     name = run_name(ds, fam, seed, variant)
                     if name in runs:
                         raise ConfigError(f"{where}: run {name} is planned twice")
-                    runs[name] = RunConfig.from_dict(
+                    runs[name] = cfg = RunConfig.from_dict(
                         {
                             "name": name,
                             "family": fam,
@@ -128,65 +262,46 @@ def plan(config: dict) -> dict[str, RunConfig]:
                             "eval": shared["eval"],
                         }
                     )
+                    if preflight:
+                        inputs = ds not in files_checked and ds not in prepared
+                        check_run(cfg, config.get("cluster"), inputs=inputs)
+                        files_checked.add(ds)
     return runs
 
 
 # ---------------------------------------------------------------- JSON schema, generated from the dataclasses
 
 
-def _schema_of(tp: Any) -> dict:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = [_schema_of(a) for a in typing.get_args(tp) if a is not type(None)]
-        return {"anyOf": [*options, {"type": "null"}]}
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        props = {f.name: _schema_of(hints[f.name]) for f in dataclasses.fields(tp) if f.init and f.name != "_path"}
-        return {"type": "object", "additionalProperties": False, "properties": props}
-    if origin is tuple:
-        args = typing.get_args(tp)
-        return {"type": "array", "items": _schema_of(args[0])}
-    if tp is dict or origin is dict:
-        return {"type": "object"}
-    return {
-        int: {"type": "integer"},
-        float: {"type": "number"},
-        bool: {"type": "boolean"},
-        str: {"type": "string"},
-    }[tp]
-
-
 def workflow_schema() -> dict:
-    """JSON schema of the workflow config; ``additionalProperties: false`` at every level."""
-    from .data import DataConfig
-
-    data = _schema_of(DataConfig)
-    model = _schema_of(ModelConfig)
+    """JSON schema of the workflow config; ``additionalProperties: false`` at every level. Snakemake's
+    ``validate`` and :func:`plan` refuse the same mistakes (plan also checks what a schema cannot say)."""
+    data = schema_of(DataConfig)
+    model = schema_of(ModelConfig)
     for key in ("vocab_size", "max_seq_len"):  # taken from the dataset
         model["properties"].pop(key)
-    loss, train, evalc = _schema_of(LossConfig), _schema_of(TrainConfig), _schema_of(EvalConfig)
+    loss, train, evalc = schema_of(LossConfig), schema_of(TrainConfig), schema_of(EvalConfig)
+    name = {"type": "string", "pattern": NAME_PATTERN.pattern}
     seeds = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    overrides = {"type": "object", "additionalProperties": False}
+    overrides["properties"] = {"model": model, "loss": loss, "train": train, "eval": evalc}
     experiment = {
         "type": "object",
         "additionalProperties": False,
+        "description": "runs of one dataset: families x seeds x variants",
         "required": ["dataset", "families"],
         "properties": {
-            "dataset": {"type": "string"},
-            "moe_width": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
+            "dataset": {**name, "description": "a key of datasets"},
+            "moe_width": {
+                "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "description": "this experiment's homogeneous MoE width (a width sweep); overrides moe_width",
+            },
             "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
             "variants": {
                 "type": "object",
                 "minProperties": 1,
-                "additionalProperties": {
-                    "anyOf": [
-                        {"type": "null"},
-                        {
-                            "type": "object",
-                            "additionalProperties": False,
-                            "properties": {"model": model, "loss": loss, "train": train, "eval": evalc},
-                        },
-                    ]
-                },
+                "propertyNames": name,
+                "additionalProperties": {"anyOf": [{"type": "null"}, overrides]},
+                "description": "variant name -> overrides of model, loss, train, eval",
             },
             "seeds": {
                 "anyOf": [
@@ -196,7 +311,8 @@ def workflow_schema() -> dict:
                         "additionalProperties": False,
                         "properties": {k: seeds for k in (*FAMILIES, "default")},
                     },
-                ]
+                ],
+                "description": "seeds of every family, or per family (with a default)",
             },
         },
     }
@@ -207,41 +323,24 @@ def workflow_schema() -> dict:
         "additionalProperties": False,
         "required": ["datasets", "experiments"],
         "properties": {
-            "datasets": {"type": "object", "additionalProperties": data, "minProperties": 1},
+            "study": {**name, "description": "outputs go to results/<study>/, figures/<study>/, ..."},
+            "datasets": {
+                "type": "object",
+                "propertyNames": name,
+                "additionalProperties": data,
+                "minProperties": 1,
+                "description": "dataset name -> its data section",
+            },
             "model": model,
             "loss": loss,
             "train": train,
             "eval": evalc,
             "experiments": {"type": "array", "items": experiment, "minItems": 1},
-            "moe_width": {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}]},
-            "utilization": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    "strategies": {"type": "array", "items": {"enum": list(PLACEMENTS_FOR_STUDY)}},
-                    "ep_sizes": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-                    "measure_nproc": {"type": "integer", "minimum": 0},
-                    "measure_tokens": {"type": "integer", "minimum": 1},
-                    "trace_all_seeds": {"type": "boolean"},
-                },
+            "moe_width": {
+                "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "description": "width of the homogeneous baseline (null: the release's ratio)",
             },
-            "analysis": {
-                "type": "object",
-                "additionalProperties": False,
-                "description": "the pre-declared statistical analysis of a study (configs/study.yaml)",
-                "properties": {
-                    "alpha": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                    "equivalence_margin": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-                    "primary_metric": {"enum": ["test_ppl", "val_ppl"]},
-                    "reference_family": {"enum": list(FAMILIES)},
-                    "iso_family": {"enum": list(FAMILIES)},
-                },
-            },
-            "figures": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {"bench_csv": {"type": "string"}},
-            },
+            **{key: schema_of(cls) for key, cls in SECTIONS.items()},
         },
     }
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mohge.atomic import atomic_path
+from mohge.strict import ConfigError
 
 EOT = "<|endoftext|>"
 EOT_ID = 0
@@ -34,6 +35,7 @@ __all__ = [
     "encode",
     "encode_batch",
     "encode_with_offsets",
+    "check_tokenizer",
     "load_tokenizer",
     "train_tokenizer",
 ]
@@ -104,3 +106,22 @@ def encode_with_offsets(tok: Tokenizer, text: str) -> tuple[list[int], list[tupl
 def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
     """Inverse of `encode`; `EOT_ID` decodes to the literal "<|endoftext|>"."""
     return tok.decode(list(ids), skip_special_tokens=False)
+
+
+# Bytes of every kind a corpus holds: accents, an emoji, tabs and runs of spaces, digits, the EOT literal.
+PROBE = "MoHGE probe: na\u00efve caf\u00e9 \U0001f642\n\tx  =  123+456 <|endoftext|> end"
+
+
+def check_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """Load ``path`` and round-trip a probe string through it; a tokenizer that cannot be parsed or does not
+    give back its input is a ConfigError naming the file (checked before training, never copied to outputs)."""
+    try:
+        tok = load_tokenizer(path)
+        back = decode(tok, encode(tok, PROBE))
+    except Exception as err:  # tokenizers raises plain Exception for a malformed file
+        raise ConfigError(
+            f"{path}: not a usable tokenizer ({str(err).splitlines()[0] if str(err) else err!r})"
+        ) from err
+    if back != PROBE:
+        raise ConfigError(f"{path}: the tokenizer does not round-trip text (encode then decode gave {back[:40]!r})")
+    return tok

@@ -17,8 +17,12 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
+* Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
+  the run passes mohge.preflight, tokenizer.json round-trips, the token files match meta.json's sha256.
+* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.cli's (docs/errors.md).
 
-Log rows (SCRATCH/train_log.jsonl while running, copied to OUT at the end), one per ``log_every`` steps:
+Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
+to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
 ``step`` is the 0-based index of the last step of the window; losses are means over the window (all ranks);
 ``aux`` the raw aux losses (no coefficient) summed over layers, ``aux_layers`` per layer; per MoE layer
 ``group_usage`` = routed slots per width class / all slots, ``mean_expert_width`` = sum_e share_e * width_e
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import logging
 import math
@@ -40,7 +43,6 @@ import random
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +53,9 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from . import checkpoint as ckpt
-from .atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from . import preflight
+from .atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
+from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, TrainConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
 from .evaluate import heldout_loss
@@ -59,17 +63,18 @@ from .losses import group_aux_active, weighted_aux
 from .model import LanguageModel
 from .moe import LayerStats
 from .params import count_params
+from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
+from .tokenizer import check_tokenizer
 from .traces import routing_summary
 
 log = logging.getLogger("mohge.train")
 
+# The final output folder; manifest.json (sha256 of each) is written after all of them.
+FINAL_FILES = ("model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl", "summary.json")
+
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm of a step is NaN or infinite."""
-
-
-class LaunchError(RuntimeError):
-    """The processes or devices do not match what the run asked for."""
 
 
 def lr_at(step: int, tc: TrainConfig) -> float:
@@ -101,80 +106,6 @@ def compute_loss(
 
 
 # ----------------------------------------------------------------------------------------------------
-# Runtime: device, precision, processes
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Runtime:
-    rank: int
-    world: int
-    device: torch.device
-    autocast: torch.dtype | None
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-
-def set_deterministic(mode: bool) -> None:
-    """``torch.use_deterministic_algorithms`` without its import of the inductor config (~3 s at start-up,
-    only to set a torch.compile flag; nothing here is compiled)."""
-    setter = getattr(torch._C, "_set_deterministic_algorithms", None)
-    if setter is None:
-        torch.use_deterministic_algorithms(mode)
-    else:
-        setter(mode)
-
-
-def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
-    """Device and process group; under torchrun (WORLD_SIZE > 1) one process per GPU, checked against what
-    is visible and against ``gpus`` when given."""
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() and gpus != 0 else "cpu")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise LaunchError("train.device='cuda' but torch sees no CUDA device")
-        visible = torch.cuda.device_count()
-        if gpus is not None and (visible != gpus or local_world != gpus):
-            raise LaunchError(
-                f"--gpus {gpus}: {visible} GPU(s) visible (CUDA_VISIBLE_DEVICES="
-                f"{os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}), {local_world} process(es) on this node"
-            )
-        if local_world > visible:
-            raise LaunchError(f"{local_world} processes on this node but only {visible} GPU(s) visible")
-        if local_world < visible and rank == 0:
-            log.warning("using %d of the %d visible GPUs", local_world, visible)
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        if gpus:
-            raise LaunchError(f"--gpus {gpus} given but train.device resolves to cpu")
-        device = torch.device("cpu")
-    if world > 1:
-        dist.init_process_group("nccl" if kind == "cuda" else "gloo")  # env:// from torchrun
-    precision = tc.precision if tc.precision != "auto" else ("bf16" if kind == "cuda" else "fp32")
-    if precision == "bf16" and kind == "cpu" and rank == 0:
-        log.warning("bf16 autocast on a CPU is ~20x slower than fp32 here")
-    return Runtime(rank, world, device, torch.bfloat16 if precision == "bf16" else None)
-
-
-def _wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
-    """DDP without per-forward buffer broadcasts (the buffers are constants: RoPE tables, expert widths)."""
-    ddp = torch.nn.parallel.DistributedDataParallel
-    quiet = (
-        "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(ddp).parameters else "broadcast_buffers"
-    )
-    ids = [rt.device.index] if rt.device.type == "cuda" else None
-    return ddp(model, device_ids=ids, **{quiet: False})
-
-
-# ----------------------------------------------------------------------------------------------------
 # Log rows
 # ----------------------------------------------------------------------------------------------------
 
@@ -197,6 +128,29 @@ class WindowMeter:
         for name in layers[0].aux:
             v = torch.stack([st.aux[name].detach().float() for st in layers])
             self.aux_L[name] = v if name not in self.aux_L else self.aux_L[name] + v
+
+    def state(self) -> dict[str, Any]:
+        """The accumulators, for the checkpoint: a resumed run's first row covers its whole window."""
+        counts = None if self.counts_LE is None else self.counts_LE.cpu()
+        plain = {"steps": self.steps, "micro": self.micro, "tokens": self.tokens, "time": self.time}
+        return {
+            **plain,
+            "sums": dict(self.sums),
+            "counts_LE": counts,
+            "aux_L": {k: v.cpu() for k, v in self.aux_L.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, device: torch.device) -> WindowMeter:
+        meter = cls()
+        if state:
+            meter.steps, meter.micro, meter.tokens, meter.time = (
+                state[k] for k in ("steps", "micro", "tokens", "time")
+            )
+            meter.sums = dict(state["sums"])
+            meter.counts_LE = None if state["counts_LE"] is None else state["counts_LE"].to(device)
+            meter.aux_L = {k: v.to(device) for k, v in state["aux_L"].items()}
+        return meter
 
     def add_step(self, values: dict[str, float], tokens: int, seconds: float) -> None:
         self.steps += 1
@@ -284,12 +238,21 @@ def train(
     gpus: int | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` (resuming from SCRATCH when it holds a valid checkpoint); returns the summary."""
+    out, scratch = Path(out), Path(scratch) if scratch else Path(out) / ".scratch"
+    for folder, what in ((out, "--out"), (scratch, "--scratch")):
+        preflight.check_writable(folder, what)
+    preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
     try:
+        preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
-        return _train(cfg, Path(out), Path(scratch) if scratch else Path(out) / ".scratch", data, require_resume, rt)
+        with contextlib.ExitStack() as locks:
+            if rt.main:  # one writer per output: a second training on the same folders is refused
+                for folder in (out, scratch):
+                    locks.enter_context(output_lock(folder, log))
+            return _train(cfg, out, scratch, data, require_resume, rt)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():
@@ -302,6 +265,10 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
+    if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
+        check_tokenizer(data_dir / "tokenizer.json")
+        preflight.verify_token_files(data_dir, scratch / "data_verified.json")
+    rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
     resolved = ckpt.resolved_config(cfg)
     random.seed(tc.seed)
@@ -326,19 +293,22 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
     net: torch.nn.Module = model
     if rt.world > 1:
-        net = _wrap_ddp(model, rt)
+        net = wrap_ddp(model, rt)
     model.train()
     micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
-    meter, trained_tokens, train_time = WindowMeter(), 0, 0.0
+    meters = state["state"].get("meters") if state is not None else None
+    own = None if not meters else meters[rt.rank] if len(meters) == rt.world else meters[0]
+    meter, trained_tokens, train_time = WindowMeter.from_state(own, rt.device), 0, 0.0
 
     def save(step: int) -> Path | None:
-        rngs = [ckpt.capture_rng()]
+        rngs, meters = [ckpt.capture_rng()], [meter.state()]
         if rt.world > 1:
-            rngs = [None] * rt.world
+            rngs, meters = [None] * rt.world, [None] * rt.world
             dist.all_gather_object(rngs, ckpt.capture_rng())
+            dist.all_gather_object(meters, meter.state())
         path = None
         if rt.main:
-            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs}
+            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs, "meters": meters}
             path = ckpt.save_checkpoint(scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints)
         rt.barrier()
         return path
@@ -347,7 +317,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
-    with bar, open(log_path, "a") if rt.main else contextlib.nullcontext() as log_fh:
+    with bar:
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
             lr = lr_at(s, tc)
@@ -390,16 +360,14 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
                 meter = WindowMeter()
                 if rt.main:
                     rows.append(row)
-                    log_fh.write(json.dumps(row) + "\n")
-                    log_fh.flush()
+                    append_line(log_path, json.dumps(row))
                     bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}")
             if tc.eval_every and (s + 1) % tc.eval_every == 0:
                 if rt.main:
                     val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
                     row = {"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]}
                     rows.append(row)
-                    log_fh.write(json.dumps(row) + "\n")
-                    log_fh.flush()
+                    append_line(log_path, json.dumps(row))
                 rt.barrier()
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
                 last_good = save(s + 1)
@@ -409,6 +377,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
+        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
@@ -417,6 +386,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
 def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
     """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
     tc = cfg.train
+    (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
     ckpt.write_model(out / "model.safetensors", model.state_dict())
     write_json_atomic(out / "config.json", resolved)
     write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
@@ -446,12 +416,15 @@ def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, train
     }
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.train",
         description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
-        "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss.",
+        "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
+        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH "
+        "(see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -483,13 +456,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
-    except NonFiniteLossError as err:
+    except (NonFiniteLossError, LaunchError) as err:
+        if os.environ.get("MOHGE_DEBUG"):
+            raise
         log.error("%s", err)
-        return 3
-    except (ConfigError, ckpt.CheckpointError, FileNotFoundError, LaunchError) as err:
-        log.error("%s", err)
-        return 2
-    return 0
+        return EXIT_NONFINITE if isinstance(err, NonFiniteLossError) else EXIT_USER
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -136,3 +136,81 @@ def test_load_trained_from_output_and_checkpoint(tmp_path, data_dir):
         assert cfg.name == "tiny" and not model.training
         logits = model(torch.zeros(1, 5, dtype=torch.long)).logits
         assert logits.shape == (1, 5, 300)
+
+
+# ------------------------------------------------------------------------------------------------
+# The final model folder is sealed by a manifest; tokenizer and token files are verified before training
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, data_dir) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "model"
+    train(RunConfig.from_dict(RUN), out, data=str(data_dir))
+    return out
+
+
+def test_final_folder_has_a_manifest_that_load_trained_checks(trained, tmp_path):
+    from mohge.train import FINAL_FILES
+
+    manifest = json.loads((trained / "manifest.json").read_text())
+    assert sorted(manifest["files"]) == sorted(FINAL_FILES)
+    assert manifest["files"]["model.safetensors"] == ckpt.sha256_file(trained / "model.safetensors")
+    ckpt.verify_manifest(trained)
+    ckpt.load_trained(trained)
+    flipped = tmp_path / "flipped"
+    shutil.copytree(trained, flipped)
+    raw = bytearray((flipped / "model.safetensors").read_bytes())
+    raw[-3] ^= 0x40  # an exponent bit of the last weight
+    (flipped / "model.safetensors").write_bytes(bytes(raw))
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.load_trained(flipped)
+    assert "model.safetensors is corrupted" in str(err.value) and "\n" not in str(err.value)
+    (flipped / "manifest.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match="manifest.json is missing"):
+        ckpt.load_trained(flipped)
+
+
+def test_evaluate_and_traces_refuse_a_tampered_model(trained, data_dir, tmp_path, caplog):
+    from mohge import evaluate, traces
+
+    flipped = tmp_path / "flipped"
+    shutil.copytree(trained, flipped)
+    with open(flipped / "tokenizer.json", "a") as fh:
+        fh.write(" ")
+    args = ["--ckpt", str(flipped), "--data", str(data_dir), "--out", str(tmp_path / "m.json")]
+    assert evaluate.main(args) == 2
+    assert traces.main([*args[:4], "--out", str(tmp_path / "t")]) == 2
+    assert caplog.text.count("tokenizer.json is corrupted") == 2
+
+
+def test_broken_tokenizer_is_refused_before_training(data_dir, tmp_path):
+    from mohge.config import ConfigError
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    text = (data / "tokenizer.json").read_text()
+    (data / "tokenizer.json").write_text(text[: len(text) // 2])
+    with pytest.raises(ConfigError, match=r"tokenizer\.json: not a usable tokenizer"):
+        train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    assert not list((tmp_path / "out" / ".scratch").glob("step_*"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
+    from mohge.config import ConfigError
+    from mohge.preflight import verify_token_files
+
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    verify_token_files(data, tmp_path / "verified.json")
+    raw = bytearray((data / "train.bin").read_bytes())
+    if damage == "flip":
+        raw[100] ^= 0x01
+    else:
+        raw = raw[: len(raw) - 3]
+    (data / "train.bin").write_bytes(bytes(raw))
+    verify_token_files(data, tmp_path / "verified.json")  # once per run: the scratch remembers the check
+    with pytest.raises(ConfigError, match=r"train\.bin was changed or truncated"):
+        train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))

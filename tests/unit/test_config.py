@@ -77,3 +77,35 @@ def test_presets_load():
     for name in ("mohge-3b", "moe-3b"):
         cfg = load_model_config(ROOT / "configs" / "models" / f"{name}.yaml")
         assert isinstance(cfg, ModelConfig) and cfg.n_layers == 15
+
+
+# ------------------------------------------------------------------------------------------------
+# Names are identifiers; YAML errors name file, line and column
+# ------------------------------------------------------------------------------------------------
+
+HOSTILE_NAMES = ["x`touch PWNED`", "$(id)", "a;b", "../../x", "a/b", "..", "", "-rf", "a b"]
+
+
+@pytest.mark.parametrize("bad", HOSTILE_NAMES)
+@pytest.mark.parametrize("key", ["name", "family", "dataset", "variant"])
+def test_run_names_are_identifiers(key, bad):
+    if key == "variant" and bad == "":
+        return  # '' means "no variant"
+    with pytest.raises(ConfigError) as err:
+        RunConfig.from_dict({key: bad})
+    msg = str(err.value)
+    assert msg.startswith(f"{key}=") and "\n" not in msg
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("train:\n  steps: 10\n  lr: [1, 2\nmodel: {}\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(bad)
+    msg = str(err.value)
+    assert msg.startswith(f"{bad}:") and "\n" not in msg
+    line, col = msg[len(str(bad)) + 1 :].split(":")[:2]
+    assert int(line) >= 3 and int(col) >= 1
+    (tmp_path / "bad.json").write_text('{"train": {"steps": 10,}}')
+    with pytest.raises(ConfigError, match=r"bad\.json:1:\d+: not valid JSON"):
+        load_run_config(tmp_path / "bad.json")

@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import tarfile
+import time
 
 import numpy as np
 import pytest
@@ -49,7 +50,7 @@ def test_config_from_dict_converts_lists():
     cfg = DataConfig.from_dict(
         {"source": "hf", "hf_local_path": "/x", "hf_splits": {"train": "tr"}, "graded_levels": ["hard", "easy"]}
     )
-    assert cfg.hf_splits == (("train", "tr"),)
+    assert cfg.hf_splits == {"train": "tr"}
     assert cfg.graded_levels == ("hard", "easy")
 
 
@@ -65,7 +66,7 @@ def test_config_from_dict_converts_lists():
         ({"val_fraction": 0.6, "test_fraction": 0.5}, "data.val_fraction=0.6"),
         ({"test_plays": ["hamlet", "john"]}, "data.test_plays="),
         ({"graded_levels": ["easy"]}, "data.graded_levels=('easy',)"),
-        ({"graded_levels": ["trivial"]}, "data.graded_levels=('trivial',)"),
+        ({"graded_levels": ["trivial"]}, "data.graded_levels[0]='trivial'"),
         ({"shakespeare_sha256": "abc"}, "data.shakespeare_sha256='abc'"),
         ({"source": "text"}, "data.text_files=()"),
         ({"source": "hf"}, "data.hf_name=None"),
@@ -558,12 +559,13 @@ def test_hf_hub_path_calls_load_dataset(monkeypatch):
         return datasets.Dataset.from_dict({"body": [f"{split} doc {i}" for i in range(20)]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(data, "check_hub", lambda cfg: calls.append("hub asked once"))  # no network here
     cfg = DataConfig.from_dict(
         {"source": "hf", "hf_name": "org/corpus", "hf_config": "en", "hf_text_field": "body",
          "hf_splits": {"train": "train", "test": "heldout"}, "val_fraction": 0.1}
     )  # fmt: skip
     docs = data.build_docs(cfg)
-    assert calls == [("org/corpus", "en", "train"), ("org/corpus", "en", "heldout")]
+    assert calls == ["hub asked once", ("org/corpus", "en", "train"), ("org/corpus", "en", "heldout")]
     assert [len(docs[s]) for s in ("train", "val", "test")] == [18, 2, 20]
 
 
@@ -647,10 +649,30 @@ def test_cli(tmp_path, capsys, caplog):
     assert printed["tokens"] == json.loads((tmp_path / "out" / "meta.json").read_text())["tokens"]
     cfg.write_text(json.dumps({"data": {"source": "graded", "vocab": 5}}))
     assert data.main(["--config", str(cfg), "--out", str(tmp_path / "bad")]) == 2  # a user mistake: status 2
-    assert "unknown key(s) ['vocab']" in caplog.text
+    assert "data.vocab: unknown key" in caplog.text
 
 
 def test_hf_splits_order_is_canonical_so_round_trips_compare_equal():
     a = DataConfig.from_dict({"hf_splits": {"test": "t", "train": "tr", "val": "v"}})
     b = DataConfig.from_dict({"hf_splits": {"train": "tr", "val": "v", "test": "t"}})
-    assert a == b and a.hf_splits == (("train", "tr"), ("val", "v"), ("test", "t"))
+    assert a == b and list(a.hf_splits.items()) == [("train", "tr"), ("val", "v"), ("test", "t")]
+
+
+def test_truncated_token_file_is_named(tmp_path):
+    from mohge.data import TokenStream
+
+    path = tmp_path / "train.bin"
+    path.write_bytes(b"\x01\x00\x02\x00\x03")  # uint16 tokens cut in the middle of the third
+    with pytest.raises(ValueError, match=r"train\.bin: 5 bytes, not a whole number of uint16 tokens"):
+        TokenStream(path, "uint16")
+
+
+def test_hf_prepare_offline_fails_fast_in_one_line(tmp_path, monkeypatch, caplog):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"data": {"source": "hf", "hf_name": "org/corpus"}}))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.delenv("MOHGE_DEBUG", raising=False)
+    t0 = time.perf_counter()
+    assert data.main(["--config", str(cfg), "--out", str(tmp_path / "out")]) == 2
+    assert time.perf_counter() - t0 < 3
+    assert "data.hf_name='org/corpus': HF_HUB_OFFLINE is set" in caplog.text and caplog.text.count("\n") == 1

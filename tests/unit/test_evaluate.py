@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from conftest import tiny_run, train_tiny
 
 from mohge import evaluate as ev
+from mohge.checkpoint import write_manifest
 from mohge.data import DataConfig, prepare
 from mohge.tokenizer import EOT_ID, encode
 
@@ -141,6 +142,7 @@ def test_config_tasks_skip_what_the_data_cannot_build(run, tmp_path):
     run_cfg = json.loads((copy / "config.json").read_text())
     run_cfg["eval"]["tasks"] = ["mohge_ppl", "mohge_graded_hard"]
     (copy / "config.json").write_text(json.dumps(run_cfg))
+    write_manifest(copy, list(json.loads((copy / "manifest.json").read_text())["files"]))  # re-seal the edit
     metrics = ev.evaluate(copy, tmp_path / "plain", limit=2, device="cpu", max_loss_batches=1)
     assert list(metrics["tasks"]) == ["mohge_ppl"] and metrics["lm_eval"]["skipped"] == ["mohge_graded_hard"]
     with pytest.raises(ValueError, match="mohge_graded_hard"):

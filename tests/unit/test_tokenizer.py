@@ -140,3 +140,20 @@ def test_load_rejects_tokenizer_without_eot_at_zero(tmp_path):
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match="expected <\\|endoftext\\|> at id 0"):
         load_tokenizer(path)
+
+
+def test_check_tokenizer_round_trips_and_names_a_broken_file(tmp_path):
+    from mohge.config import ConfigError
+    from mohge.tokenizer import check_tokenizer, train_tokenizer
+
+    path = tmp_path / "tokenizer.json"
+    train_tokenizer(["the cat sat on the mat\n"] * 50, 300, path)
+    assert check_tokenizer(path).token_to_id("<|endoftext|>") == 0
+    spec = json.loads(path.read_text())
+    spec["decoder"] = None  # parses, but decodes byte symbols as they are: no round trip
+    path.write_text(json.dumps(spec))
+    with pytest.raises(ConfigError, match="does not round-trip"):
+        check_tokenizer(path)
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match=r"tokenizer\.json: not a usable tokenizer"):
+        check_tokenizer(path)

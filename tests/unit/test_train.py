@@ -4,6 +4,7 @@ import json
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from safetensors.torch import load_file
 
 from mohge import train as train_mod
 from mohge.checkpoint import find_latest_valid, list_checkpoints
-from mohge.config import RunConfig, TrainConfig, load_run_config
+from mohge.config import ConfigError, RunConfig, TrainConfig, load_run_config
 from mohge.data import DataConfig, prepare
 from mohge.train import NonFiniteLossError, lr_at, train
 
@@ -194,3 +195,94 @@ def test_ddp_two_cpu_processes(tmp_path, data_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens_trained"] == 4 * 8 * 32 * 2
+
+
+def test_unwritable_output_is_refused_before_any_step(tmp_path, data_dir, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    cfg = load_run_config(write_config(tmp_path / "run.json"))
+    monkeypatch.setattr(train_mod, "setup_runtime", lambda *a: pytest.fail("got past the output checks"))
+    with pytest.raises(ConfigError, match=r"--out .*a_file/out is not writable"):
+        train(cfg, blocker / "out", tmp_path / "scratch", data=str(data_dir))
+    with pytest.raises(ConfigError, match=r"--scratch .*a_file/scratch is not writable"):
+        train(cfg, tmp_path / "out", blocker / "scratch", data=str(data_dir))
+    assert train_mod.main(["--config", str(tmp_path / "run.json"), "--out", str(blocker / "o")]) == 2
+
+
+def test_a_second_writer_is_refused_naming_the_holder(tmp_path, data_dir, caplog):
+    config = write_config(tmp_path / "run.json", steps=4)
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out.mkdir()
+        lock = {"pid": holder.pid, "host": socket.gethostname(), "started": "2026-01-01T00:00:00"}
+        (out / ".mohge.lock").write_text(json.dumps(lock))
+        code = train_mod.main(["--config", str(config), "--out", str(out), "--data", str(data_dir)])
+        assert code == 5
+        assert f"is being written by pid {holder.pid} on {socket.gethostname()}" in caplog.text
+        assert not (out / ".scratch" / "step_00000004").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale and taken over
+    assert train_mod.main(["--config", str(config), "--out", str(out), "--data", str(data_dir)]) == 0
+    assert "taking over the stale lock" in caplog.text and not (out / ".mohge.lock").exists()
+
+
+class Stop(Exception):
+    pass
+
+
+def test_log_rebuilt_exactly_on_resume_with_whole_windows(tmp_path, data_dir, monkeypatch):
+    # checkpoints every 3 steps, rows every 4: the resume point (step 6) falls inside the window 4..7
+    straight = tmp_path / "straight"
+    config = load_run_config(write_config(tmp_path / "run.json", steps=12, ckpt_every=3, log_every=4))
+    train(config, straight, data=str(data_dir))
+    real = train_mod.compute_loss
+
+    def stop_at_7(model, x, y, cfg, step):
+        if step == 7:
+            raise Stop
+        return real(model, x, y, cfg, step)
+
+    resumed = tmp_path / "resumed"
+    monkeypatch.setattr(train_mod, "compute_loss", stop_at_7)
+    with pytest.raises(Stop):
+        train(config, resumed, data=str(data_dir))
+    monkeypatch.setattr(train_mod, "compute_loss", real)
+    with open(resumed / ".scratch" / "train_log.jsonl", "a") as fh:  # a row of a step past the checkpoint
+        fh.write(json.dumps({"step": 7, "loss": 0.0}) + "\n")
+    assert train(config, resumed, data=str(data_dir), require_resume=True)["resumed_from_step"] == 6
+
+    def rows(folder):
+        timing = ("tokens_per_s",)
+        return [{k: v for k, v in json.loads(r).items() if k not in timing} for r in open(folder / "train_log.jsonl")]
+
+    assert [r["step"] for r in rows(resumed)] == [3, 7, 11]
+    assert rows(resumed) == rows(straight)
+
+
+def test_disk_full_mid_checkpoint_exits_4_and_keeps_the_previous_checkpoint(tmp_path, data_dir, monkeypatch, caplog):
+    import errno
+
+    from mohge import checkpoint as ckpt
+
+    real = ckpt.write_bytes_atomic
+
+    def full_disk(path, data):
+        if Path(path).name == "state.pt" and ".tmp-step_00000008" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(path, data)
+
+    monkeypatch.setattr(ckpt, "write_bytes_atomic", full_disk)
+    config = write_config(tmp_path / "run.json")
+    out = tmp_path / "out"
+    assert train_mod.main(["--config", str(config), "--out", str(out), "--data", str(data_dir)]) == 4
+    assert "No space left on device (ENOSPC): " in caplog.text and "state.pt" in caplog.text
+    scratch = out / ".scratch"
+    assert [s for s, _ in list_checkpoints(scratch)] == [4]
+    assert not list(scratch.glob(".tmp-*")), "the half-written checkpoint folder was left behind"
+    assert ckpt.load_checkpoint(scratch / "step_00000004")["step"] == 4
+    monkeypatch.setenv("MOHGE_DEBUG", "1")
+    with pytest.raises(OSError, match="No space left"):
+        train_mod.main(["--config", str(config), "--out", str(tmp_path / "o2"), "--data", str(data_dir)])

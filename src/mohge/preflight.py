@@ -1,0 +1,188 @@
+"""Checks of what a run needs from the world, made before anything trains: every refusal is one line.
+
+:func:`check_run` is called by :func:`mohge.runs.plan` for every planned run (so the Snakefile and
+``python -m mohge.runs list`` refuse at parse time) and again by ``python -m mohge.train`` at start:
+
+* the ``text`` source's files: every glob matches a file, no file is empty, every file is UTF-8;
+* the eval tasks: a task YAML shipped in ``configs/tasks``, or one of lm-eval's standard tasks listed in
+  ``configs/tasks/standard.yaml`` when ``eval.allow_hub`` is on (the list is read, lm-eval is not imported);
+* the expert backend: ``triton`` needs a GPU, decided from ``train.device`` and the workflow's ``cluster``
+  section (``gpus_per_node`` 0 or absent and no CUDA on this machine: the run would train on a CPU);
+* the ``hf`` source without ``hf_local_path``: refused while ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set.
+  Whether the hub answers is asked when the data is prepared (:func:`hub_reachable`, one 3 s connect, no
+  retries), not at plan time: a dry run of a cluster config must plan on an offline login node.
+
+:func:`check_writable` is ``mohge.train``'s check of ``--out`` and ``--scratch`` before the first step.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .atomic import sha256_file, write_json_atomic
+from .config import ConfigError, DataConfig, RunConfig
+
+TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
+HUB_HOST, HUB_PORT, HUB_TIMEOUT_S = "huggingface.co", 443, 3.0
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def known_tasks(templates: Path = TASK_TEMPLATES) -> tuple[list[str], list[str]]:
+    """(local task names, standard hub task names) shipped in ``templates``."""
+    local = sorted(p.stem for p in templates.glob("*.yaml") if p.stem != "standard")
+    standard_file = templates / "standard.yaml"
+    standard = list(yaml.safe_load(standard_file.read_text())["standard_tasks"]) if standard_file.is_file() else []
+    return local, standard
+
+
+def check_tasks(cfg: RunConfig, templates: Path = TASK_TEMPLATES) -> None:
+    if not templates.is_dir():  # an installed package without the checkout's configs: evaluate decides
+        return
+    local, standard = known_tasks(templates)
+    for i, task in enumerate(cfg.eval.tasks):
+        key = f"eval.tasks[{i}]"
+        if task in standard and not cfg.eval.allow_hub:
+            raise ConfigError(f"{key}={task!r}: a standard lm-eval task downloads its data; set eval.allow_hub: true")
+        if task not in local and task not in standard:
+            raise ConfigError(
+                f"{key}={task!r}: unknown task (local: {', '.join(local)}; with eval.allow_hub: {', '.join(standard)})"
+            )
+
+
+def check_text_files(patterns: tuple[str, ...]) -> list[Path]:
+    """The files of the text source; a glob matching nothing, a missing or empty file, or a file that is not
+    UTF-8 is a ConfigError naming it."""
+    from .data import resolve_text_files  # torch-free path only when a text source is planned
+
+    files = resolve_text_files(patterns)
+    for path in files:
+        if path.stat().st_size == 0:
+            raise ConfigError(f"data.text_files: {path} is empty")
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        offset = 0
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as err:
+                    raise ConfigError(f"data.text_files: {path} is not UTF-8 (byte {offset + err.start})") from err
+                offset += len(block)
+            try:
+                decoder.decode(b"", final=True)
+            except UnicodeDecodeError as err:
+                raise ConfigError(f"data.text_files: {path} is not UTF-8 (it ends inside a character)") from err
+    return files
+
+
+def offline_variable() -> str | None:
+    """The HF offline variable that is set (to anything but 0/false/empty), if any."""
+    for var in OFFLINE_VARS:
+        if os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no", "off"):
+            return var
+    return None
+
+
+def check_hub_allowed(data: DataConfig) -> None:
+    if data.source == "hf" and data.hf_local_path is None and (var := offline_variable()):
+        raise ConfigError(
+            f"data.hf_name={data.hf_name!r}: {var} is set, so the hub cannot be reached; "
+            "use data.hf_local_path (a dataset saved with save_to_disk)"
+        )
+
+
+def hub_reachable() -> bool:
+    """One TCP connect to the hub with a short timeout (no retries)."""
+    try:
+        with socket.create_connection((HUB_HOST, HUB_PORT), timeout=HUB_TIMEOUT_S):
+            return True
+    except OSError:
+        return False
+
+
+def check_hub(data: DataConfig) -> None:
+    """Before ``datasets.load_dataset`` (which retries for ~40 s): refuse in one line when offline."""
+    check_hub_allowed(data)
+    if data.source == "hf" and data.hf_local_path is None and not hub_reachable():
+        raise ConfigError(
+            f"data.hf_name={data.hf_name!r}: the hub ({HUB_HOST}:{HUB_PORT}) does not answer "
+            f"within {HUB_TIMEOUT_S:.0f} s; use data.hf_local_path on offline machines"
+        )
+
+
+def cuda_present() -> bool:
+    """CUDA on this machine, without importing torch when it is not imported yet (plan time stays light)."""
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    return os.path.exists("/dev/nvidiactl") and os.environ.get("CUDA_VISIBLE_DEVICES", "x") not in ("", "-1")
+
+
+def trains_on_cpu(cfg: RunConfig, cluster: dict[str, Any] | None) -> bool:
+    if cfg.train.device != "auto":
+        return cfg.train.device == "cpu"
+    return not (cluster or {}).get("gpus_per_node") and not cuda_present()
+
+
+def check_backend(cfg: RunConfig, cluster: dict[str, Any] | None = None, on_cpu: bool | None = None) -> None:
+    """``on_cpu``: the device is known (mohge.train); else it is decided from the config and this machine."""
+    ffn = cfg.model.ffn
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # Triton's CPU interpreter (tests)
+    on_cpu = trains_on_cpu(cfg, cluster) if on_cpu is None else on_cpu
+    if ffn.kind != "dense" and ffn.backend == "triton" and not interpreted and on_cpu:
+        raise ConfigError(
+            "model.ffn.backend='triton': the Triton kernels need a GPU and this run trains on a CPU "
+            "(train.device, cluster.gpus_per_node); use backend auto or torch"
+        )
+
+
+def check_run(cfg: RunConfig, cluster: dict[str, Any] | None = None, inputs: bool = True) -> None:
+    """Everything about one run that can be known before it starts (see the module docstring). ``inputs``:
+    also check what preparing its data needs (text files, the hub); off once the data is prepared."""
+    data = cfg.data_config
+    if inputs and data.source == "text":
+        check_text_files(data.text_files)
+    if inputs:
+        check_hub_allowed(data)
+    check_tasks(cfg)
+    check_backend(cfg, cluster)
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Create ``folder`` and write a probe file in it: an unwritable output fails now, not after training."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-probe-"):
+            pass
+    except OSError as err:
+        raise ConfigError(f"{what} {folder} is not writable: {err.strerror or err}") from err
+
+
+def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
+    """Check the token files of a prepared folder against the sha256 meta.json records, once per run: the
+    result is kept in ``marker`` (in the run's scratch), so a resumed run does not read the tokens again.
+    A changed or truncated file is a ConfigError naming it."""
+    data_dir, marker = Path(data_dir), Path(marker)
+    meta = json.loads((data_dir / "meta.json").read_text())
+    record = {"data": str(data_dir.resolve()), "sha256": meta.get("sha256", {})}
+    if marker.is_file() and json.loads(marker.read_text()) == record:
+        return
+    for name, expected in sorted(record["sha256"].items()):
+        path = data_dir / name
+        if not path.is_file():
+            raise ConfigError(f"{path} is missing (listed in {data_dir / 'meta.json'})")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise ConfigError(
+                f"{path} was changed or truncated: sha256 {actual} ({path.stat().st_size} bytes), "
+                f"meta.json expects {expected}; prepare the data again"
+            )
+    write_json_atomic(marker, record)

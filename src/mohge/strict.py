@@ -1,0 +1,254 @@
+"""Strict loading of typed config sections, and the JSON schema generated from the same declarations.
+
+A section is a frozen dataclass deriving from :class:`_Section`. Each field is declared once with
+:func:`knob`: its default, a one-line description, and its allowed values (``choices``, ``ge``/``gt``/``le``/
+``lt`` bounds, ``min_items``; on a tuple field the bounds and choices apply to every item, ``min_items`` to the
+tuple). The same declaration drives the check in ``__post_init__``, the JSON schema (:func:`schema_of`: ``enum``,
+``minimum``/``exclusiveMinimum``, ``minItems``, ``description``) and the documentation, so the package and
+Snakemake's ``validate`` give the same answer. Checks that involve several fields live in a section's ``check``.
+
+Every refusal is a :class:`ConfigError` of one line that names the key as a dotted path
+(``model.ffn.expert_widths[2]=0: must be > 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import types
+import typing
+from dataclasses import MISSING, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user mistake in a config: the message names the key and the offending value."""
+
+
+def _fail(path: str, value: Any, why: str) -> typing.NoReturn:
+    raise ConfigError(f"{path}={value!r}: {why}")
+
+
+# Dataset, family, variant and study names become folder names, file names, Snakemake wildcards and words of
+# shell commands: letters, digits, '_' and '-' only, never starting with '-' (no '/', '..', space, '$', '`', ';').
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+
+
+def check_name(value: Any, key: str) -> str:
+    """``value`` if it is a safe name (see NAME_PATTERN), else a ConfigError naming ``key``."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        _fail(key, value, "a name must be letters, digits, '_' or '-', starting with a letter or digit")
+    return value
+
+
+def knob(
+    default: Any = MISSING,
+    doc: str = "",
+    *,
+    factory: Any = MISSING,
+    choices: tuple | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    min_items: int | None = None,
+) -> Any:
+    """A dataclass field with its description and allowed values (checked by ``_Section``, exported to the
+    schema)."""
+    meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "min_items": min_items}
+    meta = {k: v for k, v in meta.items() if v is not None and v != ""}
+    if factory is not MISSING:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _check_value(key: str, value: Any, meta: dict) -> None:
+    if value is None:
+        return
+    if "choices" in meta and value not in meta["choices"]:
+        _fail(key, value, f"must be one of {tuple(meta['choices'])}")
+    for bound, ok, word in (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+        ("lt", lambda v, b: v < b, "<"),
+    ):
+        if bound in meta and not ok(value, meta[bound]):
+            _fail(key, value, f"must be {word} {meta[bound]}")
+
+
+class _Section:
+    """Mixin: ``from_dict``, the per-field checks declared with :func:`knob`, a ``key()`` helper for messages."""
+
+    _path: str
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str = ""):
+        return from_dict(cls, data, path)
+
+    def key(self, name: str) -> str:
+        return f"{self._path}.{name}" if self._path else name
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            meta, value = f.metadata, getattr(self, f.name)
+            if not meta:
+                continue
+            if isinstance(value, tuple):
+                if len(value) < meta.get("min_items", 0):
+                    _fail(self.key(f.name), value, f"needs at least {meta['min_items']} item(s)")
+                for i, item in enumerate(value):
+                    _check_value(self.key(f"{f.name}[{i}]"), item, meta)
+            else:
+                _check_value(self.key(f.name), value, meta)
+        self.check()
+
+    def check(self) -> None:
+        """Checks across fields (a section overrides it)."""
+
+
+def _coerce(tp: Any, value: Any, path: str) -> Any:
+    """Convert a plain YAML/JSON value to the annotated field type (tuples, nested sections, optionals)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(args[0], value, path)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            _fail(path, value, f"expected a mapping for section {tp.__name__}")
+        return tp.from_dict(value, path)
+    if origin is tuple:
+        if not isinstance(value, list | tuple):
+            _fail(path, value, "expected a list")
+        (item_tp, *_rest) = typing.get_args(tp)
+        return tuple(_coerce(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            _fail(path, value, "expected a mapping")
+        return dict(value)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            _fail(path, value, "expected a number")
+        try:
+            return float(value)
+        except ValueError:
+            _fail(path, value, "expected a number")
+    if tp is int and (isinstance(value, bool) or not isinstance(value, int)):
+        _fail(path, value, "expected an integer")
+    if tp is bool and not isinstance(value, bool):
+        _fail(path, value, "expected true or false")
+    if tp is str and not isinstance(value, str):
+        _fail(path, value, "expected a string")
+    return value
+
+
+def from_dict(cls: type, data: dict, path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``; an unknown key is an error naming it and the known keys."""
+    if not isinstance(data, dict):
+        _fail(path or cls.__name__, data, f"expected a mapping for {cls.__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    public = sorted(names - {"_path"})
+    unknown = sorted(set(data) - set(public))
+    if unknown:
+        key = f"{path}.{unknown[0]}" if path else unknown[0]
+        raise ConfigError(f"{key}: unknown key (known keys of {cls.__name__}: {', '.join(public)})")
+    kwargs = {k: _coerce(hints[k], v, f"{path}.{k}" if path else k) for k, v in data.items()}
+    try:
+        return cls(**kwargs, _path=path) if "_path" in names else cls(**kwargs)
+    except TypeError as err:  # a required field without default, or a comparison of the wrong types
+        raise ConfigError(f"{path or cls.__name__}: {err}") from err
+
+
+def to_dict(obj: Any) -> Any:
+    """Plain JSON-able view of a config (tuples become lists)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.name != "_path"}
+    if isinstance(obj, tuple | list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------- JSON schema from the same declarations
+
+FLOAT_PATTERN = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
+_BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "exclusiveMaximum"}
+
+
+def _constrain(schema: dict, meta: dict) -> dict:
+    if "choices" in meta:
+        schema = {"enum": list(meta["choices"])}
+    for k, name in _BOUNDS.items():
+        if k in meta:
+            schema[name] = meta[k]
+    return schema
+
+
+def _doc(cls: type) -> str:
+    return " ".join((cls.__doc__ or "").strip().split("\n\n")[0].split())
+
+
+def schema_of(tp: Any, meta: dict | None = None) -> dict:
+    """JSON schema of a type annotation (a section: ``additionalProperties: false``, a description per key)."""
+    meta = meta or {}
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = [schema_of(a, meta) for a in typing.get_args(tp) if a is not type(None)]
+        return {"anyOf": [*options, {"type": "null"}]}
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        props = {}
+        for f in dataclasses.fields(tp):
+            if f.init and f.name != "_path":
+                props[f.name] = schema_of(hints[f.name], dict(f.metadata))
+                if f.metadata.get("doc"):
+                    props[f.name]["description"] = f.metadata["doc"]
+        return {"type": "object", "additionalProperties": False, "description": _doc(tp), "properties": props}
+    if origin is tuple:
+        out: dict = {"type": "array", "items": schema_of(typing.get_args(tp)[0], meta)}
+        if "min_items" in meta:
+            out["minItems"] = meta["min_items"]
+        return out
+    if tp is dict or origin is dict:
+        return {"type": "object"}
+    base = {int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"}, str: {"type": "string"}}
+    out = _constrain(dict(base[tp]), {k: v for k, v in meta.items() if k != "min_items"})
+    if tp is float:  # YAML 1.1 reads 1e-3 (no dot) as a string; the loader converts it, so the schema allows it
+        return {"anyOf": [out, {"type": "string", "pattern": FLOAT_PATTERN}]}
+    return out
+
+
+# ---------------------------------------------------------------- files
+
+
+def load_yaml_or_json(path: str | Path) -> dict:
+    """Read a YAML or JSON mapping; a missing or malformed file is an error naming it (and line and column)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {err.start})") from err
+    try:
+        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{p}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from err
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(data).__name__}")
+    return data
