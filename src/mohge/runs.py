@@ -206,6 +206,18 @@ def workflow_schema() -> dict:
         "additionalProperties": False,
         "required": ["datasets", "experiments"],
         "properties": {
+            "study": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_-]*$"},  # results/<study>/, figures/<study>/
+            "cluster": {  # SLURM sizes of a training job (the workflow's train rule and launcher)
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "nodes": {"type": "integer", "minimum": 1},
+                    "gpus_per_node": {"type": "integer", "minimum": 0},
+                    "cpus_per_task": {"type": "integer", "minimum": 1},
+                    "mem_gb": {"type": "integer", "minimum": 1},
+                    "runtime_min": {"type": "integer", "minimum": 1},
+                },
+            },
             "datasets": {"type": "object", "additionalProperties": data, "minProperties": 1},
             "model": model,
             "loss": loss,
