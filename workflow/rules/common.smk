@@ -190,7 +190,8 @@ def train_launcher():
     if nodes > 1:
         first_host = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
         return (
-            f"srun torchrun --nnodes {nodes} --nproc-per-node {gpus} --rdzv-backend c10d"
+            f"srun --nodes {nodes} --ntasks-per-node 1 torchrun --nnodes {nodes} --nproc-per-node {gpus}"
+            " --rdzv-backend c10d"
             f' --rdzv-endpoint "{first_host}:29500" --rdzv-id "$SLURM_JOB_ID" -m'
         )
     if gpus > 1:
