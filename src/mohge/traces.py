@@ -53,6 +53,7 @@ import torch
 from .atomic import write_bytes_atomic, write_json_atomic
 from .checkpoint import load_trained
 from .cli import user_errors
+from .config import load_run_config
 from .data import TokenStream
 from .graded import LEVEL_NAMES
 
@@ -408,16 +409,18 @@ def trace_checkpoint(
     batch_size: int | None = None,
     max_batches: int = 0,
     device: str = "cpu",
+    eval_config: str | Path | None = None,
 ) -> dict[str, Any]:
     """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz); returns the trace."""
     cfg, model = load_trained(ckpt, device)
+    ec = load_run_config(eval_config).eval if eval_config else cfg.eval  # the workflow's current eval section
     trace, raw = collect_trace(
         model,
         cfg,
         data_dir,
-        batch_size=batch_size or cfg.eval.batch_size,
+        batch_size=batch_size or ec.batch_size,
         max_batches=max_batches,
-        keep_batches=cfg.eval.trace_batches if npz else 0,
+        keep_batches=ec.trace_batches if npz else 0,
     )
     write_trace(trace, out, raw if npz else None)
     return trace
@@ -437,10 +440,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default eval.batch_size)")
     ap.add_argument("--max-batches", type=int, default=0, help="trace at most this many batches (0 = all)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     trace = trace_checkpoint(
-        args.ckpt, args.data, args.out, not args.no_npz, args.batch_size, args.max_batches, args.device
+        args.ckpt,
+        args.data,
+        args.out,
+        not args.no_npz,
+        args.batch_size,
+        args.max_batches,
+        args.device,
+        eval_config=args.eval_config,
     )
     log.info("traced %d tokens in %d MoE layers -> %s", trace["tokens"], len(trace["layers"]), args.out)
     return 0

@@ -26,12 +26,9 @@ def smk(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.Complete
 
 def copy_workflow(dst: Path) -> Path:
     """A fresh working copy: Snakefile, workflow, configs and the committed benchmark CSV, no results."""
-    for name in ("Snakefile", "workflow", "configs", "profiles"):
+    for name in ("Snakefile", "workflow", "configs"):
         src = ROOT / name
-        if src.is_symlink():
-            (dst / name).symlink_to(os.readlink(src))
-        else:
-            (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name)
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name)
     (dst / "results" / "bench").mkdir(parents=True)
     shutil.copy(ROOT / "results" / "bench" / "kernels.csv", dst / "results" / "bench" / "kernels.csv")
     return dst
@@ -94,13 +91,13 @@ def test_bad_config_refused_before_any_job(change, needle, tmp_path):
     out = smk("--cores", "1", "--configfile", "bad.yaml", cwd=work)
     assert out.returncode != 0
     assert needle in out.stdout + out.stderr
-    assert not (work / "work").exists() and not (work / "results" / "runs").exists()
+    assert not (work / "work").exists() and not (work / "results" / "smoke").exists()
 
 
 SMOKE_OUTPUTS = [
-    *(f"results/tables/{t}.{e}" for t in ("T1_main", "T2_params", "T3_balance") for e in ("csv", "md", "tex")),
+    *(f"results/smoke/tables/{t}.{e}" for t in ("T1_main", "T2_params", "T3_balance") for e in ("csv", "md", "tex")),
     *(
-        f"figures/{f}.{e}"
+        f"figures/smoke/{f}.{e}"
         for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F6_kernels")
         for e in ("png", "pdf")
     ),
@@ -124,7 +121,7 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
         text = log.read_text()
         runs_of = dict(re.findall(job_run, text))
         finished = [runs_of[j] for j in re.findall(r"Finished jobid: (\d+) \(Rule: train\)", text) if j in runs_of]
-        first = work / "work" / "runs" / finished[0] / "model.safetensors" if finished else None
+        first = work / "work" / "smoke" / "runs" / finished[0] / "model.safetensors" if finished else None
         time.sleep(0.5)
     assert first is not None, "no model trained within 4 minutes"
     stamp = first.stat().st_mtime_ns
@@ -138,7 +135,7 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
         assert (work / rel).stat().st_size > 0, rel
     again = subprocess.run([*cmd, "-n"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
     assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
-    runs = (work / "results" / "runs.csv").read_text().splitlines()
+    runs = (work / "results" / "smoke" / "runs.csv").read_text().splitlines()
     assert len(runs) == 1 + 8  # header + 2 mohge + 2 moe + hmoe + modse + dense + the mohge variant
     assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
     report = subprocess.run(
@@ -148,9 +145,11 @@ def test_smoke_end_to_end_with_interruption(tmp_path):
     assert b"F4_gpu_load.png" in (work / "report.html").read_bytes()
 
 
-def test_another_config_runs_into_its_own_directory(tmp_path):
-    """`-d DIR` keeps the default config and presets from the checkout and writes nothing here."""
-    out = smk("-n", "-d", str(tmp_path / "abl"), "--configfile", "configs/ablations.yaml")
+def test_each_config_writes_under_its_own_study(tmp_path):
+    """The ablations plan lands in results/ablations/ and work/ablations/, never in another study's folders."""
+    out = smk("-n", "-p", "--configfile", "configs/ablations.yaml", cwd=copy_workflow(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert "shakespeare-mohge-renorm-s1" in text and "params_preset" in text
+    paths = set(re.findall(r"(?<![\w/.-])(?:results|figures|work|logs)/[\w./-]+", text)) - {"results/bench/kernels.csv"}
+    assert paths and all(p.split("/")[1] == "ablations" for p in paths), sorted(paths)[:10]

@@ -1,89 +1,232 @@
 # Validation, wildcard constraints and input functions; no rules here.
+import glob
+import hashlib
 import json
 import os
+import sys
 
-from mohge.config import to_dict
-from mohge.runs import plan
+import jsonschema
 
-# Jobs import mohge from this checkout, also inside the per-rule conda environments (--sdm conda).
-os.environ.update(PYTHONPATH=os.path.join(workflow.basedir, "src"))  # set, never read
+from mohge.config import load_yaml_or_json, to_dict
+from mohge.runs import merge_config, plan
 
-# Every run's config is resolved and validated now, at parse time: a bad config fails before any job.
-RUNS = plan(config)
+
+def refuse(message):
+    """A config mistake: one line naming the key on stderr, no stack frames, no schema dump."""
+    print(f"config error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checked_plan(config):
+    """The schema (generated from mohge.config), then every run resolved by mohge.runs.plan."""
+    with open(workflow.source_path("../schemas/config.schema.json")) as fh:
+        schema = json.load(fh)
+    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
+    err = jsonschema.exceptions.best_match(errors)
+    if err is not None:
+        where = ".".join(str(p) for p in err.absolute_path) or "config"
+        refuse(f"{where}: {err.message[:300]}")
+    try:
+        return plan(config)
+    except ValueError as err:  # ConfigError included
+        refuse(str(err))
+
+
+def own_study(configfiles):
+    """A config given with --configfile names its own `study`, else its runs would land in results/default."""
+    for path in configfiles:
+        try:
+            data = load_yaml_or_json(path)
+        except ValueError as err:
+            refuse(str(err))
+        if "study" in data:
+            return
+    if configfiles and "study" not in (workflow.config_settings.config or {}):
+        refuse(
+            f"study: {os.fspath(configfiles[-1])!r} sets no top-level `study:`; name one so its results do "
+            "not overwrite results/default"
+        )
+
+
+def asked_targets():
+    """The targets on snakemake's command line: the Snakefile is parsed before the API hands them over."""
+    if os.path.basename(sys.argv[0]) != "snakemake":
+        return set()
+    from snakemake.cli import get_argument_parser
+
+    args, _ = get_argument_parser().parse_known_args(sys.argv[1:])
+    return set(args.targets or ())
+
+
+# Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
+# sources, so no training, evaluation or collect job can enter the plan.
+FROM_RESULTS = asked_targets() == {"figures"}
+own_study(workflow.overwrite_configfiles)
+RUNS = checked_plan(config)
+# One root per config (its `study`): no config can write over another's committed results.
+STUDY = config["study"]
+RES = f"results/{STUDY}"
+FIG = f"figures/{STUDY}"
+WORK = f"work/{STUDY}"
+LOGS = f"logs/{STUDY}"
+
 DATASETS = sorted({cfg.dataset for cfg in RUNS.values()})
-MAIN_DATASET = config["experiments"][0]["dataset"]
 UTIL = config.get("utilization", {})
+# SLURM sizes of a training job; a CPU machine runs the default (one process, no GPU).
+CLUSTER = {
+    "nodes": 1,
+    "gpus_per_node": 0,
+    "cpus_per_task": 1,
+    "mem_gb": 4,
+    "runtime_min": 60,
+    **config.get("cluster", {}),
+}
 
 
 wildcard_constraints:
     run="|".join(RUNS),
     dataset="|".join(DATASETS),
+    study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
-def run_config_json(wildcards):
-    """The resolved config as a string: a params entry, so a changed config reruns the run."""
-    return json.dumps(to_dict(RUNS[wildcards.run]), sort_keys=True)
+def digest(obj):
+    """A short hash of a config section: a params entry, so a change reruns the job and the reason stays short."""
+    blob = json.dumps(obj, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
 
 
-def dataset_config_json(wildcards):
-    cfg = next(c for c in RUNS.values() if c.dataset == wildcards.dataset)
-    return json.dumps({"data": cfg.data}, sort_keys=True)
+def train_section(run):
+    """What a training result depends on: everything but the eval section."""
+    return {k: v for k, v in to_dict(RUNS[run]).items() if k != "eval"}
+
+
+def run_config_json(run):
+    return json.dumps(to_dict(RUNS[run]), sort_keys=True, indent=2) + "\n"
+
+
+def dataset_section(dataset):
+    cfg = next(c for c in RUNS.values() if c.dataset == dataset)
+    return {"data": cfg.data}
 
 
 def data_dir(wildcards):
-    return f"work/data/{RUNS[wildcards.run].dataset}"
+    return f"{WORK}/data/{RUNS[wildcards.run].dataset}"
 
 
 def data_meta(wildcards):
     return f"{data_dir(wildcards)}/meta.json"
 
 
-def trace_runs():
+def trace_runs(runs=RUNS):
     """Runs whose routing traces feed the utilization study and F3: the first seed of each MoE model, or
     every seed of every MoE model with `utilization.trace_all_seeds` (balance with CIs over seeds)."""
     if UTIL.get("trace_all_seeds", False):
-        return sorted(r for r, c in RUNS.items() if c.family != "dense")
+        return sorted(r for r, c in runs.items() if c.family != "dense")
     first = {}
-    for name, c in RUNS.items():
+    for name, c in runs.items():
         key = (c.dataset, c.family, c.variant)
         if c.family != "dense" and (
-            key not in first or c.train.seed < RUNS[first[key]].train.seed
+            key not in first or c.train.seed < runs[first[key]].train.seed
         ):
             first[key] = name
     return sorted(first.values())
 
 
 def in_checkout(path):
-    """A relative path from the config, read from the workdir when it is there, else from the checkout."""
+    """A relative path from the config, read from the workdir when it is there, else from the workflow's source."""
     return (
         path
         if os.path.isabs(path) or os.path.exists(path)
-        else os.path.join(workflow.basedir, path)
+        else os.path.normpath(os.path.join(CHECKOUT, path))
     )
 
 
-def util_source():
-    """The routing trace F4 shows: MoHGE on the main dataset (its first seed), else the first traced run."""
-    traced = trace_runs()
-    mohge = [
-        r
-        for r in traced
-        if RUNS[r].family == "mohge" and RUNS[r].dataset == MAIN_DATASET
-    ]
+def util_source(runs=RUNS, config=config):
+    """The routing trace F4 and T3 show: MoHGE on the main dataset (its first seed), else the first traced run."""
+    main = config["experiments"][0]["dataset"]
+    traced = trace_runs(runs)
+    mohge = [r for r in traced if runs[r].family == "mohge" and runs[r].dataset == main]
     return (mohge or traced or [""])[0]
 
 
-def launcher(resources):
-    """torchrun for multi-GPU jobs (the SLURM profile sets `gpu`), plain python otherwise."""
-    gpus = int(resources.get("gpu", 0))
+# The workflow's own checkout, also when it is included as a module: job inputs and listed folders are read
+# from here, not through source_path (whose runtime copies get a new mtime each time and so rerun jobs).
+CHECKOUT = os.path.relpath(
+    os.path.join(workflow.current_basedir.get_path_or_uri(secret_free=True), "..", "..")
+)
+CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
+
+
+def study_settings(study):
+    """What the tables and figures of a study take from its config (the file in configs/ that names it,
+    merged over the default as --configfile does): F4/T3's routing trace and F6's benchmark CSV.
+    """
+    cfg = config
+    if study != STUDY:
+        cfg = {"study": study}
+        for path in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
+            data = load_yaml_or_json(path)
+            if data.get("study") == study:
+                cfg = merge_config(
+                    load_yaml_or_json(os.path.join(CONFIGS, "config.yaml")), data
+                )
+    runs = plan(cfg) if "experiments" in cfg else {}
+    return {
+        "source": util_source(runs, cfg) if runs else "",
+        "bench_csv": cfg.get("figures", {}).get(
+            "bench_csv", "results/bench/kernels.csv"
+        ),
+    }
+
+
+def committed_studies():
+    """Every study with collected results in this folder (results/<study>/runs.csv): the figures target."""
+    return sorted(
+        os.path.basename(os.path.dirname(p)) for p in glob.glob("results/*/runs.csv")
+    )
+
+
+def train_launcher():
+    """One process: python; one node with several GPUs: torchrun --standalone; several nodes: srun starts one
+    torchrun per node, which meet through a c10d rendezvous on the job's first host."""
+    nodes, gpus = CLUSTER["nodes"], CLUSTER["gpus_per_node"]
+    if nodes > 1:
+        first_host = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+        return (
+            f"srun --nodes {nodes} --ntasks-per-node 1 torchrun --nnodes {nodes} --nproc-per-node {gpus}"
+            " --rdzv-backend c10d"
+            f' --rdzv-endpoint "{first_host}:29500" --rdzv-id "$SLURM_JOB_ID" -m'
+        )
     if gpus > 1:
-        return f"torchrun --standalone --nproc_per_node={gpus} -m"
+        return f"torchrun --standalone --nproc-per-node {gpus} -m"
     return "python -m"
 
 
-def all_tables():
+def train_resources():
+    """SLURM resources of a training job from the config's `cluster` section (one task per node: torchrun)."""
+    res = {
+        "gpu": CLUSTER["gpus_per_node"],
+        "cpus_per_task": CLUSTER["cpus_per_task"],
+    }
+    if CLUSTER["nodes"] > 1:
+        res |= {"nodes": CLUSTER["nodes"], "tasks_per_node": 1}
+    return res
+
+
+def eval_gpus():
+    """Evaluation and tracing use one GPU when the config trains on GPUs."""
+    return min(1, CLUSTER["gpus_per_node"])
+
+
+def eval_runtime(wildcards, attempt):
+    """Minutes: a tenth of training's, at least 30, growing with the attempt."""
+    return max(30, CLUSTER["runtime_min"] // 10) * attempt
+
+
+def all_tables(study=STUDY):
     return expand(
-        "results/tables/{table}.{ext}",
+        "results/{study}/tables/{table}.{ext}",
+        study=study,
         table=["T1_main", "T2_params", "T3_balance"],
         ext=["csv", "md", "tex"],
     )
@@ -99,5 +242,7 @@ FIGURES = [
 ]
 
 
-def all_figures():
-    return expand("figures/{fig}.{ext}", fig=FIGURES, ext=["png", "pdf"])
+def all_figures(study=STUDY):
+    return expand(
+        "figures/{study}/{fig}.{ext}", study=study, fig=FIGURES, ext=["png", "pdf"]
+    )

@@ -1,30 +1,29 @@
 rule dataset_config:
     # The data section of a dataset, as the file `python -m mohge.data` reads.
     output:
-        "work/data/{dataset}.data.json",
+        f"{WORK}/data/{{dataset}}.data.json",
     log:
-        "logs/data/{dataset}.config.log",
+        f"{LOGS}/data/{{dataset}}.config.log",
     localrule: True
-    conda:
-        "../envs/train.yaml"
     params:
-        cfg=dataset_config_json,
+        data=lambda wc: digest(dataset_section(wc.dataset)),  # a changed data section reruns
     run:
         from mohge.atomic import write_text_atomic
 
-        write_text_atomic(output[0], f"{params.cfg}\n")
+        section = dataset_section(wildcards.dataset)
+        write_text_atomic(output[0], json.dumps(section, sort_keys=True) + "\n")
 
 
 rule prepare_data:
     # Fetch (pinned sha256) or generate the corpus, split it (Shakespeare by whole plays), train the
     # byte-level BPE on the training split only and encode every split into token memmaps.
     input:
-        cfg="work/data/{dataset}.data.json",
+        cfg=f"{WORK}/data/{{dataset}}.data.json",
     output:
-        meta="work/data/{dataset}/meta.json",
-        tokenizer="work/data/{dataset}/tokenizer.json",
+        meta=f"{WORK}/data/{{dataset}}/meta.json",
+        tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
     log:
-        "logs/data/{dataset}.log",
+        f"{LOGS}/data/{{dataset}}.log",
     conda:
         "../envs/train.yaml"
     threads: 1
@@ -34,4 +33,4 @@ rule prepare_data:
     params:
         out=lambda wc, output: os.path.dirname(output.meta),
     shell:
-        "python -m mohge.data --config {input.cfg} --out {params.out} > {log} 2>&1"
+        "python -m mohge.data --config {input.cfg:q} --out {params.out:q} > {log:q} 2>&1"

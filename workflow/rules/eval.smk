@@ -1,51 +1,59 @@
 rule evaluate:
     # lm-eval, offline unless eval.allow_hub: perplexity on held-out text, cloze, continuation choice and graded tasks
-    # built from the dataset's held-out split, plus val/test loss computed directly.
+    # built from the dataset's held-out split, plus val/test loss computed directly. The eval section comes from
+    # the run's config.json, so an eval-only change reruns this job and not training.
     input:
-        model="work/runs/{run}/model.safetensors",
+        model=f"{WORK}/runs/{{run}}/model.safetensors",
+        cfg=f"{RES}/runs/{{run}}/config.json",
         meta=data_meta,
     output:
-        metrics="results/runs/{run}/metrics.json",
+        metrics=f"{RES}/runs/{{run}}/metrics.json",
     log:
-        "logs/eval/{run}.log",
+        f"{LOGS}/eval/{{run}}.log",
     benchmark:
-        "results/benchmarks/eval/{run}.tsv"
+        f"{RES}/benchmarks/eval/{{run}}.tsv"
     conda:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=0,
+        gpu=eval_gpus(),
         mem_mb=lambda wc, attempt: 4000 * attempt,
-        runtime=lambda wc, attempt: 30 * attempt,
+        runtime=eval_runtime,
     params:
+        eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
         hub=lambda wc: "--allow-hub" if RUNS[wc.run].eval.allow_hub else "",
     shell:
-        "python -m mohge.evaluate --ckpt {params.ckpt} --data {params.data} --out {output.metrics} {params.hub}"
-        " > {log} 2>&1"
+        "python -m mohge.evaluate --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
+        " --out {output.metrics:q} {params.hub} > {log:q} 2>&1"
 
 
 rule trace:
     # Routing on held-out data: tokens per expert and group, per layer and difficulty level. The replayable
     # per-token routing (.npz) stays in work/; the small JSON summary is copied into results/.
     input:
-        model="work/runs/{run}/model.safetensors",
+        model=f"{WORK}/runs/{{run}}/model.safetensors",
+        cfg=f"{RES}/runs/{{run}}/config.json",
         meta=data_meta,
     output:
-        trace="work/runs/{run}/trace.json",
-        summary="results/runs/{run}/trace.json",
+        trace=f"{WORK}/runs/{{run}}/trace.json",
+        summary=f"{RES}/runs/{{run}}/trace.json",
     log:
-        "logs/trace/{run}.log",
+        f"{LOGS}/trace/{{run}}.log",
     conda:
         "../envs/train.yaml"
     threads: 1
     resources:
+        gpu=eval_gpus(),
         mem_mb=lambda wc, attempt: 4000 * attempt,
-        runtime=lambda wc, attempt: 20 * attempt,
+        runtime=eval_runtime,
     params:
+        eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
+        device="cuda" if eval_gpus() else "cpu",
     shell:
-        "python -m mohge.traces --ckpt {params.ckpt} --data {params.data} --out {output.trace} > {log} 2>&1"
-        " && cp {output.trace} {output.summary}"
+        "python -m mohge.traces --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
+        " --device {params.device} --out {output.trace:q} > {log:q} 2>&1"
+        " && cp {output.trace:q} {output.summary:q}"

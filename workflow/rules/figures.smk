@@ -1,19 +1,43 @@
-# Figures read only the small CSVs under results/: they never need a GPU, and a rebuilt figure is
-# byte-identical when its data did not change (fixed PDF/PNG metadata in plotstyle.py).
+# Tables and figures read only the small CSVs under results/<study>/: they never need a GPU, and a rebuilt
+# figure is byte-identical when its data did not change (fixed PDF/PNG metadata in plotstyle.py). The rules
+# take the study as a wildcard, so `figures` redraws every committed study from its committed CSVs.
+
+
+rule tables:
+    input:
+        runs="results/{study}/runs.csv",
+        params="results/{study}/params.csv",
+        util="results/{study}/utilization_summary.csv",
+    output:
+        **{
+            f"{t}_{ext}": f"results/{{study}}/tables/{t}.{ext}"
+            for t in ["T1_main", "T2_params", "T3_balance"]
+            for ext in ["csv", "md", "tex"]
+        },
+    log:
+        "logs/{study}/tables.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        # T3 shows the imbalance on the MoHGE model's routing
+        source=lambda wc: study_settings(wc.study)["source"],
+    script:
+        "../scripts/make_tables.py"
 
 
 rule fig_curves:
     input:
-        curves="results/curves.csv",
+        curves="results/{study}/curves.csv",
     output:
         png=report(
-            "figures/F1_curves.png",
+            "figures/{study}/F1_curves.png",
             caption="../report/F1_curves.rst",
             category="Training",
         ),
-        pdf="figures/F1_curves.pdf",
+        pdf="figures/{study}/F1_curves.pdf",
     log:
-        "logs/figures/F1.log",
+        "logs/{study}/figures/F1.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -23,16 +47,16 @@ rule fig_curves:
 
 rule fig_quality_params:
     input:
-        runs="results/runs.csv",
+        runs="results/{study}/runs.csv",
     output:
         png=report(
-            "figures/F2_quality_params.png",
+            "figures/{study}/F2_quality_params.png",
             caption="../report/F2_quality_params.rst",
             category="Quality",
         ),
-        pdf="figures/F2_quality_params.pdf",
+        pdf="figures/{study}/F2_quality_params.pdf",
     log:
-        "logs/figures/F2.log",
+        "logs/{study}/figures/F2.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -42,16 +66,16 @@ rule fig_quality_params:
 
 rule fig_groups_by_level:
     input:
-        groups="results/groups_by_level.csv",
+        groups="results/{study}/groups_by_level.csv",
     output:
         png=report(
-            "figures/F3_groups_by_level.png",
+            "figures/{study}/F3_groups_by_level.png",
             caption="../report/F3_groups_by_level.rst",
             category="Routing",
         ),
-        pdf="figures/F3_groups_by_level.pdf",
+        pdf="figures/{study}/F3_groups_by_level.pdf",
     log:
-        "logs/figures/F3.log",
+        "logs/{study}/figures/F3.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -63,38 +87,38 @@ rule fig_groups_by_level:
 
 rule fig_gpu_load:
     input:
-        summary="results/utilization_summary.csv",
-        ranks="results/utilization_ranks.csv",
+        summary="results/{study}/utilization_summary.csv",
+        ranks="results/{study}/utilization_ranks.csv",
     output:
         png=report(
-            "figures/F4_gpu_load.png",
+            "figures/{study}/F4_gpu_load.png",
             caption="../report/F4_gpu_load.rst",
             category="Utilization",
         ),
-        pdf="figures/F4_gpu_load.pdf",
+        pdf="figures/{study}/F4_gpu_load.pdf",
     log:
-        "logs/figures/F4.log",
+        "logs/{study}/figures/F4.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
     params:
-        source=util_source(),
+        source=lambda wc: study_settings(wc.study)["source"],
     script:
         "../scripts/plot_gpu_load.py"
 
 
 rule fig_width:
     input:
-        curves="results/curves.csv",
+        curves="results/{study}/curves.csv",
     output:
         png=report(
-            "figures/F5_width.png",
+            "figures/{study}/F5_width.png",
             caption="../report/F5_width.rst",
             category="Routing",
         ),
-        pdf="figures/F5_width.pdf",
+        pdf="figures/{study}/F5_width.pdf",
     log:
-        "logs/figures/F5.log",
+        "logs/{study}/figures/F5.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
@@ -106,20 +130,26 @@ rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh); a labelled placeholder
     # when no GPU result has been recorded.
     input:
-        kernels=in_checkout(
-            config.get("figures", {}).get("bench_csv", "results/bench/kernels.csv")
-        ),
+        kernels=lambda wc: in_checkout(study_settings(wc.study)["bench_csv"]),
     output:
         png=report(
-            "figures/F6_kernels.png",
+            "figures/{study}/F6_kernels.png",
             caption="../report/F6_kernels.rst",
             category="Kernels",
         ),
-        pdf="figures/F6_kernels.pdf",
+        pdf="figures/{study}/F6_kernels.pdf",
     log:
-        "logs/figures/F6.log",
+        "logs/{study}/figures/F6.log",
     localrule: True
     conda:
         "../envs/plot.yaml"
     script:
         "../scripts/plot_kernels.py"
+
+
+rule figures:
+    # Every committed study's tables and figures from its committed results/<study>/*.csv alone: with
+    # `snakemake --cores 1 figures` no training, evaluation or collect job is part of the plan.
+    input:
+        [all_tables(s) + all_figures(s) for s in committed_studies()],
+    localrule: True

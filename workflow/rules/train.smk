@@ -1,50 +1,59 @@
-rule resolve_config:
-    # One resolved config per run: the only file `python -m mohge.train` reads (any run can be repeated by hand).
+rule run_config:
+    # One resolved config per run: what `python -m mohge.train --config` reads, so any run can be repeated by
+    # hand. The params are short hashes of its sections: a rerun reason names the section that changed.
     output:
-        "results/runs/{run}/config.json",
+        f"{RES}/runs/{{run}}/config.json",
     log:
-        "logs/config/{run}.log",
+        f"{LOGS}/config/{{run}}.log",
     localrule: True
-    conda:
-        "../envs/train.yaml"
     params:
-        cfg=run_config_json,
+        train=lambda wc: digest(train_section(wc.run)),
+        eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
     run:
         from mohge.atomic import write_text_atomic
 
-        write_text_atomic(
-            output[0], json.dumps(json.loads(params.cfg), indent=2) + "\n"
-        )
+        write_text_atomic(output[0], run_config_json(wildcards.run))
 
 
 rule train:
     # Resumable state (step_* checkpoints) lives in the undeclared scratch folder, which Snakemake never
-    # deletes: a killed or failed job resumes from its last valid checkpoint when rerun.
+    # deletes: a killed or failed job resumes from its last valid checkpoint when rerun. The scratch is named
+    # by the hash of what training depends on, so a training change starts fresh; older ones are kept aside.
     input:
-        cfg="results/runs/{run}/config.json",
+        # ancient: an eval-only change rewrites config.json but must not retrain; params.train decides
+        cfg=ancient(f"{RES}/runs/{{run}}/config.json"),
         meta=data_meta,
     output:
-        model="work/runs/{run}/model.safetensors",
-        summary="results/runs/{run}/summary.json",
-        curve="results/runs/{run}/train_log.jsonl",
+        model=f"{WORK}/runs/{{run}}/model.safetensors",
+        summary=f"{RES}/runs/{{run}}/summary.json",
+        curve=f"{RES}/runs/{{run}}/train_log.jsonl",
     log:
-        "logs/train/{run}.log",
+        f"{LOGS}/train/{{run}}.log",
     benchmark:
-        "results/benchmarks/train/{run}.tsv"
+        f"{RES}/benchmarks/train/{{run}}.tsv"
     conda:
         "../envs/train.yaml"
-    threads: 1  # one BLAS thread per CPU job lets two runs share a 2-core machine; GPU jobs use the GPU
+    threads: CLUSTER["cpus_per_task"]  # 1 by default: two CPU runs share a 2-core machine
     resources:
-        gpu=0,  # GPUs per training job: set by the cluster profile (e.g. 8 for the paper config)
-        mem_mb=lambda wc, attempt: 4000 * attempt,
-        runtime=lambda wc, attempt: 60 * attempt,  # minutes; the cluster profile raises it for paper scale
+        # sizes from the config's `cluster` section (gpu: GPUs of the whole job, SLURM's --gpus)
+        gpu=lambda wc: CLUSTER["nodes"] * CLUSTER["gpus_per_node"],
+        nodes=lambda wc: CLUSTER["nodes"],
+        tasks_per_node=1,  # one torchrun per node, which starts one process per GPU
+        mem_mb=lambda wc, attempt: CLUSTER["mem_gb"] * 1024 * attempt,
+        runtime=lambda wc, attempt: CLUSTER["runtime_min"] * attempt,  # minutes
     params:
+        train=lambda wc: digest(train_section(wc.run)),
         out=lambda wc, output: os.path.dirname(output.model),
-        scratch="work/scratch/{run}",
+        scratches=f"{WORK}/scratch/{{run}}",
+        scratch=lambda wc: f"{WORK}/scratch/{wc.run}/{digest(train_section(wc.run))}",
         data=data_dir,
-        launch=lambda wc, resources: launcher(resources),
+        launch=train_launcher(),  # built from integers only
+        gpus=CLUSTER["gpus_per_node"],
     shell:
-        "{params.launch} mohge.train --config {input.cfg} --data {params.data} --out {params.out}"
-        " --scratch {params.scratch} --gpus {resources.gpu} > {log} 2>&1"
-        " && cp {params.out}/summary.json {output.summary}"
-        " && cp {params.out}/train_log.jsonl {output.curve}"
+        'for old in {params.scratches:q}/*; do if [ -d "$old" ] && [ "$old" != {params.scratch:q} ]; then'
+        ' echo "train: $old holds checkpoints of another config: kept aside; starting fresh in" {params.scratch:q};'
+        " fi; done > {log:q} 2>&1"
+        " && {params.launch} mohge.train --config {input.cfg:q} --data {params.data:q} --out {params.out:q}"
+        " --scratch {params.scratch:q} --gpus {params.gpus} >> {log:q} 2>&1"
+        " && cp {params.out:q}/summary.json {output.summary:q}"
+        " && cp {params.out:q}/train_log.jsonl {output.curve:q}"
