@@ -7,7 +7,8 @@
     down_proj_bwd  dout [A, D], h, W2            -> dh = [da | du] (ragged)     backward, SwiGLU backward fused
     up_proj_bwd_x  dh (ragged [C, 2H]), W1       -> dxs [A, D]                  backward
 
-Ladder per op: ``_grouped_mm_kernel`` -> launcher (checks) -> ``mohge::<op>`` custom op with a fake impl.
+Ladder per op: ``_grouped_mm_kernel`` -> launcher (checks) -> ``mohge::<op>`` custom op with a fake impl;
+``<op>_torch`` is each op's pure-torch reference (same signature).
 The autograd of the whole expert block lives in :mod:`mohge.kernels.swiglu`.
 
 Legend: A routed rows, D model width, C tokens of one expert, H its width.
@@ -31,7 +32,7 @@ from .grouped import (
     table,
     weight_ptr,
 )
-from .schedule import expert_addresses
+from .schedule import expert_addresses, expert_blocks
 
 Tensor = torch.Tensor
 
@@ -145,6 +146,34 @@ def up_proj_bwd_x(dh_R: Tensor, w1s: list[Tensor], counts: list[int]) -> Tensor:
     hint = lay.aligned and aligned
     launch(_grouped_mm_kernel, (dh_R, dxs_AD, dxs_AD), desc, C, np.full_like(C, D), dh_R.dtype, hint,
             B_NK=False, SWIGLU_BWD=False)  # fmt: skip
+    return dxs_AD
+
+
+def down_proj_torch(act_R: Tensor, w2s: list[Tensor], counts: list[int]) -> Tensor:
+    """Pure-torch reference of :func:`down_proj`."""
+    out_AD = act_R.new_empty(int(sum(counts)), w2s[0].shape[1])
+    for c, j, r0, C, rag, H in expert_blocks(w2s, counts):
+        out_AD[r0 : r0 + C] = act_R[rag : rag + C * H].view(C, H) @ w2s[c][j].t()
+    return out_AD
+
+
+def down_proj_bwd_torch(dout_AD: Tensor, h_R: Tensor, w2s: list[Tensor], counts: list[int]) -> Tensor:
+    """Pure-torch reference of :func:`down_proj_bwd`: dact = dout W2, then d[a | u] of act = SiLU(a) u."""
+    dh_R = torch.empty_like(h_R)
+    for c, j, r0, C, rag, H in expert_blocks(w2s, counts):
+        dact_CH = dout_AD[r0 : r0 + C].float() @ w2s[c][j].float()
+        a_CH, u_CH = h_R[2 * rag : 2 * (rag + C * H)].view(C, 2 * H).float().split(H, dim=1)
+        s_CH = torch.sigmoid(a_CH)
+        d_C2H = torch.cat([dact_CH * u_CH * s_CH * (1 + a_CH * (1 - s_CH)), dact_CH * a_CH * s_CH], dim=1)
+        dh_R[2 * rag : 2 * (rag + C * H)] = d_C2H.reshape(-1).to(dh_R.dtype)
+    return dh_R
+
+
+def up_proj_bwd_x_torch(dh_R: Tensor, w1s: list[Tensor], counts: list[int]) -> Tensor:
+    """Pure-torch reference of :func:`up_proj_bwd_x`."""
+    dxs_AD = dh_R.new_empty(int(sum(counts)), w1s[0].shape[2])
+    for c, j, r0, C, rag, H in expert_blocks(w1s, counts, True):
+        dxs_AD[r0 : r0 + C] = dh_R[2 * rag : 2 * (rag + C * H)].view(C, 2 * H) @ w1s[c][j]
     return dxs_AD
 
 

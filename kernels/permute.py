@@ -10,7 +10,8 @@ their K expert-sorted rows through the inverse permutation ``inv[t, k]`` (the so
 of ``gather_rows``.
 
 Legend: T tokens, D model width, K experts per token, A = T*K routed slots.
-Ladder per op: ``_op_kernel`` -> ``op()`` launcher (checks) -> ``mohge::op`` custom op with a fake impl.
+Ladder per op: ``_op_kernel`` -> ``op()`` launcher (checks) -> ``mohge::op`` custom op with a fake impl;
+``op_torch`` is each op's pure-torch reference (same signature).
 The autograd of the whole expert block lives in :mod:`mohge.kernels.swiglu`.
 """
 
@@ -145,6 +146,29 @@ def gate_grad(dy_TD: Tensor, out_AD: Tensor, order_A: Tensor, gates_TK: Tensor) 
             dy_TD, out_AD, order_A, gates_TK, dgates_TK, dout_AD, A, K, D, BR=BR, BD=BD
         )
     return dgates_TK, dout_AD
+
+
+def gather_rows_torch(x_TD: Tensor, src_A: Tensor) -> Tensor:
+    """Pure-torch reference of :func:`gather_rows`."""
+    return x_TD[src_A]
+
+
+def combine_rows_torch(rows_AD: Tensor, inv_TK: Tensor, gates_TK: Tensor | None) -> Tensor:
+    """Pure-torch reference of :func:`combine_rows` (fp32 sum over k, like the kernel)."""
+    v_TKD = rows_AD[inv_TK].float()
+    if gates_TK is not None:
+        v_TKD = v_TKD * gates_TK.float()[:, :, None]
+    return v_TKD.sum(1).to(rows_AD.dtype)
+
+
+def gate_grad_torch(dy_TD: Tensor, out_AD: Tensor, order_A: Tensor, gates_TK: Tensor) -> tuple[Tensor, Tensor]:
+    """Pure-torch reference of :func:`gate_grad`."""
+    T, K = gates_TK.shape
+    dy_AD = dy_TD[order_A // K].float()
+    dgates = torch.zeros(T * K, dtype=torch.float32, device=dy_TD.device)
+    dgates[order_A] = (dy_AD * out_AD.float()).sum(-1)
+    dout_AD = gates_TK.reshape(-1)[order_A].float()[:, None] * dy_AD
+    return dgates.view(T, K).to(gates_TK.dtype), dout_AD.to(out_AD.dtype)
 
 
 @torch.library.custom_op("mohge::gather_rows", mutates_args=())

@@ -93,6 +93,18 @@ def expert_layout(counts: list[int], width_E: np.ndarray, d_model: int) -> Exper
     return ExpertLayout(count, width_E, row0, rag, int(sizes.sum()), d_model)
 
 
+def expert_blocks(ws, counts: list[int], halve: bool = False) -> list[tuple[int, int, int, int, int, int]]:
+    """(class c, member j, first sorted row, rows C, ragged offset, width H) of every expert, class-major: what the
+    pure-torch references of the ops walk, with the same layout rules as the kernels."""
+    width_E = class_widths(ws, halve)
+    lay = expert_layout(counts, width_E, 0)
+    members = [(c, j) for c, w in enumerate(ws) for j in range(w.shape[0])]
+    return [
+        (c, j, int(lay.row0[e]), int(lay.count[e]), int(lay.rag[e]), int(width_E[e]))
+        for e, (c, j) in enumerate(members)
+    ]
+
+
 def tile_list(m_E: np.ndarray, n_E: np.ndarray, bm: int, bn: int) -> np.ndarray:
     """(expert, m0, n0) of every [bm, bn] tile of each expert's [m_E, n_E] output, row block fastest."""
     nm = -(-m_E // bm)

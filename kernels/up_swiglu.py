@@ -5,7 +5,8 @@
 
 with [a; u] = W1_e x per row of expert e (arXiv 2604.23108, docs/method.md §1.2). One grouped launch covers every
 expert of every width class; ``counts`` (tokens per expert, host ints) place each expert's rows.
-Ladder: ``_up_swiglu_kernel`` -> ``up_swiglu()`` (checks) -> ``mohge::up_swiglu`` custom op with a fake impl.
+Ladder: ``_up_swiglu_kernel`` -> ``up_swiglu()`` (checks) -> ``mohge::up_swiglu`` custom op with a fake impl;
+``up_swiglu_torch`` is its pure-torch reference (same signature).
 The autograd of the whole expert block lives in :mod:`mohge.kernels.swiglu`.
 
 Legend: A routed rows, D model width, C tokens of one expert, H its width.
@@ -14,6 +15,7 @@ Legend: A routed rows, D model width, C tokens of one expert, H its width.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -28,7 +30,7 @@ from .grouped import (
     table,
     weight_ptr,
 )
-from .schedule import expert_addresses
+from .schedule import expert_addresses, expert_blocks
 
 Tensor = torch.Tensor
 
@@ -88,6 +90,17 @@ def up_swiglu(xs_AD: Tensor, w1s: list[Tensor], counts: list[int]) -> tuple[Tens
         ROW_FIELDS, a_off=lay.row0 * D, lda=D, kdim=D, b_addr=addr, ldb=D, ncol=H, c_off=lay.rag, ldc=H, rows=C
     )
     launch(_up_swiglu_kernel, (xs_AD, act_R, h_R), desc, C, H, xs_AD.dtype, lay.aligned and aligned)
+    return act_R, h_R
+
+
+def up_swiglu_torch(xs_AD: Tensor, w1s: list[Tensor], counts: list[int]) -> tuple[Tensor, Tensor]:
+    """Pure-torch reference of :func:`up_swiglu`, same signature and ragged layout."""
+    total = rag_total(w1s, counts, True)
+    act_R, h_R = xs_AD.new_empty(total), xs_AD.new_empty(2 * total)
+    for c, j, r0, C, rag, H in expert_blocks(w1s, counts, True):
+        h_C2H = xs_AD[r0 : r0 + C].float() @ w1s[c][j].float().t()
+        act_R[rag : rag + C * H] = (F.silu(h_C2H[:, :H]) * h_C2H[:, H:]).reshape(-1).to(act_R.dtype)
+        h_R[2 * rag : 2 * (rag + C * H)] = h_C2H.reshape(-1).to(h_R.dtype)
     return act_R, h_R
 
 

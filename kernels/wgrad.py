@@ -6,7 +6,8 @@ expert with no token gets zeros):
     grad_w1   dh (ragged [C, 2H]), xs [A, D]   -> dW1 per class [n_c, 2H_c, D]
     grad_w2   dout [A, D], act (ragged [C, H]) -> dW2 per class [n_c, D, H_c]
 
-Ladder per op: ``_wgrad_kernel`` -> launcher (checks) -> ``mohge::<op>`` custom op with a fake impl.
+Ladder per op: ``_wgrad_kernel`` -> launcher (checks) -> ``mohge::<op>`` custom op with a fake impl;
+``<op>_torch`` is each op's pure-torch reference (same signature).
 The autograd of the whole expert block lives in :mod:`mohge.kernels.swiglu`.
 
 Legend: A routed rows, D model width, C tokens of one expert, H its width.
@@ -30,7 +31,7 @@ from .grouped import (
     table,
     weight_ptr,
 )
-from .schedule import expert_addresses
+from .schedule import expert_addresses, expert_blocks
 
 Tensor = torch.Tensor
 
@@ -99,6 +100,22 @@ def grad_w2(dout_AD: Tensor, act_R: Tensor, w2s: list[Tensor], counts: list[int]
     C, H = lay.count, lay.width
     desc = table(WGRAD_FIELDS, g_off=lay.row0 * D, ldg=D, x_off=lay.rag, ldx=H, rows=C, ncol=D, mcol=H, out_addr=addr)
     launch(_wgrad_kernel, (dout_AD, act_R), desc, np.full_like(C, D), H, dout_AD.dtype, lay.aligned and aligned)
+    return dws
+
+
+def grad_w1_torch(dh_R: Tensor, xs_AD: Tensor, w1s: list[Tensor], counts: list[int]) -> list[Tensor]:
+    """Pure-torch reference of :func:`grad_w1`."""
+    dws = [torch.zeros_like(w) for w in w1s]
+    for c, j, r0, C, rag, H in expert_blocks(w1s, counts, True):
+        dws[c][j] = dh_R[2 * rag : 2 * (rag + C * H)].view(C, 2 * H).t() @ xs_AD[r0 : r0 + C]
+    return dws
+
+
+def grad_w2_torch(dout_AD: Tensor, act_R: Tensor, w2s: list[Tensor], counts: list[int]) -> list[Tensor]:
+    """Pure-torch reference of :func:`grad_w2`."""
+    dws = [torch.zeros_like(w) for w in w2s]
+    for c, j, r0, C, rag, H in expert_blocks(w2s, counts):
+        dws[c][j] = dout_AD[r0 : r0 + C].t() @ act_R[rag : rag + C * H].view(C, H)
     return dws
 
 
