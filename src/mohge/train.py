@@ -4,7 +4,7 @@
     torchrun --standalone --nproc_per_node=4 -m mohge.train --config ... --out ... --gpus 4
 
 The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients and the group-loss schedule
-(on once step > total_steps * group_aux_start_frac, steps counted from 0) from ``LossConfig`` (spec section 3.4).
+(on once step > total_steps * group_aux_start_frac, steps counted from 0) from ``LossConfig`` (docs/method.md §5.4, §6).
 
 * Optimizer: AdamW (eps 1e-8); weight decay on the >= 2-D weights (attention, experts, routers, LM head),
   none on the RMSNorm gains and the input embedding.
