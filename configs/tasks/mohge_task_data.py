@@ -29,7 +29,7 @@ def load(task_file: str, task_data: str = DEFAULT_TASK_DATA, **_metadata: Any) -
     if not path.is_file():
         raise FileNotFoundError(
             f"task_data={task_data}: {path} is missing (write the task documents with `python -m mohge.evaluate "
-            f"build-tasks --data DATA --out {task_data}`, or pass --metadata '{{\"task_data\": \"DIR\"}}')"
+            f'build-tasks --data DATA --out {task_data}`, or pass --metadata \'{{"task_data": "DIR"}}\')'
         )
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return datasets.DatasetDict({"train": datasets.Dataset.from_list(rows)})
