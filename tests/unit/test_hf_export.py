@@ -134,3 +134,26 @@ def test_export_replaces_an_earlier_export(exported):
     hf_export.export(model_dir, out)
     assert (out / "model.safetensors").read_bytes() == before
     assert not list(Path(out).parent.glob(".tmp-*"))
+
+
+def test_transformers_generate_equals_the_adapter(exported):
+    """transformers' own generate (left padding, its cache) on the export = the mohge adapter's greedy batches."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from mohge.lm_eval_model import MoHGELM
+
+    model_dir, out = exported
+    hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()
+    tok = AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    tok.padding_side = "left"
+    prompts = ["1+1=", "the dogs see a cat.\n", "7"]
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    gen = hf.generate(**enc, max_new_tokens=6, do_sample=False, pad_token_id=tok.pad_token_id)
+    texts = [tok.decode(g[enc["input_ids"].shape[1] :], skip_special_tokens=True) for g in gen]
+    lm = MoHGELM(str(model_dir), device="cpu", batch_size=3, max_gen_toks=6)
+
+    class Req:
+        def __init__(self, *args):
+            self.args = args
+
+    assert lm.generate_until([Req(p, {"until": []}) for p in prompts]) == texts
