@@ -50,6 +50,7 @@ import yaml
 
 from .atomic import write_json_atomic, write_text_atomic
 from .cli import user_errors
+from .config import load_run_config
 from .data import TokenStream, load_meta
 from .graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, VERBS
 
@@ -289,6 +290,7 @@ def evaluate(
     task_data: str | Path | None = None,
     max_loss_batches: int = 0,
     templates: str | Path = TASK_TEMPLATES,
+    eval_config: str | Path | None = None,
 ) -> dict[str, Any]:
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
     defaults of tasks, limit and batch size."""
@@ -297,7 +299,8 @@ def evaluate(
     from .lm_eval_model import MoHGELM
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
-    ec = lm.cfg.eval
+    # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
+    ec = load_run_config(eval_config).eval if eval_config else lm.cfg.eval
     limit = ec.limit if limit is None else limit
     lm.batch_size = batch_size or ec.batch_size
     t0 = time.perf_counter()
@@ -346,6 +349,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAMLs")
+    ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return ap
 
@@ -378,6 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.task_data,
         args.max_loss_batches,
         args.task_configs,
+        args.eval_config,
     )
     write_json_atomic(args.out, metrics)
     print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))
