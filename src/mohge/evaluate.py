@@ -348,7 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--task-data", help="keep the task documents in this folder (default: a temporary one)")
     ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
-    ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAMLs")
+    ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
     ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return ap
