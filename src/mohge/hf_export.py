@@ -26,6 +26,7 @@ import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -35,6 +36,9 @@ from .config import ModelConfig, RunConfig
 from .configuration_mohge import MoHGEConfig
 from .modeling_mohge import MoHGEForCausalLM
 from .tokenizer import EOT
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 log = logging.getLogger("mohge.hf_export")
 
@@ -89,7 +93,7 @@ def to_hf_model(model: torch.nn.Module, max_length: int) -> MoHGEForCausalLM:
     return hf.to(next(model.parameters()).device).eval()
 
 
-def hf_tokenizer(tokenizer_json: str | Path, max_length: int):
+def hf_tokenizer(tokenizer_json: str | Path, max_length: int) -> PreTrainedTokenizerFast:
     """Our byte-level BPE as a ``PreTrainedTokenizerFast`` (bos = eos = pad = ``<|endoftext|>``)."""
     from transformers import PreTrainedTokenizerFast
 

@@ -159,3 +159,11 @@ def test_hub_tasks_need_allow_hub(run, tmp_path):
 def test_build_tasks_cli(run, tmp_path, capsys):
     assert ev.main(["build-tasks", "--data", str(run[1]), "--out", str(tmp_path), "--max-docs", "5"]) == 0
     assert all(n <= 5 for n in json.loads(capsys.readouterr().out).values())
+
+
+def test_cli_without_a_subcommand_needs_ckpt_data_out(capsys):
+    with pytest.raises(SystemExit) as err:
+        ev.main(["--data", "d", "--out", "o"])
+    assert err.value.code == 2 and "--ckpt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev.main(["build-tasks", "--data", "d", "--out", "o", "--bogus"])
