@@ -4,10 +4,12 @@
     python -m mohge.evaluate build-tasks --data data/<source> --out TASKDIR
     python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= python -m mohge.traces)
 
-Local tasks (templates in ``configs/tasks/*.yaml``; ``@TASK_DATA@`` there becomes the absolute folder of the
-jsonl files that ``build-tasks`` writes, and the configs reach lm-eval as dicts). Every document comes from the
-test split (``test_docs.jsonl``) and every draw is seeded by the task name and document index, so the same data
-folder always gives byte-identical task files:
+Local tasks: the YAMLs in ``configs/tasks`` are used as shipped, here and by lm-eval's own CLI
+(``--include_path configs/tasks``). They read their documents through ``configs/tasks/mohge_task_data.py``
+from the folder named by lm-eval's metadata ``task_data`` (default ``./mohge_tasks``), the jsonl files that
+``build-tasks`` writes; ``evaluate`` builds them into a temporary folder (or ``--task-data``) and passes it.
+Every document comes from the test split (``test_docs.jsonl``) and every draw is seeded by the task name and
+document index, so the same data folder always gives byte-identical task files:
 
 * ``mohge_ppl``        rolling log-likelihood of test passages (blank-line paragraphs merged to ~2000 chars).
 * ``mohge_cloze``      LAMBADA-style last word, as 4-way multiple choice (not generation: a small model gets a
@@ -223,13 +225,11 @@ def standard_tasks(templates: Path = TASK_TEMPLATES) -> list[str]:
     return list(yaml.safe_load((templates / "standard.yaml").read_text())["standard_tasks"])
 
 
-def local_task_config(name: str, task_data: Path, cache_dir: Path, templates: Path = TASK_TEMPLATES) -> dict:
-    if not (task_data / f"{name}.jsonl").is_file():
-        raise ValueError(f"task {name!r} has no documents in {task_data} (graded tasks need a graded data folder)")
-    text = (templates / f"{name}.yaml").read_text().replace("@TASK_DATA@", str(task_data.resolve()))
-    cfg = yaml.safe_load(text)
-    cfg["dataset_kwargs"]["cache_dir"] = str(cache_dir)
-    return cfg
+def check_task_docs(tasks: Sequence[str], task_data: Path) -> None:
+    """Every local task named must have its documents in ``task_data``."""
+    for name in tasks:
+        if name in LOCAL_TASKS and not (task_data / f"{name}.jsonl").is_file():
+            raise ValueError(f"task {name!r} has no documents in {task_data} (graded tasks need a graded data folder)")
 
 
 def go_offline() -> None:
@@ -263,16 +263,19 @@ def run_lm_eval(
     hub = [t for t in tasks if t not in LOCAL_TASKS]
     if hub and not allow_hub:
         raise ValueError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
-    with tempfile.TemporaryDirectory(prefix="mohge-hf-cache-") as cache:
-        specs: list[Any] = [local_task_config(t, task_data, Path(cache), templates) for t in tasks if t not in hub]
-        res = simple_evaluate(
-            model=lm,
-            tasks=specs + hub,
-            limit=limit or None,
-            task_manager=TaskManager(include_defaults=bool(hub)),
-            log_samples=False,
-            bootstrap_iters=1000,
-        )
+    check_task_docs(tasks, task_data)
+    # the shipped YAMLs as lm-eval's CLI reads them (--include_path), told where the documents are
+    manager = TaskManager(
+        include_path=str(templates), include_defaults=bool(hub), metadata={"task_data": str(task_data.resolve())}
+    )
+    res = simple_evaluate(
+        model=lm,
+        tasks=list(tasks),
+        limit=limit or None,
+        task_manager=manager,
+        log_samples=False,
+        bootstrap_iters=1000,
+    )
     out = {name: _clean(m) for name, m in res["results"].items()}
     for name, n in res.get("n-samples", {}).items():
         if name in out:
@@ -326,30 +329,22 @@ def evaluate(
     return metrics
 
 
-@user_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "trace":
-        from .traces import main as trace_main
-
-        return trace_main(argv[1:])
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.evaluate",
-        description="lm-eval tasks built from held-out data plus direct val/test loss, offline. "
-        "Subcommands: `build-tasks` (write the task documents), `trace` (routing traces, see mohge.traces).",
+        description="lm-eval tasks built from held-out data plus direct val/test loss, offline. Without a "
+        "subcommand: evaluate a model (--ckpt, --data, --out).",
         epilog=f"Local tasks: {', '.join(LOCAL_TASKS)}. Standard (hub) tasks: {', '.join(standard_tasks())}.",
     )
-    if argv and argv[0] == "build-tasks":
-        ap.prog += " build-tasks"
-        ap.add_argument("--data", required=True, help="prepared data folder (python -m mohge.data)")
-        ap.add_argument("--out", required=True, help="folder for {task}.jsonl and tasks.json")
-        ap.add_argument("--max-docs", type=int, default=1000, help="documents per task at most (default 1000)")
-        args = ap.parse_args(argv[1:])
-        print(json.dumps(build_tasks(args.data, args.out, args.max_docs)))
-        return 0
-    ap.add_argument("--ckpt", required=True, help="trained model folder (model.safetensors, config.json, tokenizer)")
-    ap.add_argument("--data", required=True, help="prepared data folder the model was trained on")
-    ap.add_argument("--out", required=True, help="metrics JSON to write")
+    sub = ap.add_subparsers(dest="command", metavar="{build-tasks,trace}")
+    bt = sub.add_parser("build-tasks", help="write the task documents (jsonl) of a data folder")
+    bt.add_argument("--data", required=True, help="prepared data folder (python -m mohge.data)")
+    bt.add_argument("--out", required=True, help="folder for {task}.jsonl and tasks.json")
+    bt.add_argument("--max-docs", type=int, default=1000, help="documents per task at most (default 1000)")
+    sub.add_parser("trace", add_help=False, help="routing traces (takes the flags of python -m mohge.traces)")
+    ap.add_argument("--ckpt", help="trained model folder (model.safetensors, config.json, tokenizer)")
+    ap.add_argument("--data", help="prepared data folder the model was trained on")
+    ap.add_argument("--out", help="metrics JSON to write")
     ap.add_argument("--tasks", nargs="+", help="task names (default: eval.tasks of the run config)")
     ap.add_argument("--limit", type=int, help="documents per task at most, 0 = all (default: eval.limit)")
     ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default: eval.batch_size)")
@@ -360,7 +355,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
     ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    args = ap.parse_args(argv)
+    return ap
+
+
+@user_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = _parser()
+    args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "trace":  # everything after `trace` is for mohge.traces
+        from .traces import main as trace_main
+
+        return trace_main(rest)
+    if rest:
+        ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.command == "build-tasks":
+        print(json.dumps(build_tasks(args.data, args.out, args.max_docs)))
+        return 0
+    missing = [f"--{k}" for k in ("ckpt", "data", "out") if getattr(args, k) is None]
+    if missing:
+        ap.error(f"the following arguments are required: {', '.join(missing)}")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     metrics = evaluate(
         args.ckpt,

@@ -1,23 +1,29 @@
-"""lm-eval adapter: a trained model folder as an ``lm_eval.api.model.LM`` registered under the name ``mohge``.
+"""lm-eval adapter: a trained model folder as an lm-eval model registered under the name ``mohge``.
 
-    from mohge.lm_eval_model import MoHGELM
-    lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)   # or model="mohge" in lm-eval
+    python -m mohge.lm_eval --model mohge --model_args pretrained=results/<run>/model --tasks ...   (lm-eval's CLI)
+    from mohge.lm_eval_model import MoHGELM; lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)
 
 The folder holds ``model.safetensors``, ``config.json`` and ``tokenizer.json`` (what ``mohge.train`` writes).
-Text is encoded with our byte-level BPE, which has no BOS token: ``<|endoftext|>`` (EOT_ID), which ends every
-training document, is put before every context and before each document's first rolling window.
+The model is mohge's own ``LanguageModel`` (any expert backend, Triton included); the exported Hugging Face model
+(``mohge.hf_export``) run by lm-eval's ``hf`` model gives the same scores, because both are ``TemplateLM``s:
 
-* ``loglikelihood``: context and continuation are encoded apart (trailing spaces of the context move to the
-  continuation, as in lm-eval's HF model, so " word" stays one pre-token); the last ``max_length`` + 1 tokens
-  are kept; requests are sorted by length and scored ``batch_size`` at a time (right padding is harmless:
-  attention is causal and routing is per token).
-* ``loglikelihood_rolling``: disjoint windows of ``max_length`` tokens (lm-eval's ``get_rolling_token_windows``
-  with context_len 1), each token predicted exactly once; windows of all documents are batched together.
-* ``generate_until``: greedy decoding, one request at a time (the model has no KV cache, so each new token
-  re-reads the last ``max_length`` tokens); stops at EOT, at ``max_gen_toks`` or when a string of ``until``
-  appears, and cuts the text before it.
+* text becomes tokens as in lm-eval's HF model: a (context, continuation) pair is encoded whole and split at the
+  context's length, trailing whitespace of the context moved to the continuation; no token is added before a
+  context; an empty context is ``<|endoftext|>`` (EOT_ID, our tokenizer's bos = eos = pad, which ends every
+  training document);
+* ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored;
+  requests sorted by length, ``batch_size`` at a time, right-padded (harmless: attention is causal and routing is
+  per token);
+* ``loglikelihood_rolling``: disjoint windows of ``max_length`` tokens (lm-eval's ``get_rolling_token_windows``,
+  context_len 1, EOT first), each token predicted once;
+* ``generate_until``: greedy, ``batch_size`` requests at a time, left-padded, with a KV cache (the forward pass of
+  the exported HF model, built in memory on the same weights); the context keeps its last ``max_length -
+  max_gen_toks`` tokens; a row stops at EOT, after ``max_gen_toks`` tokens or when a string of ``until`` appears,
+  and its text is cut before that string.
 
-``max_length`` is the sequence length the model was trained at (``data.seq_len``), not ``max_seq_len``.
+``max_length`` defaults to the context length the model was trained at (``data.seq_len``). ``model_args`` other
+than those of ``__init__`` are refused (ValueError naming the argument). A CUDA device asked for on a machine
+without one (lm-eval's default is ``cuda:0``) falls back to the CPU with a warning, as lm-eval's HF model does.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lm_eval.api.model import LM
+from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
@@ -38,33 +44,90 @@ from .tokenizer import EOT_ID, decode, encode, load_tokenizer
 
 log = logging.getLogger("mohge.lm_eval_model")
 
+PRECISIONS = ("auto", "fp32", "bf16")
+# lm-eval passes these with every model (CLI --batch_size, --max_batch_size, --device; --trust_remote_code)
+MODEL_ARGS = (
+    "pretrained",
+    "device",
+    "batch_size",
+    "max_batch_size",
+    "max_gen_toks",
+    "max_length",
+    "tokenizer",
+    "precision",
+    "trust_remote_code",
+)
+
+
+def resolve_device(device: str | None) -> torch.device:
+    """``auto`` (or none): CUDA when present, else the CPU; a CUDA device on a machine without CUDA: the CPU."""
+    if device in (None, "", "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"model_args device={device!r}: not a torch device ({err})") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        log.warning("device=%s: CUDA is not available, running on the CPU", device)
+        return torch.device("cpu")
+    return dev
+
+
+def _batch_size(batch_size: int | str, max_batch_size: int | None) -> int:
+    """An int, or lm-eval's ``auto`` / ``auto:N`` (16 sequences, capped by ``max_batch_size``)."""
+    if isinstance(batch_size, str) and batch_size.startswith("auto"):
+        return min(16, int(max_batch_size)) if max_batch_size else 16
+    try:
+        value = int(batch_size)
+    except ValueError as err:
+        raise ValueError(f"model_args batch_size={batch_size!r}: expected an integer or 'auto'") from err
+    if value < 1:
+        raise ValueError(f"model_args batch_size={batch_size!r}: must be >= 1")
+    return value
+
 
 @register_model("mohge")
-class MoHGELM(LM):
+class MoHGELM(TemplateLM):
     def __init__(
         self,
         pretrained: str,
         device: str = "auto",
         batch_size: int | str = 16,
+        max_batch_size: int | None = None,
         max_gen_toks: int = 256,
+        max_length: int | None = None,
         tokenizer: str | None = None,
         precision: str = "auto",
-        **_ignored: Any,
+        trust_remote_code: bool = False,  # accepted for lm-eval's --trust_remote_code; there is no remote code here
+        **unknown: Any,
     ) -> None:
         super().__init__()
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self._device = torch.device(device)
+        if unknown:
+            name = sorted(unknown)[0]
+            raise ValueError(
+                f"model_args {name}={unknown[name]!r}: unknown argument of the mohge model "
+                f"(it takes {', '.join(MODEL_ARGS)})"
+            )
+        if precision not in PRECISIONS:
+            raise ValueError(f"model_args precision={precision!r}: must be one of {PRECISIONS}")
+        self._device = resolve_device(device)
         self.cfg, self.model = load_trained(pretrained, self._device)
         tok_path = Path(tokenizer) if tokenizer else Path(pretrained) / "tokenizer.json"
         if not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
         self.tok = load_tokenizer(tok_path)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 16  # lm-eval's "auto" -> 16
+        self.batch_size = _batch_size(batch_size, max_batch_size)
         self.max_gen_toks = int(max_gen_toks)
-        self.max_length = min(self.cfg.data_config.seq_len, self.cfg.model.max_seq_len)
+        trained = min(self.cfg.data_config.seq_len, self.cfg.model.max_seq_len)  # = hf_export.context_length
+        self.max_length = trained if max_length is None else int(max_length)
+        if not 1 <= self.max_length <= self.cfg.model.max_seq_len:
+            raise ValueError(
+                f"model_args max_length={max_length!r}: must be in [1, {self.cfg.model.max_seq_len}] "
+                f"(the model's max_seq_len; it was trained at {trained})"
+            )
         bf16 = precision == "bf16" or (precision == "auto" and self._device.type == "cuda")
         self.autocast = torch.bfloat16 if bf16 else None
+        self._hf = None  # the cached-generation model, built on first use
 
     @property
     def device(self) -> torch.device:
@@ -74,11 +137,18 @@ class MoHGELM(LM):
     def eot_token_id(self) -> int:
         return EOT_ID
 
-    def tok_encode(self, text: str) -> list[int]:
-        return encode(self.tok, text)
+    @property
+    def prefix_token_id(self) -> int:
+        return EOT_ID
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
+        return encode(self.tok, string)  # our tokenizer adds no special token, whatever add_special_tokens says
 
     def tok_decode(self, ids: Sequence[int]) -> str:
         return decode(self.tok, ids)
+
+    def _autocast(self):
+        return torch.autocast(self._device.type, dtype=self.autocast, enabled=self.autocast is not None)
 
     # ------------------------------------------------------------------------------------------------
     # scoring
@@ -91,20 +161,20 @@ class MoHGELM(LM):
         x = torch.full((len(rows), S), EOT_ID, dtype=torch.long)
         for i, r in enumerate(rows):
             x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        with torch.autocast(self._device.type, dtype=self.autocast, enabled=self.autocast is not None):
+        with self._autocast():
             return self.model(x.to(self._device)).logits.float()
 
-    def _score(self, pairs: list[tuple[list[int], list[int]]], desc: str, quiet: bool) -> list[tuple[float, bool]]:
-        """(sum log p(continuation | context), is greedy) of token pairs, batched by length."""
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """(sum log p(continuation | context), is greedy) per (cache key, context ids, continuation ids)."""
         L = self.max_length
         prepared = []
-        for ctx, cont in pairs:
+        for _, ctx, cont in requests:
             cont = cont[-L:]
             full = (ctx + cont)[-(L + 1) :]
-            prepared.append((full[:-1], full[len(full) - len(cont) :]))
-        order = sorted(range(len(pairs)), key=lambda i: -len(prepared[i][0]))
-        results: list[tuple[float, bool]] = [(0.0, True)] * len(pairs)
-        for b in tqdm(range(0, len(order), self.batch_size), desc=desc, disable=quiet or None):
+            prepared.append((full[:-1], cont))
+        order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))
+        results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
+        for b in tqdm(range(0, len(order), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
             idx = [i for i in order[b : b + self.batch_size] if prepared[i][1]]
             if not idx:
                 continue
@@ -113,61 +183,104 @@ class MoHGELM(LM):
                 inp, cont = prepared[i]
                 logp = torch.log_softmax(logits[row, len(inp) - len(cont) : len(inp)], dim=-1)
                 target = torch.tensor(cont, device=logp.device)
-                ll = logp.gather(1, target[:, None]).sum().item()
+                ll = float(logp.gather(1, target[:, None]).sum())
                 results[i] = (ll, bool((logp.argmax(-1) == target).all()))
-        return results
-
-    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        pairs = []
-        for req in requests:
-            context, continuation = req.args
-            n_spaces = len(context) - len(context.rstrip(" "))
-            if n_spaces:
-                context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
-            pairs.append(([EOT_ID, *self.tok_encode(context)], self.tok_encode(continuation)))
-        results = self._score(pairs, "loglikelihood", disable_tqdm)
-        for req, res in zip(requests, results, strict=True):
-            self.cache_hook.add_partial("loglikelihood", req.args, res)
+        for (key, _, _), res in zip(requests, results, strict=True):
+            if key is not None:
+                self.cache_hook.add_partial("loglikelihood", key, res)
         return results
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
-        pairs, owner = [], []
+        windows, owner = [], []
         for i, req in enumerate(requests):
             (text,) = req.args
-            windows = get_rolling_token_windows(self.tok_encode(text), EOT_ID, self.max_length, 1)
-            for w in map(make_disjoint_window, windows):
-                pairs.append(w)
+            for ctx, cont in map(
+                make_disjoint_window, get_rolling_token_windows(self.tok_encode(text), EOT_ID, self.max_length, 1)
+            ):
+                windows.append((None, ctx, cont))
                 owner.append(i)
         totals = [0.0] * len(requests)
-        for i, (ll, _) in zip(owner, self._score(pairs, "rolling", disable_tqdm), strict=True):
+        for i, (ll, _) in zip(owner, self._loglikelihood_tokens(windows, disable_tqdm), strict=True):
             totals[i] += ll
         for req, total in zip(requests, totals, strict=True):
             self.cache_hook.add_partial("loglikelihood_rolling", req.args, total)
         return totals
 
+    # ------------------------------------------------------------------------------------------------
+    # generation
+    # ------------------------------------------------------------------------------------------------
+
+    def _gen_settings(self, kwargs: dict | None) -> tuple[list[str], int]:
+        kwargs = dict(kwargs or {})
+        until = kwargs.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+        if max_new >= self.max_length:
+            raise ValueError(f"max_gen_toks={max_new} must be below the model's max_length={self.max_length}")
+        if kwargs.get("do_sample") or kwargs.get("temperature", 0.0):
+            log.warning("generate_until is greedy; ignoring sampling arguments %s", kwargs)
+        return until, max_new
+
     @torch.no_grad()
-    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
-        outputs = []
-        for req in tqdm(requests, desc="generate", disable=disable_tqdm or None):
-            context, kwargs = req.args
-            kwargs = dict(kwargs or {})
-            until = kwargs.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-            if kwargs.get("do_sample") or kwargs.get("temperature", 0.0):
-                log.warning("generate_until is greedy; ignoring sampling arguments %s", kwargs)
-            ids, new = [EOT_ID, *self.tok_encode(context)], []
-            text = ""
+    def _generate_batch(self, contexts: list[list[int]], until: list[str], max_new: int) -> list[str]:
+        """Greedy continuations of left-padded contexts, one forward pass per new token through the KV cache."""
+        from transformers.cache_utils import DynamicCache
+
+        from .hf_export import to_hf_model
+
+        if self._hf is None:
+            self._hf = to_hf_model(self.model, self.max_length)
+        B, P = len(contexts), max(len(c) for c in contexts)
+        ids_BP = torch.full((B, P), EOT_ID, dtype=torch.long)
+        mask_BP = torch.zeros((B, P), dtype=torch.long)
+        for b, c in enumerate(contexts):
+            ids_BP[b, P - len(c) :] = torch.tensor(c)
+            mask_BP[b, P - len(c) :] = 1
+        ids, mask = ids_BP.to(self._device), mask_BP.to(self._device)
+        cache = DynamicCache(config=self._hf.config)
+        new: list[list[int]] = [[] for _ in range(B)]
+        texts, done = [""] * B, [False] * B
+        with self._autocast():
             for _ in range(max_new):
-                nxt = int(self._logits([(ids + new)[-self.max_length :]])[0, -1].argmax())
-                if nxt == EOT_ID:
+                logits = self._hf(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1).logits
+                nxt_B = logits[:, -1].float().argmax(-1)
+                for b, tok in enumerate(nxt_B.tolist()):
+                    if done[b]:
+                        continue
+                    if tok == EOT_ID:
+                        done[b] = True
+                        continue
+                    new[b].append(tok)
+                    texts[b] = self.tok_decode(new[b])
+                    done[b] = any(u in texts[b] for u in until)
+                if all(done):
                     break
-                new.append(nxt)
-                text = self.tok_decode(new)
-                if any(u in text for u in until):
-                    break
+                ids, mask = nxt_B[:, None], torch.cat([mask, mask.new_ones(B, 1)], dim=1)
+        out = []
+        for text in texts:
             for u in until:
                 text = text.split(u, 1)[0]
-            outputs.append(text)
-            self.cache_hook.add_partial("generate_until", req.args, text)
+            out.append(text)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        jobs: dict[tuple, list[int]] = {}  # requests with the same stopping rules share batches
+        for i, req in enumerate(requests):
+            until, max_new = self._gen_settings(req.args[1])
+            jobs.setdefault((tuple(until), max_new), []).append(i)
+        outputs = [""] * len(requests)
+        bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm or None)
+        for (until, max_new), idx in jobs.items():
+            cap = self.max_length - max_new
+            ctx = {i: (self.tok_encode(requests[i].args[0]) or [EOT_ID])[-cap:] for i in idx}
+            idx = sorted(idx, key=lambda i: -len(ctx[i]))  # similar lengths together: less padding
+            for b in range(0, len(idx), self.batch_size):
+                chunk = idx[b : b + self.batch_size]
+                for i, text in zip(
+                    chunk, self._generate_batch([ctx[i] for i in chunk], list(until), max_new), strict=True
+                ):
+                    outputs[i] = text
+                    self.cache_hook.add_partial("generate_until", requests[i].args, text)
+                bar.update(len(chunk))
+        bar.close()
         return outputs

@@ -74,18 +74,21 @@ def test_passages_merge_paragraphs():
 
 
 def test_adapter_scores_match_direct_computation(lm):
-    ctx = "the dogs see a cat.\n"
-    text = ctx + "12+5="
-    ids = [EOT_ID, *encode(lm.tok, text)]
-    assert len(ids) <= lm.max_length + 1  # one window: no truncation
+    ctx, cont = "the dogs see a cat.\n", "12+5="
+    text = ctx + cont
+    ids = encode(lm.tok, text)
+    assert len(ids) + 1 <= lm.max_length + 1  # one window: no truncation
     with torch.no_grad():
-        logp = F.log_softmax(lm.model(torch.tensor([ids])).logits[0].float(), -1)
-    direct = sum(logp[i, ids[i + 1]].item() for i in range(len(ids) - 1))
-    ctx_len = 1 + len(encode(lm.tok, ctx))
-    cont = sum(logp[i, ids[i + 1]].item() for i in range(ctx_len - 1, len(ids) - 1))
-    (ll, _), (ll_empty, _) = lm.loglikelihood([Req(ctx, "12+5="), Req("", text)])
-    assert ll == pytest.approx(cont, abs=1e-4)
-    assert ll_empty == pytest.approx(direct, abs=1e-4)
+        logp = F.log_softmax(lm.model(torch.tensor([[EOT_ID, *ids]])).logits[0].float(), -1)
+        logp_bare = F.log_softmax(lm.model(torch.tensor([ids])).logits[0].float(), -1)
+    direct = sum(logp[i, ([EOT_ID, *ids])[i + 1]].item() for i in range(len(ids)))
+    # as lm-eval's HF model: the trailing "\n" of the context moves to the continuation, the pair is encoded whole
+    # and split at the context's length, and nothing is put before a non-empty context
+    ctx_len = len(encode(lm.tok, ctx.rstrip()))
+    cont_ll = sum(logp_bare[i, ids[i + 1]].item() for i in range(ctx_len - 1, len(ids) - 1))
+    (ll, _), (ll_empty, _) = lm.loglikelihood([Req(ctx, cont), Req("", text)])
+    assert ll == pytest.approx(cont_ll, abs=1e-4)
+    assert ll_empty == pytest.approx(direct, abs=1e-4)  # an empty context is <|endoftext|>
     assert lm.loglikelihood_rolling([Req(text)])[0] == pytest.approx(direct, abs=1e-4)
     long_text = "\n".join([text] * 12)  # longer than max_length (24 tokens): several windows
     assert len(encode(lm.tok, long_text)) > 2 * lm.max_length
@@ -158,3 +161,11 @@ def test_hub_tasks_need_allow_hub(run, tmp_path):
 def test_build_tasks_cli(run, tmp_path, capsys):
     assert ev.main(["build-tasks", "--data", str(run[1]), "--out", str(tmp_path), "--max-docs", "5"]) == 0
     assert all(n <= 5 for n in json.loads(capsys.readouterr().out).values())
+
+
+def test_cli_without_a_subcommand_needs_ckpt_data_out(capsys):
+    with pytest.raises(SystemExit) as err:
+        ev.main(["--data", "d", "--out", "o"])
+    assert err.value.code == 2 and "--ckpt" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev.main(["build-tasks", "--data", "d", "--out", "o", "--bogus"])
