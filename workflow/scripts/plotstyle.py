@@ -182,6 +182,28 @@ def as_level(series: pd.Series) -> pd.Series:
     return series.astype(str)
 
 
+def min_span(ax, axis: str = "y", rel: float = 0.04) -> bool:
+    """Widen the ``axis`` limits around their centre to at least ``rel`` of the centre's magnitude, so that
+    differences far below the noise (0.01 ppl) do not fill a whole panel; True when the limits were widened."""
+    get, set_ = (ax.get_ylim, ax.set_ylim) if axis == "y" else (ax.get_xlim, ax.set_xlim)
+    lo, hi = get()
+    centre = (lo + hi) / 2
+    need = abs(centre) * rel
+    if hi - lo >= need or need == 0:
+        return False
+    set_(centre - need / 2, centre + need / 2)
+    return True
+
+
+def n_text(ns: Iterable[int]) -> str:
+    """'n = 3 seeds' or 'n = 1-8 seeds': the number of seeds behind a set of means."""
+    ns = sorted({int(n) for n in ns})
+    if not ns:
+        return "n = 0"
+    span = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    return f"n = {span} seed{'s' if ns[-1] > 1 else ''}"
+
+
 def label_ends(ax, items: list[tuple[float, float, str, str]], min_gap: float = 0.06) -> None:
     """Direct labels to the right of line ends: items (x, y, text, colour), nudged apart by ``min_gap`` of the axis."""
     lo, hi = ax.get_ylim()
