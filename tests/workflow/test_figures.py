@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -386,3 +387,221 @@ rule t3:
     assert res.returncode == 0, res.stderr[-3000:]
     assert_png_pdf(tmp_path / "out/F4.png", tmp_path / "out/F4.pdf")
     assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()
+
+
+# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge.study ----------------------
+STUDY_MODELS = {  # model: (seeds, total params, mean test ppl)
+    "mohge": (8, 8.96e6, 80.0),
+    "moe": (8, 10.7e6, 80.5),
+    "moe_equal": (8, 8.96e6, 82.0),
+    "moe+w160": (3, 7.2e6, 85.0),
+    "moe+w320": (3, 12.5e6, 78.0),
+    "dense": (3, 2.46e6, 86.0),
+    "mohge+ae5e2": (3, 8.96e6, 80.8),
+    "mohge+ae2e1": (3, 8.96e6, 83.0),
+}
+GRADED_MODELS = {"mohge+ag1e5": 30.0, "mohge+ag1e4": 30.3, "mohge+ag1e3": 31.0}
+
+
+def write_study(d: Path) -> dict[str, Path]:
+    """A synthetic study (the models and seeds of configs/study.yaml) collected and analysed by mohge.study."""
+    from mohge import study
+
+    rnd = random.Random(1)
+    runs, util, groups = [], [], []
+    models = [("shakespeare", m, *v) for m, v in STUDY_MODELS.items()]
+    models += [("graded", m, 3, 8.57e6, p) for m, p in GRADED_MODELS.items()]
+    for ds, model, seeds, total, ppl in models:
+        for seed in range(seeds):
+            run = f"{ds}-{model.replace('+', '-')}-s{seed}"
+            routed = total * 0.85 if model != "dense" else 0
+            test = ppl * (1 + 0.01 * rnd.gauss(0, 1)) + 0.5 * seed
+            runs.append(
+                {
+                    "run": run,
+                    "dataset": ds,
+                    "family": model,
+                    "seed": seed,
+                    "total_params": total,
+                    "activated_params": 2.2e6 + rnd.random() * 1e4 - 1e5 * ("ag1e3" in model),
+                    "activated_params_uniform": 2.25e6,
+                    "routed_params": routed,
+                    "val_ppl": test * 1.05,
+                    "test_ppl": test,
+                }
+            )
+            ae = {"mohge": 0.0, "mohge+ae5e2": 0.15, "mohge+ae2e1": 0.3}.get(model)
+            if model.startswith("mohge") or model == "moe":
+                for strategy, base in (
+                    ("contiguous", 1.3),
+                    ("all_size", 1.35),
+                    ("modse_pairs", 1.2),
+                    ("flop_lpt", 1.02),
+                ):
+                    if model == "moe" and strategy in ("all_size", "modse_pairs"):
+                        continue
+                    for ep in (2, 4, 8):
+                        v = 1 + (base - 1) * ep / 4 * (1 - (ae or 0)) + 0.03 * rnd.random()
+                        util.append(
+                            {
+                                "source": run,
+                                "strategy": strategy,
+                                "ep_size": ep,
+                                "layer": "all",
+                                "max_over_mean": v,
+                                "cv": v - 1,
+                                "kind": "analytic",
+                            }
+                        )
+            if ds == "graded":
+                shift = {"mohge+ag1e5": 0, "mohge+ag1e4": 8, "mohge+ag1e3": 25}[model]
+                for level, lw in (("easy", -1), ("medium", 0), ("hard", 1)):
+                    for g, w in enumerate((96, 160, 256, 320)):
+                        slots = 100 + int(lw * shift * (g - 1.5)) + rnd.randint(0, 5)
+                        groups.append(
+                            {
+                                "run": run,
+                                "dataset": ds,
+                                "family": model,
+                                "seed": seed,
+                                "layer": "all",
+                                "level": level,
+                                "group": g,
+                                "width": w,
+                                "slots": slots,
+                                "share": 0.25,
+                            }
+                        )
+    runs_df, util_df, groups_df = pd.DataFrame(runs), pd.DataFrame(util), pd.DataFrame(groups)
+    analysis = {"alpha": 0.05, "equivalence_margin": 0.03, "primary_metric": "test_ppl"}
+    sh = runs_df[runs_df["dataset"] == "shakespeare"]
+    tables = {
+        "s1": study.model_summary(runs_df),
+        "s2": study.quality_tests(sh, analysis),
+        "s3": study.balance(util_df, runs_df),
+        "s4": study.difficulty(groups_df, runs_df),
+    }
+    paths = {}
+    for key, df in tables.items():
+        paths[key] = d / f"{key.upper()}.csv"
+        df.to_csv(paths[key], index=False)
+    return paths
+
+
+STUDY_FIGURES = {  # script: its inputs (keys of write_study / of the study tables of the default results)
+    "study_quality": ("s1",),
+    "study_tests": ("s2",),
+    "study_balance": ("s3",),
+    "study_frontier": ("s1", "s3"),
+    "study_difficulty": ("s4",),
+}
+DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory) -> dict[str, Path]:
+    return write_study(tmp_path_factory.mktemp("study"))
+
+
+@pytest.fixture(scope="module")
+def default_study(tmp_path_factory) -> dict[str, Path]:
+    """The study tables of the committed default-config results (few models, mostly one seed)."""
+    from mohge import study
+
+    out = tmp_path_factory.mktemp("default_study")
+    config = Path(__file__).resolve().parents[2] / "configs" / "config.yaml"
+    assert study.main(["--results", str(DEFAULT_RESULTS), "--config", str(config), "--out", str(out)]) == 0
+    names = {"s1": "S1_models", "s2": "S2_tests", "s3": "S3_balance", "s4": "S4_difficulty"}
+    return {k: out / f"{v}.csv" for k, v in names.items()}
+
+
+def build_twice(script: str, inputs: dict, tmp_path: Path, params: dict | None = None) -> Path:
+    """Run a figure script twice; both builds valid and byte-identical; returns the PNG of the first."""
+    builds = []
+    for i in (1, 2):
+        out = {"png": tmp_path / f"{script}-{i}.png", "pdf": tmp_path / f"{script}-{i}.pdf"}
+        load(script).main(inputs, out, params or {})
+        assert_png_pdf(out["png"], out["pdf"])
+        builds.append(out)
+    for kind in ("png", "pdf"):
+        assert builds[0][kind].read_bytes() == builds[1][kind].read_bytes(), f"{script} {kind} not reproducible"
+    return builds[0]["png"]
+
+
+def figure_texts(script: str, inputs: dict, monkeypatch, axes: list | None = None) -> list[str]:
+    """Every text drawn by a figure script (titles, labels, legends, annotations), captured before saving;
+    the (title, ylim) of each axes go to ``axes`` when given."""
+    ps = load("plotstyle")
+    texts: list[str] = []
+
+    def capture(fig, png, pdf):
+        texts.extend(t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text")))
+        if axes is not None:
+            axes.extend((ax.get_title(), ax.get_ylim()) for ax in fig.axes)
+        ps.plt.close(fig)
+
+    module = load(script)
+    monkeypatch.setattr(module.ps, "save", capture)
+    module.main(inputs, {}, {})
+    return texts
+
+
+@pytest.mark.parametrize("script", sorted(STUDY_FIGURES))
+def test_study_figure_full_study(script, study, tmp_path, monkeypatch):
+    inputs = {k: study[k] for k in STUDY_FIGURES[script]}
+    build_twice(script, inputs, tmp_path)
+    texts = " ".join(figure_texts(script, inputs, monkeypatch))
+    assert "95% CI" in texts and re.search(r"n ?= ?\d", texts), texts  # every figure states n and its CI
+    assert "placeholder" not in texts.lower() and "no α_G sweep" not in texts
+
+
+@pytest.mark.parametrize("script", sorted(STUDY_FIGURES))
+def test_study_figure_default_results(script, default_study, tmp_path):
+    """The default config's tables lack most study models: the figures skip them instead of failing."""
+    build_twice(script, {k: default_study[k] for k in STUDY_FIGURES[script]}, tmp_path)
+
+
+@pytest.mark.parametrize("script", sorted(STUDY_FIGURES))
+def test_study_figure_placeholder_without_tables(script, tmp_path):
+    (tmp_path / "empty.csv").write_text("")
+    build_twice(script, {k: tmp_path / "empty.csv" for k in STUDY_FIGURES[script]}, tmp_path)
+
+
+def test_study_figures_show_what_they_claim(study, monkeypatch):
+    """F8 annotates each test's p and decision; F7 gives every model's n; F9 has a panel per trace kind."""
+    f8 = " ".join(figure_texts("study_tests", {"s2": study["s2"]}, monkeypatch))
+    s2 = pd.read_csv(study["s2"]).query("metric == 'test_ppl'")
+    for r in s2.itertuples():
+        assert f"n={r.n}" in f8 and r.decision in f8
+    assert "equivalence\nband ±3%" in f8 and "p = 0.005" in f8
+    f7 = figure_texts("study_quality", {"s1": study["s1"]}, monkeypatch)
+    assert "MoHGE (n=8)" in f7 and "MoE [w160] (width sweep) (n=3)" in f7
+    s3 = pd.read_csv(study["s3"])
+    both = pd.concat([s3.assign(trace="trained"), s3.assign(trace="balanced_within_groups")])
+    both.to_csv(study["s3"].with_name("S3_traces.csv"), index=False)
+    f9 = figure_texts("study_balance", {"s3": study["s3"].with_name("S3_traces.csv")}, monkeypatch)
+    assert "routing of the trained models" in f9 and "synthetic: balanced inside groups" in f9
+    f11 = figure_texts("study_difficulty", {"s4": study["s4"]}, monkeypatch)
+    assert "α_G=0.001 (n=3)" in f11
+
+
+def test_figures_state_n(data, monkeypatch):
+    """F2 and F3 name n; F3 never claims a mean over seeds at n = 1."""
+    runs = pd.read_csv(data["runs"])
+    graded = runs["dataset"] == "graded"
+    runs.loc[graded, "val_ppl"] = 11.52 + 0.0001 * runs.loc[graded].index  # models 0.01 ppl apart
+    runs.to_csv(data["runs"].with_name("runs_close.csv"), index=False)
+    axes: list = []
+    f2 = " ".join(
+        figure_texts("plot_quality_params", {"runs": data["runs"].with_name("runs_close.csv")}, monkeypatch, axes)
+    )
+    lo, hi = next(ylim for title, ylim in axes if title.startswith("graded"))
+    assert hi - lo >= 0.04 * 11.52 * 0.999 and "all means within" in f2  # no axis spanning 0.01 ppl
+    assert "(n=3)" in f2 and "(n=1)" in f2 and "95% CI" in f2 and "full val split" in f2
+    groups = pd.read_csv(data["groups"])
+    one = data["groups"].with_name("groups_one_seed.csv")
+    groups[groups["seed"] == 0].to_csv(one, index=False)
+    f3 = " ".join(figure_texts("plot_groups_by_level", {"groups": one}, monkeypatch))
+    assert "n = 1" in f3 and "mean over" not in f3
+    f3_many = " ".join(figure_texts("plot_groups_by_level", {"groups": data["groups"]}, monkeypatch))
+    assert "n = 3 seeds" in f3_many and "95% CI" in f3_many

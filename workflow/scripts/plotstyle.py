@@ -316,3 +316,24 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
         n = runs["run"].nunique()
         ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{family_label(fam)} (n={n})", st["color"]))
     return ends
+
+
+# ---- the study tables (mohge.study: S1_models, S2_tests, S3_balance, S4_difficulty) ----------------------------
+def ci_err(mean: pd.Series, low: pd.Series, high: pd.Series) -> list[list[float]]:
+    """Asymmetric error bars [below, above] from a table's CI bounds; 0 where there is no interval (n = 1)."""
+    below = (mean - low).where(low.notna(), 0.0).clip(lower=0)
+    above = (high - mean).where(high.notna(), 0.0).clip(lower=0)
+    return [below.tolist(), above.tolist()]
+
+
+def with_n(label: str, n: int) -> str:
+    """'MoHGE (n=8)': every study figure names the seeds behind each mean."""
+    return f"{label} (n={int(n)})"
+
+
+def study_rows(df: pd.DataFrame, dataset: str | None) -> tuple[pd.DataFrame, str]:
+    """The rows of one dataset (the named one, else the first) of a study table, and that dataset's name."""
+    if df.empty or "dataset" not in df:
+        return df, dataset or ""
+    ds = dataset if dataset in set(df["dataset"]) else str(df["dataset"].iloc[0])
+    return df[df["dataset"] == ds], ds
