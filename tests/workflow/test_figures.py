@@ -605,3 +605,24 @@ def test_figures_state_n(data, monkeypatch):
     assert "n = 1" in f3 and "mean over" not in f3
     f3_many = " ".join(figure_texts("plot_groups_by_level", {"groups": data["groups"]}, monkeypatch))
     assert "n = 3 seeds" in f3_many and "95% CI" in f3_many
+
+
+def test_study_tables_tex(study, default_study, tmp_path):
+    """S1-S4 as LaTeX: n on every row, CIs as [low, high], nothing bold, symbols typeset; reruns identical."""
+    for name, tables in (("full", study), ("default", default_study)):
+        outs = {f"s{i}_tex": tmp_path / name / f"S{i}.tex" for i in (1, 2, 3, 4)}
+        outs |= {"s2_md": tmp_path / name / "S2.md"}
+        load("study_tables").main(tables, outs, {})
+        first = {k: p.read_bytes() for k, p in outs.items()}
+        load("study_tables").main(tables, outs, {})
+        assert first == {k: p.read_bytes() for k, p in outs.items()}, name
+        for key, path in outs.items():
+            text = path.read_text()
+            assert "textbf" not in text and "**" not in text.split("\n", 1)[1], key
+            if key.endswith("tex"):
+                assert r"\begin{tabular}" in text and r"\end{tabular}" in text and "<" not in text.replace("$<$", "")
+    s2 = (tmp_path / "full" / "S2.md").read_text()
+    assert "| Q1 parity | Test PPL (full split) | MoHGE / MoE | tost | 8 | 0.988 [0.976, 1.000] | 0.005 |" in s2
+    s1 = (tmp_path / "full" / "S1.tex").read_text()
+    assert "Activated (learned routing)" in s1 and "Activated (uniform routing)" in s1 and "& 8 &" in s1
+    assert "n $<$ 2" in (tmp_path / "default" / "S2.tex").read_text()

@@ -29,6 +29,7 @@ from mohge.study import TASK_METRIC, reportable_tasks  # noqa: E402
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts")
 COMPONENTS += ("dense_ffn", "total", "non_embedding")
 TEX_SYMBOLS = {"±": r"$\pm$", "—": "---", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$", "≥": r"$\geq$"}
+TEX_SYMBOLS |= {"<": "$<$", ">": "$>$", "−": "$-$"}  # text-mode < and > print as other glyphs in OT1
 BOLD_RULE = (
     "Bold: the row wins a test, i.e. it has n ≥ 2 seeds and its 95% CI is disjoint from every other row's "
     "interval (a single-seed row counts as its point value); single-seed rows are never bold."
@@ -85,7 +86,9 @@ def table_key(key: str, prefix: str, ext: str = "") -> bool:
     return key.startswith(prefix) and not key[len(prefix) : len(prefix) + 1].isdigit() and key.endswith(ext)
 
 
-def write_table(machine, display, outputs: dict, prefix: str, caption: str, left: int = 1, notes=()) -> None:
+def write_table(
+    machine, display, outputs: dict, prefix: str, caption: str, left: int = 1, notes=(), by: str = "make_tables.py"
+) -> None:
     """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular, each
     followed by the ``notes`` (Markdown: lines under the table; LaTeX: full-width rows under the rule)."""
     paths = {e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex") if table_key(k, prefix, f"_{e}")}
@@ -103,7 +106,7 @@ def write_table(machine, display, outputs: dict, prefix: str, caption: str, left
     if "tex" in paths:
         rows = [" & ".join(map(tex, r)) + r" \\" for r in [head, *cells]] if cells else [r"No data yet. \\"]
         width = len(head) if cells else 1
-        lines = [f"% {prefix.upper()}: {caption} (written by make_tables.py; do not edit)"]
+        lines = [f"% {prefix.upper()}: {caption} (written by {by}; do not edit)"]
         lines += [rf"\begin{{tabular}}{{{''.join(align) if cells else 'l'}}}", r"\toprule", rows[0], r"\midrule"]
         foot = [rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {tex(n)}}} \\" for n in notes]
         paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", *foot, r"\end{tabular}"]) + "\n")
