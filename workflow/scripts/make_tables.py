@@ -3,8 +3,13 @@
 Inputs (each optional; a table is written when its input and one of its outputs are named):
   runs (runs.csv) -> T1, params (params.csv) -> T2, util or utilization (utilization_summary.csv) -> T3.
 Outputs: keys starting with the table (case-insensitive) and ending in _csv, _md or _tex: t1_csv, T1_main_md, ...
-Params: source (T3: one routing trace; default: the mean over traces).
-Means over seeds carry a 95% Student-t interval ("± —" with one seed); the best value per column is in bold.
+Params: source (T3: a routing trace; T3 pools the traces of every seed of that trace's model; default: every
+model, one row block each), task_docs (T1: documents per lm-eval task, an int for every task or a dict per task;
+used where runs.csv has no task:<task>:n_samples column), alpha (default 0.05).
+Reporting rules (issue 12): means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
+parameters are reported beside every comparison, one definition per column; a task is reported only where its
+declared metric leaves both chance and ceiling (mohge.study.reportable_tasks), the others are listed in a note
+with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from every other row).
 """
 
 import re
@@ -19,9 +24,20 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
+from mohge.study import TASK_METRIC, reportable_tasks  # noqa: E402
+
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts")
 COMPONENTS += ("dense_ffn", "total", "non_embedding")
-TEX_SYMBOLS = {"±": r"$\pm$", "—": "---", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$"}
+TEX_SYMBOLS = {"±": r"$\pm$", "—": "---", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$", "≥": r"$\geq$"}
+TEX_SYMBOLS |= {"<": "$<$", ">": "$>$", "−": "$-$"}  # text-mode < and > print as other glyphs in OT1
+BOLD_RULE = (
+    "Bold: the row wins a test, i.e. it has n ≥ 2 seeds and its 95% CI is disjoint from every other row's "
+    "interval (a single-seed row counts as its point value); single-seed rows are never bold."
+)
+ACTIVATED = {
+    "activated_params": "Activated (learned routing)",
+    "activated_params_uniform": "Activated (uniform routing)",
+}
 
 
 def fmt_pm(mean: float, ci: float, digits: int, scale: float = 1.0) -> str:
@@ -39,12 +55,20 @@ def fmt_params(v: float) -> str:
     return f"{x:.{2 if x < 10 else 1 if x < 100 else 0}f}{unit}"
 
 
-def bold_best(display: pd.DataFrame, values: pd.Series, col: str, lower: bool, groups: pd.Series) -> None:
-    """Mark the best mean of ``col`` within each group (e.g. per dataset) in bold, when there is a choice."""
-    for _, idx in values.groupby(groups).groups.items():
-        v = values[idx].dropna()
-        if len(v) > 1:
-            best = v.idxmin() if lower else v.idxmax()
+def bold_winner(display, mean: pd.Series, ci: pd.Series, n: pd.Series, col: str, lower: bool, groups) -> None:
+    """Bold the best mean of ``col`` within each group only when it wins (see BOLD_RULE): disjoint 95% CIs
+    are a conservative test; the paired tests of the study are in S2."""
+    half = ci.where(n >= 2, 0.0).fillna(0.0)
+    lo, hi = mean - half, mean + half
+    for _, idx in mean.groupby(groups).groups.items():
+        v = mean[idx].dropna()
+        if len(v) < 2:
+            continue
+        best = v.idxmin() if lower else v.idxmax()
+        if n[best] < 2 or ci[best] != ci[best]:
+            continue
+        others = [i for i in v.index if i != best]
+        if (hi[best] < lo[others].min()) if lower else (lo[best] > hi[others].max()):
             display.loc[best, col] = f"**{display.loc[best, col]}**"
 
 
@@ -62,40 +86,82 @@ def table_key(key: str, prefix: str, ext: str = "") -> bool:
     return key.startswith(prefix) and not key[len(prefix) : len(prefix) + 1].isdigit() and key.endswith(ext)
 
 
-def write_table(machine, display, outputs: dict, prefix: str, caption: str, left: int = 1) -> None:
-    """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular."""
+def write_table(
+    machine, display, outputs: dict, prefix: str, caption: str, left: int = 1, notes=(), by: str = "make_tables.py"
+) -> None:
+    """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular, each
+    followed by the ``notes`` (Markdown: lines under the table; LaTeX: full-width rows under the rule)."""
     paths = {e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex") if table_key(k, prefix, f"_{e}")}
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     if "csv" in paths:
-        machine.to_csv(paths["csv"], index=False)
+        machine.to_csv(paths["csv"], index=False, lineterminator="\n")
     head, cells = list(display.columns), display.astype(str).values.tolist()
     align = ["l" if i < left else "r" for i in range(len(head))]
     if "md" in paths:
         rows = [head, [":--" if a == "l" else "--:" for a in align], *cells]
         body = [f"| {' | '.join(r)} |" for r in rows] if cells else ["_No data yet._"]
-        paths["md"].write_text("\n".join([f"**{prefix.upper()}.** {caption}", "", *body]) + "\n")
+        tail = ["", *(f"- {n}" for n in notes)] if notes else []
+        paths["md"].write_text("\n".join([f"**{prefix.upper()}.** {caption}", "", *body, *tail]) + "\n")
     if "tex" in paths:
         rows = [" & ".join(map(tex, r)) + r" \\" for r in [head, *cells]] if cells else [r"No data yet. \\"]
-        lines = [f"% {prefix.upper()}: {caption} (written by make_tables.py; do not edit)"]
+        width = len(head) if cells else 1
+        lines = [f"% {prefix.upper()}: {caption} (written by {by}; do not edit)"]
         lines += [rf"\begin{{tabular}}{{{''.join(align) if cells else 'l'}}}", r"\toprule", rows[0], r"\midrule"]
-        paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", r"\end{tabular}"]) + "\n")
+        foot = [rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {tex(n)}}} \\" for n in notes]
+        paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", *foot, r"\end{tabular}"]) + "\n")
 
 
-def table_main(runs: pd.DataFrame, outputs: dict) -> None:
+def task_docs(runs: pd.DataFrame, param) -> dict[str, int]:
+    """Documents per task: runs.csv's task:<task>:n_samples where collected, else the task_docs param."""
+    docs = {}
+    for task in TASK_METRIC:
+        col = f"task:{task}:n_samples"
+        if col in runs and runs[col].notna().any():
+            docs[task] = int(runs[col].min())
+        elif isinstance(param, dict) and param.get(task):
+            docs[task] = int(param[task])
+        elif isinstance(param, int | float) and param > 0:
+            docs[task] = int(param)
+    return docs
+
+
+def task_columns(runs: pd.DataFrame, params: dict) -> tuple[list[str], list[str]]:
+    """(the task metric columns T1 reports, a note per omitted task with its reason)."""
+    docs = task_docs(runs, params.get("task_docs"))
+    verdict = reportable_tasks(runs, docs, params.get("alpha", 0.05))
+    cols, notes = [], []
+    for task, (metric, _) in TASK_METRIC.items():
+        col = f"task:{task}:{metric}"
+        if col not in runs or runs[col].isna().all():
+            continue
+        if task not in verdict:
+            notes.append(f"{task} ({metric}): not reported: number of documents unknown (param task_docs)")
+        elif verdict[task].startswith("reported"):
+            cols.append(col)
+        else:
+            notes.append(f"{task} ({metric}): {verdict[task]}, pooled over all runs")
+    if "task:mohge_ppl:bits_per_byte" in runs:
+        cols.append("task:mohge_ppl:bits_per_byte")  # a perplexity: no chance level or ceiling
+    return cols, notes
+
+
+def table_main(runs: pd.DataFrame, outputs: dict, params: dict) -> None:
     """T1: one row per (dataset, family), families in the paper's order."""
-    tasks = [c for c in runs.columns if c.startswith("task:")]
+    tasks, notes = task_columns(runs, params)
     metrics = [c for c in ("val_ppl", "test_ppl", *tasks, "tokens_per_s") if c in runs.columns]
     runs = runs.assign(_f=runs["family"].map({f: i for i, f in enumerate(ps.FAMILIES)}).fillna(len(ps.FAMILIES)))
     runs = runs.sort_values([c for c in ("dataset", "_f", "family", "seed") if c in runs], kind="stable")
     t = ps.summarise(runs, ["dataset", "family"], metrics).rename(columns={"n": "n_seeds"})
-    sizes = [c for c in ("total_params", "activated_params") if c in runs]
-    first = runs.groupby(["dataset", "family"], sort=False)[sizes].first().reset_index()
+    sizes = [c for c in ("total_params", *ACTIVATED) if c in runs]
+    # parameter counts: total and uniform-routing counts are fixed per model; learned routing is the seed mean
+    agg = {c: "mean" if c == "activated_params" else "first" for c in sizes}
+    first = runs.groupby(["dataset", "family"], sort=False).agg(agg).reset_index()
     t = t.merge(first, on=["dataset", "family"], how="left")
     t = t[["dataset", "family", "n_seeds", *sizes, *t.columns[3 : len(t.columns) - len(sizes)]]]
     d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["family"].map(ps.family_label), "Seeds": t["n_seeds"]})
     for c in sizes:
-        d["Total params" if c == "total_params" else "Activated"] = t[c].map(fmt_params)
+        d["Total params" if c == "total_params" else ACTIVATED[c]] = t[c].map(fmt_params)
     for m in metrics:
         mean, ci = t[f"{m}_mean"], t[f"{m}_ci95"]
         if m.startswith("task:"):
@@ -104,18 +170,25 @@ def table_main(runs: pd.DataFrame, outputs: dict) -> None:
             pct = not lower and bool(mean.dropna().between(0, 1).all())
             col = f"{task.removeprefix('mohge_')} {metric}{' (%)' if pct else ''} {'↓' if lower else '↑'}"
             d[col] = [fmt_pm(a, b, 1 if pct else 3, 100 if pct else 1) for a, b in zip(mean, ci, strict=True)]
-            bold_best(d, mean, col, lower=lower, groups=t["dataset"])
+            bold_winner(d, mean, ci, t["n_seeds"], col, lower=lower, groups=t["dataset"])
         elif m == "tokens_per_s":
             d["Tokens/s"] = [fmt_pm(a, b, 0) for a, b in zip(mean, ci, strict=True)]
         else:
-            col = {"val_ppl": "Val PPL ↓", "test_ppl": "Test PPL ↓"}[m]
+            col = {"val_ppl": "Val PPL (full split) ↓", "test_ppl": "Test PPL (full split) ↓"}[m]
             d[col] = [fmt_pm(a, b, 2) for a, b in zip(mean, ci, strict=True)]
-            bold_best(d, mean, col, lower=True, groups=t["dataset"])
-    write_table(t, d, outputs, "t1", "Main comparison: mean ± 95% CI over seeds (Student t).", left=2)
+            bold_winner(d, mean, ci, t["n_seeds"], col, lower=True, groups=t["dataset"])
+    notes = [
+        "Activated (learned routing): parameters per token under the routing each model learned (mean over seeds); "
+        "Activated (uniform routing): the same count if every expert slot were equally likely (T2's definition).",
+        BOLD_RULE,
+        *(f"Omitted task {n}." for n in notes),
+    ]
+    caption = "Main comparison: mean ± 95% CI over n seeds (Student t); perplexity on the full val and test splits."
+    write_table(t, d, outputs, "t1", caption, left=2, notes=notes)
 
 
 def table_params(params: pd.DataFrame, outputs: dict) -> None:
-    """T2: components x configs, totals then activated, then MoHGE vs MoE relative differences."""
+    """T2: components x configs, totals then activated (uniform routing), then MoHGE vs MoE relative differences."""
     fam_rank = {f: i for i, f in enumerate(ps.FAMILIES)}
     cfgs = params.drop_duplicates("config")[["config", "family"]]
     cfgs = cfgs.assign(key=[c.replace(f, "*", 1) for c, f in zip(cfgs["config"], cfgs["family"], strict=True)])
@@ -124,12 +197,13 @@ def table_params(params: pd.DataFrame, outputs: dict) -> None:
     order = ps.ordered(params["component"], COMPONENTS)
     t = pd.DataFrame({"component": order})
     d = pd.DataFrame({"Component": [c.replace("_", " ") for c in order]})
+    names = {"total": "Total", "activated": "Activated (uniform routing)"}
     for what in ("total", "activated"):
         wide = params.drop_duplicates(["component", "config"]).pivot(index="component", columns="config", values=what)
         wide = wide.reindex(index=order, columns=cfgs["config"])
         for c in cfgs["config"]:
             t[f"{c}:{what}"] = wide[c].values
-            d[f"{what.capitalize()}: {c}"] = wide[c].map(fmt_params).values
+            d[f"{names[what]}: {c}"] = wide[c].map(fmt_params).values
     for key, g in cfgs.groupby("key", sort=False):
         by_fam = dict(zip(g["family"], g["config"], strict=True))
         key = re.sub(r"-+", "-", key.replace("*", "")).strip("-_") or "all"  # "preset-*-3b" -> "preset-3b"
@@ -138,44 +212,71 @@ def table_params(params: pd.DataFrame, outputs: dict) -> None:
                 a, b = t[f"{by_fam['mohge']}:{what}"], t[f"{by_fam['moe']}:{what}"]
                 rel = ((a - b) / b.where(b != 0) * 100).astype(float)
                 t[f"mohge_vs_moe:{key}:{what}_rel_diff_pct"] = rel
-                d[f"Δ {what} MoHGE vs MoE ({key})"] = rel.map(lambda x: "—" if x != x else f"{x:+.1f}%")
-    write_table(t, d, outputs, "t2", "Parameters by component (totals, then activated per token).")
+                label = "total" if what == "total" else "activated (uniform)"
+                d[f"Δ {label} MoHGE vs MoE ({key})"] = rel.map(lambda x: "—" if x != x else f"{x:+.1f}%")
+    caption = "Parameters by component: totals, then activated per token under uniform routing."
+    notes = [
+        "Activated (uniform routing): every expert slot equally likely, so a MoHGE token activates the mean group "
+        "width; T1 also reports the count under the routing each model learned."
+    ]
+    write_table(t, d, outputs, "t2", caption, notes=notes)
+
+
+def model_of(source: pd.Series) -> pd.Series:
+    """The model a routing trace comes from: the run name without its seed ("shakespeare-mohge-s2")."""
+    return source.astype(str).str.replace(r"-s\d+$", "", regex=True)
 
 
 def table_load(util: pd.DataFrame, outputs: dict, source: str | None) -> None:
-    """T3: (strategy, EP size) rows; max/mean and CV of per-GPU FLOPs, analytic and (if any) measured."""
-    util = util.assign(layer=ps.as_level(util["layer"]))
+    """T3: (model, strategy, EP size) rows; max/mean and CV of per-GPU FLOPs over the model's traces (one per
+    seed), analytic and (if any) measured: mean ± 95% CI with n traces."""
+    util = util.assign(layer=ps.as_level(util["layer"]), model=model_of(util["source"]))
     if source:
-        util = util[(util["kind"] != "analytic") | (util["source"] == source)]
+        util = util[util["model"] == model_of(pd.Series([source])).iloc[0]]
     parts = []
     for kind in ps.ordered(util["kind"], ("analytic", "measured")):
         u = util[util["kind"] == kind]
         u = u[u["layer"] == "all"] if (u["layer"] == "all").any() else u  # else: mean over layers
-        u = u.groupby(["strategy", "ep_size"])[["max_over_mean", "cv"]].mean()
-        parts.append(u.add_prefix(f"{kind}_"))
+        u = u.groupby(["model", "strategy", "ep_size", "source"], as_index=False)[["max_over_mean", "cv"]].mean()
+        s = ps.summarise(u, ["model", "strategy", "ep_size"], ["max_over_mean", "cv"])
+        parts.append(s.set_index(["model", "strategy", "ep_size"]).add_prefix(f"{kind}_"))
     t = pd.concat(parts, axis=1).reset_index()
     t = t.assign(_s=t["strategy"].map({s: i for i, s in enumerate(ps.STRATEGIES)}).fillna(len(ps.STRATEGIES)))
-    t = t.sort_values(["_s", "strategy", "ep_size"]).drop(columns="_s").reset_index(drop=True)
-    d = pd.DataFrame({"Strategy": t["strategy"].map(ps.strategy_label), "EP": t["ep_size"].astype(int)})
-    for col in t.columns[2:]:
-        kind, stat = col.split("_", 1)
-        name = f"{'max/mean' if stat == 'max_over_mean' else 'CV'} ({kind}) ↓"
-        d[name] = t[col].map(lambda x: "—" if x != x else f"{x:.3f}")
-        bold_best(d, t[col], name, lower=True, groups=t["ep_size"])
-    write_table(t, d, outputs, "t3", "Per-GPU load: max/mean and CV of FLOPs over EP ranks (layer 'all').")
+    t = t.sort_values(["model", "_s", "strategy", "ep_size"]).drop(columns="_s").reset_index(drop=True)
+    d = pd.DataFrame({"Model (traces)": t["model"], "Strategy": t["strategy"].map(ps.strategy_label)})
+    d["EP"] = t["ep_size"].astype(int)
+    for kind in ps.ordered(util["kind"], ("analytic", "measured")):
+        n = t[f"{kind}_n"].fillna(0).astype(int)
+        d[f"n ({kind})"] = n
+        for stat, name in (("max_over_mean", "max/mean"), ("cv", "CV")):
+            mean, ci = t[f"{kind}_{stat}_mean"], t[f"{kind}_{stat}_ci95"]
+            col = f"{name} ({kind}) ↓"
+            d[col] = [fmt_pm(a, b, 3) for a, b in zip(mean, ci, strict=True)]
+            bold_winner(d, mean, ci, n, col, lower=True, groups=t["model"] + ":" + t["ep_size"].astype(str))
+    caption = "Per-GPU load: max/mean and CV of expert FLOPs over EP ranks (layer 'all'), mean ± 95% CI over traces."
+    notes = [
+        "One routing trace per trained seed; n traces per cell (with n = 1 no interval and no winner).",
+        BOLD_RULE.replace("seeds", "traces").replace("single-seed", "single-trace"),
+    ]
+    write_table(t, d, outputs, "t3", caption, left=2, notes=notes)
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Write tables T1, T2, T3 as CSV, Markdown and LaTeX."""
     inputs = {"utilization": inputs.get("util"), **inputs}
-    builds = {"t1": ("runs", table_main), "t2": ("params", table_params), "t3": ("utilization", table_load)}
-    for prefix, (key, build) in builds.items():
-        if inputs.get(key) and any(table_key(k, prefix) for k in outputs):
-            df = ps.read_csv(inputs[key])
-            if df.empty:
-                write_table(df, df, outputs, prefix, f"no rows in {Path(inputs[key]).name}")
-            else:
-                build(df, outputs, **({"source": params.get("source")} if prefix == "t3" else {}))
+    builds = {"t1": "runs", "t2": "params", "t3": "utilization"}
+    for prefix, key in builds.items():
+        if not (inputs.get(key) and any(table_key(k, prefix) for k in outputs)):
+            continue
+        df = ps.read_csv(inputs[key])
+        if df.empty:
+            write_table(df, df, outputs, prefix, f"no rows in {Path(inputs[key]).name}")
+        elif prefix == "t1":
+            table_main(df, outputs, params)
+        elif prefix == "t2":
+            table_params(df, outputs)
+        else:
+            table_load(df, outputs, params.get("source"))
 
 
 if __name__ == "__main__":

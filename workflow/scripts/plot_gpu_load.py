@@ -2,11 +2,14 @@
 
 Inputs: ranks (utilization_ranks.csv), summary (utilization_summary.csv, optional).
 Outputs: png, pdf. Params: source (the routing trace; default the first in sorted order).
-One panel per EP size: each rank's FLOPs summed over layers / the mean rank. Last panel: max/mean against EP size,
-from the summary's layer "all" rows (the step ratio of T3: sum over layers of the slowest rank / of the mean rank;
-analytic lines, measured open markers), or from the per-rank loads when no summary is given.
+One panel per EP size: each rank's FLOPs summed over layers / the mean rank, for the named trace (n = 1).
+Last panel: max/mean against EP size, from the summary's layer "all" rows (the step ratio of T3: sum over layers of
+the slowest rank / of the mean rank; analytic lines, measured open markers): the mean over the traces of every seed
+of the source's model, with its 95% CI where n >= 2 (n in the title), or from the per-rank loads when no summary
+is given.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -26,15 +29,25 @@ def rank_loads(ranks):
     return load.assign(load=load["flops"] / load.groupby(["strategy", "ep_size"])["flops"].transform("mean"))
 
 
+def model_of(source):
+    """The model a routing trace comes from: the run name without its seed ("shakespeare-mohge-s2")."""
+    return source.astype(str).str.replace(r"-s\d+$", "", regex=True)
+
+
 def max_over_mean(summary, kind: str, source: str):
-    """max/mean per (strategy, ep_size) of one kind of summary row: layer "all" when recorded, else mean over
-    layers; the chosen trace's rows when it has any, else the mean over traces."""
+    """max/mean per (strategy, ep_size) of one kind of summary row (layer "all" when recorded, else mean over
+    layers): mean, 95% CI half-width and n over the traces of the source's model (every seed traced); empty when
+    that model has no rows of this kind (traces of other models are never pooled in)."""
     if summary.empty or "kind" not in summary or not (summary["kind"] == kind).any():
-        return summary.iloc[0:0]
+        return summary.iloc[0:0].assign(max_over_mean_mean=[], max_over_mean_ci95=[], n=[])
     m = summary[summary["kind"] == kind].assign(layer=lambda d: ps.as_level(d["layer"]))
-    m = m[m["source"] == source] if (m["source"] == source).any() else m
+    model = model_of(m["source"])
+    m = m[model == re.sub(r"-s\d+$", "", source)]
+    if m.empty:
+        return summary.iloc[0:0].assign(max_over_mean_mean=[], max_over_mean_ci95=[], n=[])
     m = m[m["layer"] == "all"] if (m["layer"] == "all").any() else m
-    return m.groupby(["strategy", "ep_size"], as_index=False)["max_over_mean"].mean()
+    per = m.groupby(["strategy", "ep_size", "source"], as_index=False)["max_over_mean"].mean()
+    return ps.summarise(per, ["strategy", "ep_size"], ["max_over_mean"])
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -49,7 +62,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     analytic, meas = (max_over_mean(summary, kind, source) for kind in ("analytic", "measured"))
     if analytic.empty:
         analytic = load.groupby(["strategy", "ep_size"], as_index=False)["load"].max()
-        analytic = analytic.rename(columns={"load": "max_over_mean"})
+        analytic = analytic.rename(columns={"load": "max_over_mean_mean"}).assign(max_over_mean_ci95=float("nan"), n=1)
     strategies = ps.ordered(load["strategy"], ps.STRATEGIES)
     eps = sorted(load["ep_size"].unique())
     fig, axes = ps.panels(len(eps) + 1, ncols=2 if len(eps) == 3 else 3, height=2.3)
@@ -77,14 +90,33 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     for s in strategies:
         color = ps.STRATEGY_COLORS.get(s, ps.OTHER_COLOR)
         a = analytic[analytic["strategy"] == s].sort_values("ep_size")
-        ax.plot(a["ep_size"], a["max_over_mean"], marker="o", ms=4, color=color)
+        ax.errorbar(
+            a["ep_size"],
+            a["max_over_mean_mean"],
+            yerr=a["max_over_mean_ci95"].fillna(0),
+            marker="o",
+            ms=4,
+            color=color,
+            capsize=2,
+        )
         if not meas.empty:
             m = meas[meas["strategy"] == s].sort_values("ep_size")
-            ax.plot(m["ep_size"], m["max_over_mean"], marker="s", mfc="white", ls="--", lw=0.9, color=color)
+            ax.errorbar(
+                m["ep_size"],
+                m["max_over_mean_mean"],
+                yerr=m["max_over_mean_ci95"].fillna(0),
+                marker="s",
+                mfc="white",
+                ls="--",
+                lw=0.9,
+                color=color,
+                capsize=2,
+            )
     ax.set_xscale("log", base=2)
     ax.set_xticks(eps, [str(e) for e in eps])
     ax.axhline(1, color="#444444", lw=0.8, ls=":")
-    ax.set_title("imbalance vs EP size")
+    n = int(analytic["n"].max())
+    ax.set_title(f"imbalance vs EP size\n(n = {n} trace{'s' if n > 1 else ''}{', 95% CI' if n > 1 else ''})")
     ax.set_xlabel("EP size (GPUs)")
     ax.set_ylabel("max / mean rank FLOPs")
     if not meas.empty:
@@ -94,7 +126,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncol=len(strategies))
     fig.suptitle(
-        f"Per-GPU load by placement strategy (routing trace: {source}; 1 = perfect balance)", fontsize=8.5, y=1.02
+        f"Per-GPU load by placement strategy (1 = perfect balance)\nper-rank panels: routing trace {source} (n = 1)"
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 

@@ -1,8 +1,9 @@
 """F3: which expert groups the tokens of each difficulty level are routed to (share of routed slots per group).
 
 Inputs: groups (groups_by_level.csv). Outputs: png, pdf. Params: families (default: all present).
-One panel per (dataset, family), averaged over seeds; layer "all" when recorded, else slots summed over layers.
-Groups are labelled by their expert width; the legend gives each level's share-weighted mean width.
+One panel per (dataset, family): the mean share over its n seeds (n in the panel title; error bars: 95% CI over
+seeds where n >= 2); layer "all" when recorded, else slots summed over layers. Groups are labelled by their expert
+width; the legend gives each level's share-weighted mean width.
 """
 
 import sys
@@ -16,14 +17,16 @@ import plotstyle as ps  # noqa: E402
 
 
 def shares(df):
-    """Mean over runs of the share of routed slots per (dataset, family, level, group), with the group's width."""
+    """Mean and 95% CI half-width over runs of the share of routed slots per (dataset, family, level, group),
+    with the group's width and n (runs)."""
     df = df.assign(layer=ps.as_level(df["layer"]))
     if (df["layer"] == "all").any():
         df = df[df["layer"] == "all"]
     keys = ["dataset", "family", "run", "level", "group", "width"]
     per_run = df.groupby(keys, as_index=False)["slots"].sum()
     per_run["share"] = per_run["slots"] / per_run.groupby(keys[:4])["slots"].transform("sum")
-    return per_run.groupby(["dataset", "family", "level", "group", "width"], as_index=False)["share"].mean()
+    out = ps.summarise(per_run, ["dataset", "family", "level", "group", "width"], ["share"])
+    return out.rename(columns={"share_mean": "share", "share_ci95": "ci"})
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -48,7 +51,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         groups = d.groupby("group")["width"].first().sort_index()
         bar = 0.8 / len(levels)
         for j, lv in enumerate(levels):
-            v = d[d["level"] == lv].set_index("group")["share"].reindex(groups.index).fillna(0)
+            lvd = d[d["level"] == lv].set_index("group").reindex(groups.index)
+            v, ci = lvd["share"].fillna(0), lvd["ci"]
             mean_w = float((v * groups).sum() / v.sum()) if v.sum() else float("nan")
             x = [i + (j - (len(levels) - 1) / 2) * bar for i in range(len(groups))]
             ax.bar(
@@ -58,15 +62,20 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                 color=ps.LEVEL_COLORS.get(lv, ps.OTHER_COLOR),
                 label=f"{lv}: mean width {mean_w:.0f}",
             )
+            if ci.notna().any():
+                ax.errorbar(x, v.values, yerr=ci.fillna(0).values, fmt="none", ecolor="#222222", lw=0.7, capsize=1.5)
         ax.axhline(1 / len(groups), color="#444444", ls=":", lw=0.9, label=f"uniform (1/{len(groups)})")
-        ax.set_ylim(0, ax.get_ylim()[1] * 1.5)  # headroom for the legend
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.9)  # headroom for the legend
         ax.grid(False, axis="x")
         ax.set_xticks(range(len(groups)), [str(w) for w in groups.values])
         ax.set_xlabel("expert group (labelled by expert width)")
         ax.set_ylabel("share of routed slots")
-        ax.set_title(f"{ds}: {ps.family_label(fam)}")
+        n = int(d["n"].max())
+        ax.set_title(f"{ds}: {ps.family_label(fam)} (n = {n} seed{'s' if n > 1 else ''})")
         ax.legend(title="difficulty level", title_fontsize=7.5, loc="upper left")
-    fig.suptitle("Routed slots per expert group, by difficulty level (mean over seeds)", fontsize=8.5)
+    many = (s["n"] >= 2).any()
+    what = "mean over the n seeds in each title, error bars: 95% CI" if many else "one seed per model (n = 1): no CI"
+    fig.suptitle(f"Routed slots per expert group, by difficulty level ({what})", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

@@ -30,8 +30,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if df.empty:
         ps.placeholder_figure(
             outputs,
-            "Grouped-GEMM kernel throughput",
-            "no GPU benchmark recorded yet\n(placeholder: run the kernel benchmark on a GPU)",
+            "F6 (placeholder): grouped-GEMM kernel throughput",
+            "PLACEHOLDER: no GPU benchmark recorded yet\n(results/bench/kernels.csv has no GPU rows;\n"
+            "run kernels/gpu_check.sh on a GPU and commit its CSV)",
         )
         return
     if "date" not in df:
@@ -62,7 +63,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.set_title(f"{p}")
         ax.set_xlabel("tokens T (log scale)")
         ax.set_ylabel("throughput (TFLOP/s)")
-    fig.suptitle(f"Grouped-GEMM kernel throughput on {device}" + (f" ({date[:10]})" if date else ""), fontsize=8.5)
+    reps = int(df.groupby(["pass", "path", "T"]).size().max())
+    title = f"Grouped-GEMM kernel throughput on {device}" + (f" ({date[:10]})" if date else "")
+    fig.suptitle(f"{title}\nmedian of n = {reps} timing{'s' if reps > 1 else ''} per point (CUDA events)", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

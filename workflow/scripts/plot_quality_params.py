@@ -1,7 +1,10 @@
-"""F2: quality against size: validation perplexity (lower is better) against total and activated parameters.
+"""F2: quality against size: perplexity on the full val split (lower is better) against total and activated
+parameters (activated: under the routing each model learned, mean over seeds).
 
 Inputs: runs (runs.csv). Outputs: png, pdf. Params: metric (default "val_ppl"), logx (default false).
-One marker per family (mean over seeds, error bar: 95% CI), one row of two panels per dataset.
+One marker per family (mean over its n seeds, error bar: 95% CI where n >= 2), one row of two panels per dataset.
+Axes span at least 4% of their centre: a panel whose models differ by less than that says so instead of
+magnifying a difference far below the noise.
 """
 
 import sys
@@ -13,7 +16,7 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
-AXES = {"total_params": "total parameters", "activated_params": "activated parameters per token"}
+AXES = {"total_params": "total parameters", "activated_params": "activated params/token, learned routing"}
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -25,7 +28,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         return
     df = df.dropna(subset=[metric])
     t = ps.summarise(df, ["dataset", "family"], [metric])
-    sizes = df.groupby(["dataset", "family"])[list(AXES)].first().reset_index()
+    sizes = df.groupby(["dataset", "family"]).agg({"total_params": "first", "activated_params": "mean"}).reset_index()
     t = t.merge(sizes, on=["dataset", "family"])
     datasets = sorted(t["dataset"].unique())
     fig, axes = ps.panels(2 * len(datasets), ncols=2, height=2.7)
@@ -52,13 +55,30 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                 ends.append((r[col] / div, r[f"{metric}_mean"], f"{ps.family_label(fam)} (n={r['n']})", st["color"]))
             if params.get("logx"):
                 ax.set_xscale("log")
+            else:
+                ps.min_span(ax, "x")
+            if ps.min_span(ax, "y"):
+                spread = d[f"{metric}_mean"].max() - d[f"{metric}_mean"].min()
+                ax.text(
+                    0.02,
+                    0.02,
+                    f"all means within {spread:.2g} ppl",
+                    transform=ax.transAxes,
+                    fontsize=7,
+                    color="#444444",
+                )
             lo, hi = ax.get_xlim()
             ax.set_xlim(lo, hi + 0.25 * (hi - lo))  # room for the labels right of the markers
             ps.label_ends(ax, ends, min_gap=0.07)
             ax.set_xlabel(f"{name} ({unit})" if unit else name)
-            ax.set_ylabel(f"{metric.replace('_ppl', ' perplexity').replace('val', 'validation')} (lower is better)")
+            split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
+            ax.set_ylabel(f"perplexity, full {split} split\n(lower is better)")
             ax.set_title(f"{ds}: quality vs {name.split()[0]} size")
-    fig.suptitle("Quality against model size: mean over seeds, error bars: 95% CI", fontsize=8.5)
+    fig.suptitle(
+        f"Quality against model size: mean over n seeds ({ps.n_text(t['n'])}; labels give n), "
+        "error bars: 95% CI where n ≥ 2",
+        fontsize=8.5,
+    )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

@@ -46,7 +46,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.set_title(ds)
         ax.set_xlabel("training step")
         ax.set_ylabel("mean activated expert width\n(hidden units per routed slot)")
-    fig.suptitle("Width of the experts tokens are routed to\nmean over seeds (band: 95% CI)", fontsize=8.5)
+    fig.suptitle(
+        "Width of the experts tokens are routed to\nmean over the n seeds at each line end (band: 95% CI where n ≥ 2)",
+        fontsize=8.5,
+    )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

@@ -182,6 +182,28 @@ def as_level(series: pd.Series) -> pd.Series:
     return series.astype(str)
 
 
+def min_span(ax, axis: str = "y", rel: float = 0.04) -> bool:
+    """Widen the ``axis`` limits around their centre to at least ``rel`` of the centre's magnitude, so that
+    differences far below the noise (0.01 ppl) do not fill a whole panel; True when the limits were widened."""
+    get, set_ = (ax.get_ylim, ax.set_ylim) if axis == "y" else (ax.get_xlim, ax.set_xlim)
+    lo, hi = get()
+    centre = (lo + hi) / 2
+    need = abs(centre) * rel
+    if hi - lo >= need or need == 0:
+        return False
+    set_(centre - need / 2, centre + need / 2)
+    return True
+
+
+def n_text(ns: Iterable[int]) -> str:
+    """'n = 3 seeds' or 'n = 1-8 seeds': the number of seeds behind a set of means."""
+    ns = sorted({int(n) for n in ns})
+    if not ns:
+        return "n = 0"
+    span = str(ns[0]) if len(ns) == 1 else f"{ns[0]}-{ns[-1]}"
+    return f"n = {span} seed{'s' if ns[-1] > 1 else ''}"
+
+
 def label_ends(ax, items: list[tuple[float, float, str, str]], min_gap: float = 0.06) -> None:
     """Direct labels to the right of line ends: items (x, y, text, colour), nudged apart by ``min_gap`` of the axis."""
     lo, hi = ax.get_ylim()
@@ -294,3 +316,24 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
         n = runs["run"].nunique()
         ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{family_label(fam)} (n={n})", st["color"]))
     return ends
+
+
+# ---- the study tables (mohge.study: S1_models, S2_tests, S3_balance, S4_difficulty) ----------------------------
+def ci_err(mean: pd.Series, low: pd.Series, high: pd.Series) -> list[list[float]]:
+    """Asymmetric error bars [below, above] from a table's CI bounds; 0 where there is no interval (n = 1)."""
+    below = (mean - low).where(low.notna(), 0.0).clip(lower=0)
+    above = (high - mean).where(high.notna(), 0.0).clip(lower=0)
+    return [below.tolist(), above.tolist()]
+
+
+def with_n(label: str, n: int) -> str:
+    """'MoHGE (n=8)': every study figure names the seeds behind each mean."""
+    return f"{label} (n={int(n)})"
+
+
+def study_rows(df: pd.DataFrame, dataset: str | None) -> tuple[pd.DataFrame, str]:
+    """The rows of one dataset (the named one, else the first) of a study table, and that dataset's name."""
+    if df.empty or "dataset" not in df:
+        return df, dataset or ""
+    ds = dataset if dataset in set(df["dataset"]) else str(df["dataset"].iloc[0])
+    return df[df["dataset"] == ds], ds

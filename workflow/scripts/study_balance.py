@@ -1,0 +1,77 @@
+"""F9: per-GPU balance in the claims study: max/mean expert-FLOP load per placement strategy at each EP size,
+mean and 95% CI over the seeds' routing traces, MoHGE (filled) against the homogeneous MoE reference (open).
+
+Inputs: s3 (S3_balance.csv of mohge.study). Outputs: png, pdf.
+Params: dataset (default "shakespeare", else the first in S3), models (default ["mohge", "moe"]),
+ep_sizes (default: those in S3 up to 8). One panel per trace kind when S3 has a ``trace`` column
+(trained | balanced_within_groups), else one panel. Models or strategies absent from S3 are skipped.
+"""
+
+import sys
+from pathlib import Path
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import plotstyle as ps  # noqa: E402
+
+TRACES = {"trained": "routing of the trained models", "balanced_within_groups": "synthetic: balanced inside groups"}
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Plot max/mean per-rank FLOPs per strategy and EP size (F9)."""
+    s3, ds = ps.study_rows(ps.read_csv(inputs.get("s3")), params.get("dataset", "shakespeare"))
+    models = list(params.get("models") or ["mohge", "moe"])
+    if not s3.empty:
+        s3 = s3[s3["model"].isin(models)]
+        eps = params.get("ep_sizes") or sorted(e for e in s3["ep_size"].unique() if e <= 8)
+        s3 = s3[s3["ep_size"].isin(eps)]
+    if s3.empty:
+        ps.placeholder_figure(outputs, "F9: per-GPU balance", f"no balance rows for {models} in S3 yet")
+        return
+    if "trace" not in s3:
+        s3 = s3.assign(trace="trained")
+    traces = ps.ordered(s3["trace"], TRACES)
+    strategies = ps.ordered(s3["strategy"], ps.STRATEGIES)
+    fig, axes = ps.panels(len(traces), ncols=2, height=2.9, width=ps.WIDTH_2COL if len(traces) > 1 else 5.6)
+    step = 0.8 / (len(strategies) * len(models))
+    for ax, trace in zip(axes, traces, strict=True):
+        d = s3[s3["trace"] == trace]
+        for i, s in enumerate(strategies):
+            for j, model in enumerate(models):
+                r = d[(d["strategy"] == s) & (d["model"] == model)].sort_values("ep_size")
+                if r.empty:
+                    continue
+                x = [eps.index(e) + (i * len(models) + j + 0.5) * step - 0.4 for e in r["ep_size"]]
+                color = ps.STRATEGY_COLORS.get(s, ps.OTHER_COLOR)
+                ax.errorbar(
+                    x,
+                    r["max_over_mean"],
+                    yerr=ps.ci_err(r["max_over_mean"], r["ci_low"], r["ci_high"]),
+                    fmt=ps.FAMILY_MARKERS.get(model.partition("+")[0], "o"),
+                    color=color,
+                    mfc=color if j == 0 else "white",
+                    ms=5,
+                    capsize=2,
+                    lw=1,
+                    label=ps.with_n(f"{ps.family_label(model)}: {ps.strategy_label(s)}", r["n"].min()),
+                )
+        ax.axhline(1, color="#444444", lw=0.8, ls=":")
+        ax.set_xticks(range(len(eps)), [str(e) for e in eps])
+        ax.grid(False, axis="x")
+        ax.set_xlabel("expert-parallel size (GPUs)")
+        ax.set_ylabel("max / mean rank expert FLOPs\n(1 = perfect balance)")
+        ax.set_title(TRACES.get(trace, str(trace)))
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside right center", fontsize=6.5)
+    fig.suptitle(
+        f"{ds}: per-GPU load by placement (filled: {ps.family_label(models[0])}, open: reference)\n"
+        "mean over the n seeds' routing traces (n in legend), error bars: 95% CI (n ≥ 2)",
+        fontsize=8.5,
+    )
+    ps.save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)

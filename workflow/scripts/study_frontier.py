@@ -1,0 +1,78 @@
+"""F10: the Intra-Group loss frontier: test perplexity against per-GPU imbalance (all-size placement, max/mean
+expert FLOPs at one EP size), one point per alpha_E with 95% CIs on both axes; contiguous placement of the same
+models as a second series.
+
+Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge.study. Outputs: png, pdf.
+Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1), ep (default 8),
+dataset (default "shakespeare"), metric (default "test_ppl"). Models absent from either table are skipped.
+"""
+
+import sys
+from pathlib import Path
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import plotstyle as ps  # noqa: E402
+
+ALPHA_E = {"mohge": 5e-3, "mohge+ae5e2": 5e-2, "mohge+ae2e1": 2e-1}
+SERIES = ("all_size", "contiguous")
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Plot the quality-vs-balance frontier over alpha_E (F10)."""
+    alpha_e = params.get("alpha_e") or ALPHA_E
+    ep, metric = int(params.get("ep", 8)), params.get("metric", "test_ppl")
+    s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params.get("dataset", "shakespeare"))
+    s3, _ = ps.study_rows(ps.read_csv(inputs.get("s3")), ds)
+    if not s3.empty and "trace" in s3:
+        s3 = s3[s3["trace"] == "trained"]
+    rows = []
+    if not s1.empty and not s3.empty:
+        s3 = s3[(s3["ep_size"] == ep) & s3["strategy"].isin(SERIES)]
+        q = s1[s1["model"].isin(list(alpha_e))][["model", "n", metric, f"{metric}_low", f"{metric}_high"]]
+        m = q.merge(s3, on="model", suffixes=("", "_bal"))
+        rows = m.assign(alpha=m["model"].map(alpha_e)).sort_values("alpha")
+    if len(rows) == 0:
+        ps.placeholder_figure(outputs, "F10: alpha_E frontier", f"no alpha_E models with EP {ep} balance yet")
+        return
+    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_1COL * 1.5, 3.0))
+    for s in SERIES:
+        r = rows[rows["strategy"] == s]
+        if r.empty:
+            continue
+        color = ps.STRATEGY_COLORS[s]
+        ax.plot(r["max_over_mean"], r[metric], color=color, lw=0.9, ls="-" if s == "all_size" else "--")
+        ax.errorbar(
+            r["max_over_mean"],
+            r[metric],
+            xerr=ps.ci_err(r["max_over_mean"], r["ci_low"], r["ci_high"]),
+            yerr=ps.ci_err(r[metric], r[f"{metric}_low"], r[f"{metric}_high"]),
+            fmt="o" if s == "all_size" else "s",
+            color=color,
+            mfc=color if s == "all_size" else "white",
+            capsize=2,
+            lw=0.9,
+            label=f"{ps.strategy_label(s)} placement ({ps.n_text(r['n_bal']).replace('seed', 'trace')})",
+        )
+        if s == "all_size":
+            for _, p in r.iterrows():
+                ax.annotate(
+                    f"α_E={p['alpha']:g} (n={int(p['n'])})",
+                    (p["max_over_mean"], p[metric]),
+                    xytext=(5, 5),
+                    textcoords="offset points",
+                    fontsize=7,
+                )
+    ax.axvline(1, color="#444444", lw=0.8, ls=":")
+    split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
+    ax.set_xlabel(f"max / mean rank expert FLOPs at EP {ep} (1 = balanced)")
+    ax.set_ylabel(f"perplexity, full {split} split")
+    ax.legend(loc="best", fontsize=7)
+    ax.set_title(f"{ds}: quality vs balance over α_E\nmeans over n seeds, error bars: 95% CI (n ≥ 2)", fontsize=8.5)
+    ps.save(fig, outputs.get("png"), outputs.get("pdf"))
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)

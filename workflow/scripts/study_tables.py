@@ -1,0 +1,101 @@
+"""The claims study's tables S1-S4 (written as CSV and Markdown by mohge.study) also as LaTeX tabulars.
+
+Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv); each optional.
+Outputs: keys starting with the table and ending in _tex (s1_tex, S2_tests_tex, ...); _md also works.
+Every mean carries its 95% CI as [low, high] and every row its n seeds. Nothing is bold: the decisions are the
+pre-declared tests of S2, printed in its Decision column.
+"""
+
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+_smk = globals().get("snakemake")  # set by Snakemake's script: directive
+# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
+# snakemake.scriptdir is the directory of the original, where plotstyle.py and make_tables.py live.
+sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
+import make_tables as mt  # noqa: E402
+import plotstyle as ps  # noqa: E402
+
+CI_NOTE = "Mean [95% Student-t CI] over n seeds; no interval with n = 1. Nothing is bold: S2's tests decide."
+SPLIT = {"test_ppl": "Test PPL (full split)", "val_ppl": "Val PPL (full split)"}
+
+
+def ci(mean: float, low: float, high: float, digits: int = 2) -> str:
+    if mean != mean:
+        return "—"
+    if low != low or high != high:
+        return f"{mean:.{digits}f} [—]"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def cis(df: pd.DataFrame, col: str, low: str, high: str, digits: int = 2) -> list[str]:
+    return [ci(m, lo, hi, digits) for m, lo, hi in zip(df[col], df[low], df[high], strict=True)]
+
+
+def s1_models(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["model"].map(ps.family_label), "n": t["n"]})
+    d["Total params"] = t["total_params"].map(mt.fmt_params)
+    d["Activated (learned routing)"] = t["activated_learned"].map(mt.fmt_params)
+    d["Activated (uniform routing)"] = t["activated_uniform"].map(mt.fmt_params)
+    for m in ("test_ppl", "val_ppl"):
+        if m in t:
+            d[f"{SPLIT[m]} ↓"] = cis(t, m, f"{m}_low", f"{m}_high")
+    return d, "Models of the study: parameters and perplexity."
+
+
+def s2_tests(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    d = pd.DataFrame({"Question": t["question"], "Metric": t["metric"].map(lambda m: SPLIT.get(m, m))})
+    d["A / B"] = [f"{ps.family_label(a)} / {ps.family_label(b)}" for a, b in zip(t["A"], t["B"], strict=True)]
+    d["Test"] = t["test"]
+    d["n pairs"] = t["n"]
+    d["PPL ratio A/B"] = cis(t, "ratio", "ci_low", "ci_high", 3)
+    d["p"] = t["p"].map(lambda p: "—" if p != p else ("< 0.001" if p < 0.001 else f"{p:.3f}"))
+    d["Decision"] = t["decision"]
+    return d, "Pre-declared paired tests on log-perplexity (ratio of perplexities, paired by seed)."
+
+
+def s3_balance(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["model"].map(ps.family_label)})
+    if "trace" in t:
+        d["Trace"] = t["trace"]
+    d["Strategy"] = t["strategy"].map(ps.strategy_label)
+    d["EP"] = t["ep_size"].astype(int)
+    d["n"] = t["n"]
+    d["max/mean ↓"] = cis(t, "max_over_mean", "ci_low", "ci_high", 3)
+    return d, "Per-GPU load: max / mean expert FLOPs over EP ranks (layer 'all'), over the seeds' routing traces."
+
+
+def s4_difficulty(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["model"].map(ps.family_label), "n": t["n"]})
+    for level in ("easy", "medium", "hard"):
+        if level in t:
+            d[f"{level} width"] = cis(t, level, f"{level}_low", f"{level}_high", 1)
+    if "easy_minus_hard" in t:
+        d["easy − hard"] = cis(t, "easy_minus_hard", "emh_low", "emh_high", 1)
+    d["Activated (learned routing)"] = t["activated_params"].map(mt.fmt_params)
+    d["Test PPL (full split) ↓"] = cis(t, "test_ppl", "test_ppl_low", "test_ppl_high")
+    return d, "Mean routed expert width per difficulty level (easy − hard paired by seed)."
+
+
+BUILDS = {"s1": s1_models, "s2": s2_tests, "s3": s3_balance, "s4": s4_difficulty}
+
+
+def main(inputs: dict, outputs: dict, params: dict) -> None:
+    """Write the study tables S1-S4 as LaTeX (and Markdown where asked)."""
+    for prefix, build in BUILDS.items():
+        if not (inputs.get(prefix) and any(mt.table_key(k, prefix) for k in outputs)):
+            continue
+        outs = {k: v for k, v in outputs.items() if mt.table_key(k, prefix) and not k.lower().endswith("_csv")}
+        t = ps.read_csv(inputs[prefix])
+        if t.empty:
+            mt.write_table(t, t, outs, prefix, f"no rows in {Path(inputs[prefix]).name}", by="study_tables.py")
+            continue
+        d, caption = build(t)
+        left = {"s2": 4, "s3": 3 + ("trace" in t)}.get(prefix, 2)  # the text columns, left-aligned
+        mt.write_table(t, d, outs, prefix, caption, left=left, notes=[CI_NOTE], by="study_tables.py")
+
+
+if __name__ == "__main__":
+    ps.run(main, _smk)
