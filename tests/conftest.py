@@ -108,3 +108,11 @@ def train_tiny(root: Path, run: dict) -> tuple[Path, Path]:
     train(RunConfig.from_dict(run), root / "model", data=str(root / "data"))
     torch.set_num_threads(n)
     return root / "model", root / "data"
+
+
+@pytest.fixture(autouse=True)
+def _hf_offline_unset(monkeypatch):
+    """Every test starts with the HF offline variables unset: mohge.evaluate.go_offline sets them for the whole
+    process, and the plan-time hub check (mohge.preflight) would then refuse hf configs in later tests."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
