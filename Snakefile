@@ -23,6 +23,7 @@ if not FROM_RESULTS:
     include: "workflow/rules/analysis.smk"
 
 
+include: "workflow/rules/study.smk"
 include: "workflow/rules/figures.smk"
 
 
@@ -31,3 +32,4 @@ rule all:
     input:
         all_tables(),
         all_figures(),
+        study_outputs(STUDY),

@@ -28,7 +28,7 @@ from .params import COMPONENTS
 
 log = logging.getLogger("mohge.collect")
 # lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task
-TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte")
+TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte", "n_samples")
 
 
 def _read_json(path: Path) -> dict:

@@ -167,6 +167,37 @@ def reportable_tasks(runs: pd.DataFrame, docs: dict[str, int], alpha: float = 0.
     return out
 
 
+def task_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Per dataset, model and task: the declared metric's mean and CI over seeds, and whether the task is reported
+    (:func:`reportable_tasks`, decided per dataset over all its runs; documents from task:<task>:n_samples)."""
+    rows = []
+    for ds, d in runs.groupby("dataset"):
+        docs = {
+            t: int(d[f"task:{t}:n_samples"].max())
+            for t in TASK_METRIC
+            if f"task:{t}:n_samples" in d and d[f"task:{t}:n_samples"].notna().any()
+        }
+        why = reportable_tasks(d, docs, alpha)
+        for task, verdict in why.items():
+            metric = TASK_METRIC[task][0]
+            for fam, g in d.groupby("family", sort=False):
+                mean, lo, hi = t_interval(g[f"task:{task}:{metric}"].dropna().to_numpy(), alpha)
+                rows.append(
+                    {
+                        "dataset": ds,
+                        "task": task,
+                        "metric": metric,
+                        "model": fam,
+                        "n": len(g),
+                        "mean": mean,
+                        "ci_low": lo,
+                        "ci_high": hi,
+                        "reported": verdict,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
 def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: str = "max_over_mean") -> pd.DataFrame:
     """Q2: per model x strategy x EP size, the mean and CI over seeds of the step's max/mean expert FLOPs."""
     u = util[(util["layer"].astype(str) == "all")].copy()
@@ -264,6 +295,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def run_analysis(results: Path, config: dict, out: Path) -> None:
+    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S4)."""
+    analysis = config.get("analysis") or {}
+    alpha = analysis.get("alpha", 0.05)
+    runs = pd.read_csv(results / "runs.csv")
+    write_table(model_summary(runs, alpha), out / "S1_models")
+    main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
+    write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), out / "S2_tests")
+    trained = balance(pd.read_csv(results / "utilization_summary.csv"), runs, alpha)
+    u = config.get("utilization") or {}
+    even = balanced_trace_summary(
+        results, runs["run"], u.get("strategies", ["contiguous", "all_size"]), u.get("ep_sizes", [2, 4, 8])
+    )
+    tables = [trained.assign(trace="trained")]
+    if len(even):
+        tables.append(balance(even, runs, alpha).assign(trace="even_within_groups"))
+    write_table(pd.concat(tables, ignore_index=True), out / "S3_balance")
+    write_table(difficulty(pd.read_csv(results / "groups_by_level.csv"), runs, alpha), out / "S4_difficulty")
+    write_table(task_table(runs, alpha), out / "S5_tasks")
+
+
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     from .config import load_yaml_or_json
@@ -273,26 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config: dict = {}
     for path in args.config:
         config = merge_config(config, load_yaml_or_json(path))
-    analysis = config.get("analysis") or {}
-    alpha = analysis.get("alpha", 0.05)
-    runs = pd.read_csv(args.results / "runs.csv")
-    write_table(model_summary(runs, alpha), args.out / "S1_models")
-    main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
-    write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), args.out / "S2_tests")
-    util = args.results / "utilization_summary.csv"
-    if util.is_file():
-        trained = balance(pd.read_csv(util), runs, alpha)
-        u = config.get("utilization") or {}
-        even = balanced_trace_summary(
-            args.results, runs["run"], u.get("strategies", ["contiguous", "all_size"]), u.get("ep_sizes", [2, 4, 8])
-        )
-        tables = [trained.assign(trace="trained")]
-        if len(even):
-            tables.append(balance(even, runs, alpha).assign(trace="even_within_groups"))
-        write_table(pd.concat(tables, ignore_index=True), args.out / "S3_balance")
-    groups = args.results / "groups_by_level.csv"
-    if groups.is_file():
-        write_table(difficulty(pd.read_csv(groups), runs, alpha), args.out / "S4_difficulty")
+    for name in ("runs.csv", "utilization_summary.csv", "groups_by_level.csv"):
+        if not (args.results / name).is_file():
+            raise ValueError(f"--results {args.results}: {name} is missing (run the study's collect step first)")
+    run_analysis(args.results, config, args.out)
     return 0
 
 

@@ -172,6 +172,7 @@ def study_settings(study):
                 )
     runs = plan(cfg) if "experiments" in cfg else {}
     return {
+        "config": cfg,
         "source": util_source(runs, cfg) if runs else "",
         "bench_csv": cfg.get("figures", {}).get(
             "bench_csv", "results/bench/kernels.csv"

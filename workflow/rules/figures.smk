@@ -18,7 +18,7 @@ rule tables:
         "logs/{study}/tables.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge.study (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
         source=lambda wc: study_settings(wc.study)["source"],
@@ -151,5 +151,5 @@ rule figures:
     # Every committed study's tables and figures from its committed results/<study>/*.csv alone: with
     # `snakemake --cores 1 figures` no training, evaluation or collect job is part of the plan.
     input:
-        [all_tables(s) + all_figures(s) for s in committed_studies()],
+        [all_tables(s) + all_figures(s) + study_outputs(s) for s in committed_studies()],
     localrule: True

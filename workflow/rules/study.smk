@@ -1,0 +1,212 @@
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S4 and figures F7-F11:
+# only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
+# collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
+
+STUDY_TABLES = ["S1_models", "S2_tests", "S3_balance", "S4_difficulty", "S5_tasks"]
+TEX_TABLES = STUDY_TABLES[
+    :4
+]  # S5 (tasks, with the reason each is or is not reported) stays csv/md
+STUDY_FIGURES = [
+    "F7_study_quality",
+    "F8_study_tests",
+    "F9_study_balance",
+    "F10_study_frontier",
+    "F11_study_difficulty",
+]
+
+
+def study_config(study):
+    return config if study == STUDY else study_settings(study)["config"]
+
+
+def study_outputs(study):
+    """The study tables and figures of `study`, or nothing when its config declares no analysis."""
+    if "analysis" not in study_config(study):
+        return []
+    return (
+        expand(
+            "results/{study}/study/{table}.{ext}",
+            study=study,
+            table=STUDY_TABLES,
+            ext=["csv", "md"],
+        )
+        + expand("results/{study}/study/{table}.tex", study=study, table=TEX_TABLES)
+        + expand(
+            "figures/{study}/{fig}.{ext}",
+            study=study,
+            fig=STUDY_FIGURES,
+            ext=["png", "pdf"],
+        )
+    )
+
+
+def study_traces(wildcards):
+    """Every traced run's routing summary: planned ones in a full run, the committed ones otherwise."""
+    if wildcards.study == STUDY and not FROM_RESULTS:
+        return expand(f"{RES}/runs/{{run}}/trace.json", run=trace_runs())
+    return sorted(glob.glob(f"results/{wildcards.study}/runs/*/trace.json"))
+
+
+def study_param(study, key):
+    """A value the study's figures take from its config: the main dataset and the declared analysis."""
+    cfg = study_config(study)
+    analysis = cfg.get("analysis", {})
+    return {
+        "dataset": cfg["experiments"][0]["dataset"],
+        "metric": analysis.get("primary_metric", "test_ppl"),
+        "margin": analysis.get("equivalence_margin", 0.03),
+        "reference": analysis.get("reference_family", "moe"),
+    }[key]
+
+
+rule study_analysis:
+    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge.study).
+    input:
+        runs="results/{study}/runs.csv",
+        util="results/{study}/utilization_summary.csv",
+        groups="results/{study}/groups_by_level.csv",
+        traces=study_traces,
+    output:
+        **{
+            f"{t}_{ext}": f"results/{{study}}/study/{t}.{ext}"
+            for t in STUDY_TABLES
+            for ext in ["csv", "md"]
+        },
+    log:
+        "logs/{study}/study_analysis.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"
+    params:
+        cfg=lambda wc: study_config(wc.study),
+    script:
+        "../scripts/study_analysis.py"
+
+
+rule study_tables_tex:
+    input:
+        **{
+            f"s{i + 1}": f"results/{{study}}/study/{t}.csv"
+            for i, t in enumerate(TEX_TABLES)
+        },
+    output:
+        **{
+            f"s{i + 1}_tex": f"results/{{study}}/study/{t}.tex"
+            for i, t in enumerate(TEX_TABLES)
+        },
+    log:
+        "logs/{study}/study_tables_tex.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"  # make_tables imports mohge.study (scipy)
+    script:
+        "../scripts/study_tables.py"
+
+
+rule fig_study_quality:
+    input:
+        s1="results/{study}/study/S1_models.csv",
+    output:
+        png=report(
+            "figures/{study}/F7_study_quality.png",
+            caption="../report/F7_study_quality.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F7_study_quality.pdf",
+    log:
+        "logs/{study}/figures/F7.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        dataset=lambda wc: study_param(wc.study, "dataset"),
+        metric=lambda wc: study_param(wc.study, "metric"),
+    script:
+        "../scripts/study_quality.py"
+
+
+rule fig_study_tests:
+    input:
+        s2="results/{study}/study/S2_tests.csv",
+    output:
+        png=report(
+            "figures/{study}/F8_study_tests.png",
+            caption="../report/F8_study_tests.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F8_study_tests.pdf",
+    log:
+        "logs/{study}/figures/F8.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        metric=lambda wc: study_param(wc.study, "metric"),
+        margin=lambda wc: study_param(wc.study, "margin"),
+    script:
+        "../scripts/study_tests.py"
+
+
+rule fig_study_balance:
+    input:
+        s3="results/{study}/study/S3_balance.csv",
+    output:
+        png=report(
+            "figures/{study}/F9_study_balance.png",
+            caption="../report/F9_study_balance.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F9_study_balance.pdf",
+    log:
+        "logs/{study}/figures/F9.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        dataset=lambda wc: study_param(wc.study, "dataset"),
+        models=lambda wc: ["mohge", study_param(wc.study, "reference")],
+        ep_sizes=[2, 4, 8],
+    script:
+        "../scripts/study_balance.py"
+
+
+rule fig_study_frontier:
+    input:
+        s1="results/{study}/study/S1_models.csv",
+        s3="results/{study}/study/S3_balance.csv",
+    output:
+        png=report(
+            "figures/{study}/F10_study_frontier.png",
+            caption="../report/F10_study_frontier.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F10_study_frontier.pdf",
+    log:
+        "logs/{study}/figures/F10.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        dataset=lambda wc: study_param(wc.study, "dataset"),
+        ep=8,
+    script:
+        "../scripts/study_frontier.py"
+
+
+rule fig_study_difficulty:
+    input:
+        s4="results/{study}/study/S4_difficulty.csv",
+    output:
+        png=report(
+            "figures/{study}/F11_study_difficulty.png",
+            caption="../report/F11_study_difficulty.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F11_study_difficulty.pdf",
+    log:
+        "logs/{study}/figures/F11.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/study_difficulty.py"
