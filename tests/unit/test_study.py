@@ -107,38 +107,12 @@ def test_balance_summarises_over_seeds_per_model():
 
 
 def test_mean_width_by_level_weights_widths_by_slots():
+    ident = {"run": "r", "dataset": "g", "family": "mohge", "seed": 0, "level": "easy"}
     groups = pd.DataFrame(
         [
-            {
-                "run": "r",
-                "dataset": "g",
-                "family": "mohge",
-                "seed": 0,
-                "layer": "all",
-                "level": "easy",
-                "width": 100,
-                "slots": 3,
-            },
-            {
-                "run": "r",
-                "dataset": "g",
-                "family": "mohge",
-                "seed": 0,
-                "layer": "all",
-                "level": "easy",
-                "width": 200,
-                "slots": 1,
-            },
-            {
-                "run": "r",
-                "dataset": "g",
-                "family": "mohge",
-                "seed": 0,
-                "layer": "0",
-                "level": "easy",
-                "width": 900,
-                "slots": 50,
-            },
+            {**ident, "layer": "all", "width": 100, "slots": 3},
+            {**ident, "layer": "all", "width": 200, "slots": 1},
+            {**ident, "layer": "0", "width": 900, "slots": 50},  # one layer: not part of the mean over all
         ]
     )
     per = study.mean_width_by_level(groups)
