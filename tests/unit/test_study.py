@@ -1,6 +1,7 @@
 """The claims study's analysis (mohge.study): paired tests on known data, balance and difficulty summaries."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -137,3 +138,36 @@ def test_even_within_groups_keeps_group_totals_and_evens_experts():
     even = study.even_within_groups(trace)
     assert even.layers[0].counts == [4, 3, 3, 3, 2, 2]
     assert trace.layers[0].counts == [10, 0, 0, 1, 2, 4]  # the input is not changed
+
+
+def test_task_table_reports_only_tasks_off_chance_and_ceiling():
+    runs = _runs({"mohge": [90.0, 91.0], "moe": [92.0, 93.0]})
+    runs["task:mohge_cloze:acc"] = [0.6, 0.62, 0.58, 0.6]
+    runs["task:mohge_cloze:n_samples"] = 200
+    runs["task:mohge_graded_medium:acc"] = 1.0
+    runs["task:mohge_graded_medium:n_samples"] = 200
+    t = study.task_table(runs)
+    cloze = t[t["task"] == "mohge_cloze"]
+    assert set(cloze["model"]) == {"mohge", "moe"} and cloze["reported"].str.startswith("reported").all()
+    assert cloze.set_index("model").loc["mohge", "mean"] == pytest.approx(0.61)
+    assert t[t["task"] == "mohge_graded_medium"]["reported"].str.contains("ceiling").all()
+
+
+def test_run_analysis_on_the_committed_default_results(tmp_path):
+    from mohge.config import load_yaml_or_json
+
+    root = Path(__file__).resolve().parents[2]
+    config = load_yaml_or_json(root / "configs" / "config.yaml")
+    study.run_analysis(root / "results" / "default", config, tmp_path)
+    s1 = pd.read_csv(tmp_path / "S1_models.csv")
+    assert s1.set_index(["dataset", "model"]).loc[("shakespeare", "mohge"), "n"] == 3
+    s3 = pd.read_csv(tmp_path / "S3_balance.csv")
+    assert set(s3["trace"]) == {"trained", "even_within_groups"}
+    even = s3[(s3["trace"] == "even_within_groups") & (s3["model"] == "mohge") & (s3["strategy"] == "all_size")]
+    trained = s3[(s3["trace"] == "trained") & (s3["model"] == "mohge") & (s3["strategy"] == "all_size")]
+    # on the committed traces, the allocation's own premise (groups even inside) is never worse than trained routing
+    assert (
+        even.set_index(["dataset", "ep_size"])["max_over_mean"]
+        <= trained.set_index(["dataset", "ep_size"])["max_over_mean"] + 1e-9
+    ).all()
+    assert {"S2_tests.md", "S4_difficulty.csv", "S5_tasks.csv"} <= {p.name for p in tmp_path.iterdir()}
