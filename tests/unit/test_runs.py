@@ -18,13 +18,18 @@ from mohge.runs import merge_config, plan, workflow_schema
 BASE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
 
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """mohge.evaluate sets HF_*_OFFLINE in the process it runs in: plan here as on a fresh shell."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def with_experiments(*experiments) -> dict:
     return {**BASE, "experiments": list(experiments)}
 
 
-def test_default_configs_plan_the_documented_runs(monkeypatch):
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # set by mohge.evaluate in this process, maybe
-        monkeypatch.delenv(var, raising=False)
+def test_default_configs_plan_the_documented_runs():
     default = plan(yaml.safe_load((ROOT / "configs" / "config.yaml").read_text()))
     assert len(default) == 11 and "shakespeare-mohge-s2" in default and "graded-hmoe-s0" in default
     assert default["shakespeare-moe-s0"].model.ffn.expert_widths == (256,)
