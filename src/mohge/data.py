@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import glob
 import hashlib
 import json
 import logging
@@ -61,7 +60,7 @@ from mohge.graded import (
     generate_sums,
     token_levels,
 )
-from mohge.preflight import check_hub, check_text_files
+from mohge.preflight import check_hub, check_text_files, resolve_text_files  # noqa: F401 (re-exported)
 from mohge.tokenizer import EOT_ID, encode_with_offsets, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
@@ -245,22 +244,6 @@ def _graded_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
 # ----------------------------------------------------------------------------------------------------
 # 4. Local text files and HuggingFace datasets
 # ----------------------------------------------------------------------------------------------------
-
-
-def resolve_text_files(patterns: Sequence[str]) -> list[Path]:
-    """Expand paths and globs (`**` allowed) in order, without duplicates; a pattern that matches no
-    file is an error naming it."""
-    files: list[Path] = []
-    for pattern in patterns:
-        expanded = os.path.expanduser(pattern)
-        if glob.has_magic(expanded):
-            matches = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
-        else:
-            matches = [Path(expanded)] if Path(expanded).is_file() else []
-        if not matches:
-            raise _bad("text_files", pattern, "matches no file")
-        files += [p for p in matches if p not in files]
-    return files
 
 
 def _cut_at_line(text: str, pos: int) -> int:

@@ -18,11 +18,13 @@
 from __future__ import annotations
 
 import codecs
+import glob
 import json
 import os
 import socket
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +60,25 @@ def check_tasks(cfg: RunConfig, templates: Path = TASK_TEMPLATES) -> None:
             )
 
 
+def resolve_text_files(patterns: Sequence[str]) -> list[Path]:
+    """Expand paths and globs (`**` allowed) in order, without duplicates; a pattern that matches no
+    file is an error naming it."""
+    files: list[Path] = []
+    for pattern in patterns:
+        expanded = os.path.expanduser(pattern)
+        if glob.has_magic(expanded):
+            matches = sorted(Path(p) for p in glob.glob(expanded, recursive=True) if Path(p).is_file())
+        else:
+            matches = [Path(expanded)] if Path(expanded).is_file() else []
+        if not matches:
+            raise ConfigError(f"data.text_files={pattern!r}: matches no file")
+        files += [p for p in matches if p not in files]
+    return files
+
+
 def check_text_files(patterns: tuple[str, ...]) -> list[Path]:
     """The files of the text source; a glob matching nothing, a missing or empty file, or a file that is not
     UTF-8 is a ConfigError naming it."""
-    from .data import resolve_text_files  # torch-free path only when a text source is planned
-
     files = resolve_text_files(patterns)
     for path in files:
         if path.stat().st_size == 0:

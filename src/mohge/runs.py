@@ -8,9 +8,9 @@ its vocabulary and context taken from the dataset.
 Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
 data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
 families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
-``utilization``, ``figures``, ``cluster`` (SLURM resources). Names (datasets, variants, study) are identifiers
-(:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake in one line naming the key, and then checks
-what the runs need from the world (:mod:`mohge.preflight`).
+``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources). Names
+(datasets, variants, study) are identifiers (:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake
+in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.preflight`).
 
     python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
     python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)
@@ -51,7 +51,7 @@ class UtilizationConfig(_Section):
     ep_sizes: tuple[int, ...] = knob((2, 4), "expert-parallel sizes", ge=1, min_items=1)
     measure_nproc: int = knob(0, "processes of the measured EP run (0: none)", ge=0)
     measure_tokens: int = knob(256, "tokens per rank of the measured EP run", ge=1)
-    trace_all_seeds: bool = knob(False, "trace every seed of every MoE model, not only the first (balance CIs)")
+    trace_all_seeds: bool = knob(False, "trace every seed of a model, not only its first")
     _path: str = field(default="utilization", repr=False, compare=False)
 
 
@@ -98,16 +98,16 @@ TOP_LEVEL = (
     "experiments",
     "moe_width",
     "utilization",
+    "analysis",
     "figures",
     "cluster",
-    "analysis",
 )
 EXPERIMENT_KEYS = ("dataset", "families", "seeds", "variants", "moe_width")
 SECTIONS = {
     "utilization": UtilizationConfig,
+    "analysis": AnalysisConfig,
     "figures": FiguresConfig,
     "cluster": ClusterConfig,
-    "analysis": AnalysisConfig,
 }
 
 
@@ -179,6 +179,13 @@ def _seeds(exp: dict, fam: str, where: str) -> list[int]:
     return seeds
 
 
+def _moe_width(mapping: dict, key: str) -> int | None:
+    width = mapping.get("moe_width")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ConfigError(f"{key}={width!r}: expected an integer >= 1 or null")
+    return width
+
+
 def _check_top_level(config: dict) -> None:
     """Top-level keys and the study-level sections (utilization, figures, cluster, study, moe_width)."""
     unknown = sorted(set(config) - set(TOP_LEVEL))
@@ -187,9 +194,7 @@ def _check_top_level(config: dict) -> None:
     check_name(config.get("study", "default"), "study")
     for key, cls in SECTIONS.items():
         cls.from_dict(_section(config, key), key)
-    width = config.get("moe_width")
-    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise ConfigError(f"moe_width={width!r}: expected an integer >= 1 or null")
+    _moe_width(config, "moe_width")
     for name in VARIANT_SECTIONS:
         _section(config, name)
 
@@ -223,9 +228,6 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
         bad = sorted(set(exp) - set(EXPERIMENT_KEYS))
         if bad:
             raise ConfigError(f"{where}.{bad[0]}: unknown key (known: {', '.join(EXPERIMENT_KEYS)})")
-        width = exp.get("moe_width")
-        if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-            raise ConfigError(f"{where}.moe_width={width!r}: expected an integer >= 1 or null")
         ds = exp.get("dataset")
         if ds not in datasets:
             raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
@@ -244,7 +246,8 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
             for fam in families:
                 if fam not in FAMILIES:
                     raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
-                model = derive(mohge_cfg, fam, exp.get("moe_width", config.get("moe_width")))
+                width = _moe_width(exp, f"{where}.moe_width") if "moe_width" in exp else config.get("moe_width")
+                model = derive(mohge_cfg, fam, width)
                 for seed in _seeds(exp, fam, where):
                     name = run_name(ds, fam, seed, variant)
                     if name in runs:
@@ -293,7 +296,7 @@ def workflow_schema() -> dict:
             "dataset": {**name, "description": "a key of datasets"},
             "moe_width": {
                 "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
-                "description": "this experiment's homogeneous MoE width (a width sweep); overrides moe_width",
+                "description": "this experiment's homogeneous baseline width (overrides the top-level one)",
             },
             "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
             "variants": {

@@ -18,13 +18,18 @@ from mohge.runs import merge_config, plan, workflow_schema
 BASE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
 
+@pytest.fixture(autouse=True)
+def online(monkeypatch):
+    """mohge.evaluate sets HF_*_OFFLINE in the process it runs in: plan here as on a fresh shell."""
+    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def with_experiments(*experiments) -> dict:
     return {**BASE, "experiments": list(experiments)}
 
 
-def test_default_configs_plan_the_documented_runs(monkeypatch):
-    for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # set by mohge.evaluate in this process, maybe
-        monkeypatch.delenv(var, raising=False)
+def test_default_configs_plan_the_documented_runs():
     default = plan(yaml.safe_load((ROOT / "configs" / "config.yaml").read_text()))
     assert len(default) == 11 and "shakespeare-mohge-s2" in default and "graded-hmoe-s0" in default
     assert default["shakespeare-moe-s0"].model.ffn.expert_widths == (256,)
@@ -149,6 +154,8 @@ BAD_CONFIGS = {
     "data key": (_set("datasets.graded.vocab", 5), "datasets.graded.vocab: unknown key"),
     "levels": (_set("datasets.graded.graded_levels", []), "datasets.graded.graded_levels=()"),
     "moe_width": (_set("moe_width", 0), "moe_width=0"),
+    "experiment moe_width": (_set("experiments.0.moe_width", -8), "experiments[0].moe_width=-8"),
+    "analysis": (_set("analysis.alpha", 1.5), "analysis.alpha=1.5"),
 }
 
 
@@ -286,3 +293,10 @@ def test_prepared_datasets_skip_the_input_checks(monkeypatch):
     with pytest.raises(ConfigError, match="HF_DATASETS_OFFLINE is set"):
         plan(cfg)
     assert plan(cfg, prepared={"graded"})  # prepared on a machine with network; trained offline
+
+
+def test_an_experiment_may_set_its_own_moe_width():
+    exp = {"dataset": "graded", "families": ["moe"], "seeds": [0]}
+    runs = plan({**BASE, "moe_width": 48, "experiments": [exp, {**exp, "seeds": [1], "moe_width": 64}]})
+    assert runs["graded-moe-s0"].model.ffn.expert_widths == (48,)
+    assert runs["graded-moe-s1"].model.ffn.expert_widths == (64,)
