@@ -379,6 +379,34 @@ def load_model_config(path: str | Path) -> ModelConfig:
 
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+AC_MODES = ("none", "block")
+
+
+@dataclass(frozen=True)
+class ParallelConfig(_Section):
+    """The multi-process layout of ``mohge.distributed`` (checked against the world by ``check_layout`` there).
+
+    ``dp_shard``: FSDP2 degree (-1: the whole world; a divisor of the world gives HSDP, replicated over the
+    rest). ``ep``: expert-parallel degree, borrowed from ``dp_shard`` as torchtitan does (0: ``model.ffn.ep_size``).
+    ``peak_tflops``: one device's peak, for the MFU column of the log (0: no MFU).
+    """
+
+    dp_shard: int = -1
+    ep: int = 0
+    activation_checkpointing: str = "none"
+    compile: bool = False
+    peak_tflops: float = 0.0
+    _path: str = field(default="", repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.dp_shard == 0 or self.dp_shard < -1:
+            _fail(self.key("dp_shard"), self.dp_shard, "must be -1 (the whole world) or >= 1")
+        if self.ep < 0:
+            _fail(self.key("ep"), self.ep, "must be >= 0 (0: model.ffn.ep_size)")
+        if self.activation_checkpointing not in AC_MODES:
+            _fail(self.key("activation_checkpointing"), self.activation_checkpointing, f"must be one of {AC_MODES}")
+        if self.peak_tflops < 0:
+            _fail(self.key("peak_tflops"), self.peak_tflops, "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -408,6 +436,7 @@ class TrainConfig(_Section):
     device: str = "auto"
     precision: str = "auto"
     threads: int = 0
+    parallel: ParallelConfig | None = None  # None: one process, or DDP under torchrun
     _path: str = field(default="", repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ import torch
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
 
 from mohge.allocation import STRATEGIES, place
-from mohge.expert_parallel import local_layout
+from mohge.distributed.ep import local_layout
 from mohge.utilization import main as utilization_main
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
