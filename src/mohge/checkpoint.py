@@ -205,9 +205,9 @@ def remove_stale_temps(scratch: str | Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check a checkpoint folder against its manifest; return the manifest or raise CheckpointError naming
-    the file (and the expected and actual sha256 on a mismatch)."""
+def verify_checkpoint(path: str | Path, required: tuple[str, ...] = FILES) -> dict[str, Any]:
+    """Check a checkpoint folder against its manifest (which must list ``required``); return the manifest or
+    raise CheckpointError naming the file (and the expected and actual sha256 on a mismatch)."""
     path = Path(path)
     mpath = path / MANIFEST
     if not mpath.is_file():
@@ -217,7 +217,7 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
         files = manifest["files"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise CheckpointError(f"{mpath} is unreadable: {err}") from err
-    missing = [f for f in FILES if f not in files]
+    missing = [f for f in required if f not in files]
     if missing:
         raise CheckpointError(f"{mpath} does not list {missing}")
     for name, entry in files.items():
@@ -234,13 +234,13 @@ def verify_checkpoint(path: str | Path) -> dict[str, Any]:
     return manifest
 
 
-def find_latest_valid(scratch: str | Path) -> tuple[Path | None, list[str]]:
+def find_latest_valid(scratch: str | Path, required: tuple[str, ...] = FILES) -> tuple[Path | None, list[str]]:
     """The newest checkpoint that passes ``verify_checkpoint`` and the problems of the newer ones skipped
     (each logged as a warning)."""
     problems: list[str] = []
     for _, path in list_checkpoints(scratch):
         try:
-            verify_checkpoint(path)
+            verify_checkpoint(path, required)
         except CheckpointError as err:
             problems.append(str(err))
             log.warning("skipping checkpoint: %s", err)

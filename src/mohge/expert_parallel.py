@@ -441,7 +441,7 @@ def check(args: argparse.Namespace) -> int:
         dw2s = [torch.zeros_like(w) for w in p["w2s"]]
         for e in mod.local_experts:
             c, j = divmod(e, CHECK_N)
-            dw1s[c][j], dw2s[c][j] = mod.experts[str(e)].w1.grad, mod.experts[str(e)].w2.grad
+            dw1s[c][j], dw2s[c][j] = mod.local[str(e)].w1.grad, mod.local[str(e)].w2.grad
         for t in (*dw1s, *dw2s):
             dist.all_reduce(t)
         gathered: list = [None] * world

@@ -289,7 +289,10 @@ def train(
     try:
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
-        return _train(cfg, Path(out), Path(scratch) if scratch else Path(out) / ".scratch", data, require_resume, rt)
+        run = _train
+        if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.distributed
+            from .distributed.trainer import train_parallel as run
+        return run(cfg, Path(out), Path(scratch) if scratch else Path(out) / ".scratch", data, require_resume, rt)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():

@@ -16,7 +16,7 @@ so gradients reach the inputs, the gates and every rank's expert weights.
 
 :class:`ExpertParallelExperts` is a drop-in for :class:`mohge.experts.RoutedExperts` (same ``forward``). It
 keeps one ``w1 [2H, D]`` / ``w2 [D, H]`` pair per local expert under its router id
-(``experts.<e>.w1``), so a sharded checkpoint names every expert the same way whatever the EP size or the
+(``local.<e>.w1``), so a sharded checkpoint names every expert the same way whatever the EP size or the
 placement, and ``torch.distributed.checkpoint`` can reshard it; the forward stacks them per width class.
 
 Legend: T tokens (of this rank), K experts per token, A = T*K routed slots, R rows received by this rank,
@@ -114,15 +114,15 @@ class ExpertParallelExperts(nn.Module):
             h = int(widths_E[e])
             return Expert(torch.empty(2 * h, d_model), torch.empty(d_model, h))
 
-        self.experts = nn.ModuleDict({str(e): make(e) for e in self.local_experts})
+        self.local = nn.ModuleDict({str(e): make(e) for e in self.local_experts})
         self.register_buffer("rank_of_expert", torch.tensor(list(rank_of_expert)), persistent=False)
         self.register_buffer("local_id_of_expert", torch.tensor(local_id), persistent=False)
         self.rows_local: Tensor | None = None  # rows received per local expert in the last forward
 
     def class_weights(self) -> tuple[list[Tensor], list[Tensor]]:
         """(w1s, w2s): per local width class, its experts' weights stacked ([n_c, 2H_c, D], [n_c, D, H_c])."""
-        w1s = [torch.stack([self.experts[str(e)].w1 for e in ids]) for ids in self.classes]
-        w2s = [torch.stack([self.experts[str(e)].w2 for e in ids]) for ids in self.classes]
+        w1s = [torch.stack([self.local[str(e)].w1 for e in ids]) for ids in self.classes]
+        w2s = [torch.stack([self.local[str(e)].w2 for e in ids]) for ids in self.classes]
         return w1s, w2s
 
     def dispatch(self, x_TD: Tensor, idx_TK: Tensor) -> tuple[Tensor, Tensor, dict]:
