@@ -13,8 +13,9 @@ torchtitan's order (``parallelize_llama`` / ``apply_fsdp``).
 Gradient scale. Every rank's loss is the mean over its own tokens; FSDP divides the reduced gradients by
 the number of ranks it reduces over, which gives the mean over all ranks for dense weights. An expert
 receives gradient from the tokens of all ``ep`` ranks of its EP group, and is reduced over the
-``world / ep`` other groups, so its reduction divides by the whole world instead (torchtitan's
-``set_gradient_divide_factor``).
+``world / ep`` other groups, so it must be divided by the whole world instead: :func:`scale_expert_grads`
+multiplies it by 1 / ep after the backward (torchtitan sets ``set_gradient_divide_factor``, which needs
+NCCL's PREMUL_SUM; gloo has none).
 """
 
 from __future__ import annotations
@@ -87,9 +88,19 @@ def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: to
     for unit in units:
         kwargs = {"mp_policy": mp} if mp is not None else {}
         fully_shard(unit.module, mesh=getattr(meshes, unit.mesh), reshard_after_forward=unit.name != "", **kwargs)
-        if unit.mesh == "expert":
-            unit.module.set_gradient_divide_factor(float(layout.world))
     return units
+
+
+@torch.no_grad()
+def scale_expert_grads(model: nn.Module, layout: Layout) -> None:
+    """Expert gradients from the sum over the EP group to the mean over the world (module docstring)."""
+    if layout.ep == 1:
+        return
+    for m in model.modules():
+        if isinstance(m, ExpertParallelExperts):
+            for p in m.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / layout.ep)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

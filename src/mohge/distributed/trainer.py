@@ -39,7 +39,7 @@ from .ep import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
 from .layout import Layout, check_layout
 from .mesh import build_meshes
-from .parallelize import clip_grad_norm, parallelize
+from .parallelize import clip_grad_norm, parallelize, scale_expert_grads
 
 log = logging.getLogger("mohge.distributed")
 
@@ -127,6 +127,7 @@ def train_parallel(
                 sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
                 meter.add_micro(layers)
                 flops_window += step_expert_flops(model)
+            scale_expert_grads(model, layout)
             dist.all_reduce(sums)
             sums /= rt.world
             gnorm = clip_grad_norm(model, tc.grad_clip, layout)
