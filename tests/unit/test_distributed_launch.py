@@ -1,5 +1,5 @@
 """Two torchrun launchers as two "nodes" on localhost (c10d rendezvous) train 3 steps together, with expert
-parallelism across the nodes and activation checkpointing on (about 25 s on 2 cores)."""
+parallelism across the nodes, activation checkpointing, a validation loss and MFU (about 25 s on 2 cores)."""
 
 import json
 import os
@@ -21,8 +21,8 @@ def free_port() -> int:
 
 def test_two_nodes_c10d_rendezvous_train_three_steps(tmp_path):
     prepare(DataConfig.from_dict(DATA), tmp_path / "data")
-    run = run_dict(3, ep=2, activation_checkpointing="block")
-    run["train"]["ckpt_every"] = 3
+    run = run_dict(3, ep=2, activation_checkpointing="block", peak_tflops=1.0)
+    run["train"].update(ckpt_every=3, eval_every=3)
     config = write(tmp_path / "run.json", run)
     port = free_port()
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
@@ -45,5 +45,8 @@ def test_two_nodes_c10d_rendezvous_train_three_steps(tmp_path):
     assert summary["world_size"] == 2 and summary["layout"] == {"dp_replicate": 1, "dp_shard": 2, "ep": 2}
     assert summary["tokens_trained"] == 3 * 4 * 16 * 2
     rows = log_rows(tmp_path / "out")
-    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["loss"] > 0 for r in rows)
-    assert all(len(r["expert_flops_per_rank"]) == 2 for r in rows)
+    train_rows = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in train_rows] == [0, 1, 2] and all(r["loss"] > 0 for r in train_rows)
+    assert all(len(r["expert_flops_per_rank"]) == 2 and 0 < r["mfu"] < 1 for r in train_rows)
+    assert [r["step"] for r in rows if "val_loss" in r] == [2]  # eval_every on the sharded model
+    assert summary["mfu"] > 0 and summary["model_flops_per_token"] == train_rows[0]["model_flops_per_token"]

@@ -33,6 +33,7 @@ from .. import train as base
 from ..atomic import write_json_atomic, write_text_atomic
 from ..config import ConfigError, RunConfig
 from ..data import TokenStream
+from ..evaluate import heldout_loss
 from ..model import LanguageModel
 from . import dcp
 from .ep import ExpertParallelExperts
@@ -157,6 +158,13 @@ def train_parallel(
                     rows.append(row)
                     log_fh.write(json.dumps(row) + "\n")
                     log_fh.flush()
+            if tc.eval_every and (s + 1) % tc.eval_every == 0:  # every rank runs the sharded model on the same batches
+                with torch.no_grad():
+                    val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
+                if rt.main:
+                    rows.append({"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]})
+                    log_fh.write(json.dumps(rows[-1]) + "\n")
+                    log_fh.flush()
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
                 last_good = dcp.save(dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints)
     finally:
@@ -172,7 +180,10 @@ def train_parallel(
         summary = base._finish(
             cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time
         )
+        tps = summary["tokens_per_s"]
+        mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
         summary.update(
+            mfu=mfu,
             model_flops_per_token=fpt,
             layout={"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "ep": layout.ep},
         )
