@@ -35,6 +35,7 @@ from ..config import ConfigError, RunConfig
 from ..data import TokenStream
 from ..evaluate import heldout_loss
 from ..model import LanguageModel
+from ..moe import LayerStats
 from . import dcp
 from .ep import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
@@ -60,17 +61,16 @@ def rank_stream(stream: TokenStream, rank: int, world: int, seq_len: int) -> Tok
     return part
 
 
-def step_expert_flops(model: LanguageModel) -> torch.Tensor:
+def step_expert_flops(model: LanguageModel, layers: list[LayerStats]) -> torch.Tensor:
     """Training FLOPs of this rank's routed experts in the last forward (rows it processed x widths)."""
     total = torch.zeros((), dtype=torch.float64)
-    for layer in model.moe_layers():
+    for layer, stats in zip(model.moe_layers(), layers, strict=True):
         ex = layer.experts
-        if isinstance(ex, ExpertParallelExperts):
+        if isinstance(ex, ExpertParallelExperts):  # the rows this rank received from its EP group
             rows, widths = ex.rows_local, ex.local_widths
         else:  # no EP: this rank computes the experts of its own tokens
-            rows, widths = layer.last_counts_E, layer.ffn_cfg.per_expert_widths
-        if rows is not None:
-            total += expert_flops(rows.cpu(), torch.tensor(widths), model.cfg.d_model)
+            rows, widths = stats.counts_E, layer.ffn_cfg.per_expert_widths
+        total += expert_flops(rows.cpu(), torch.tensor(widths), model.cfg.d_model)
     return total
 
 
@@ -92,7 +92,6 @@ def train_parallel(
     torch.manual_seed(tc.seed)
     model = LanguageModel(cfg.model, cfg.loss)  # whole, on the CPU: the same initial weights as one process
     parallelize(model, layout, build_meshes(layout, rt.device.type), rt.device)
-    _record_counts(model)
     opt = base.build_optimizer(model, tc)
     dcp_root = scratch / "dcp"
     start, last_good = dcp.resume(dcp_root, resolved, model, opt, require_resume)
@@ -127,7 +126,7 @@ def train_parallel(
                 (total / tc.grad_accum).backward()
                 sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
                 meter.add_micro(layers)
-                flops_window += step_expert_flops(model)
+                flops_window += step_expert_flops(model, layers)
             scale_expert_grads(model, layout)
             dist.all_reduce(sums)
             sums /= rt.world
@@ -201,14 +200,3 @@ def throughput(row: dict, fpt: float, expert_flops_rank: torch.Tensor, layout: L
     tps = row.get("tokens_per_s")
     mfu = tps * fpt / (layout.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
     return {"model_flops_per_token": fpt, "mfu": mfu, "expert_flops_per_rank": [float(f) for f in per_rank]}
-
-
-def _record_counts(model: LanguageModel) -> None:
-    """Keep each MoE layer's last routing counts (for the expert FLOPs of a layer without EP)."""
-    for layer in model.moe_layers():
-        layer.last_counts_E = None
-
-        def hook(mod, _inputs, output) -> None:
-            mod.last_counts_E = output[1].counts_E
-
-        layer.register_forward_hook(hook)
