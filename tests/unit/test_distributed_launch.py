@@ -28,11 +28,16 @@ def test_two_nodes_c10d_rendezvous_train_three_steps(tmp_path):
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
     launcher += ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=mohge-two-nodes"]
     args = train_args(config, tmp_path / "out", tmp_path / "data")
+    # both "nodes" are 127.0.0.1, so each could take itself for the rendezvous host: say which one is
     procs = [
         subprocess.Popen(
-            [*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+            [*launcher, f"--rdzv-conf=is_host={int(node == 0)}", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
         )
-        for _ in range(2)
+        for node in range(2)
     ]
     try:
         logs = [p.communicate(timeout=150)[0] for p in procs]
