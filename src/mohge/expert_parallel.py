@@ -234,23 +234,37 @@ def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, se
         entry["util"] = sampler.means()
 
 
+def _router_configs(args, trace: Trace):
+    """The live router's sections: the run config's (``--config``), or, for a trace without a run (synthetic),
+    a router over the trace's widths."""
+    from .config import FFNConfig, RouterConfig, load_run_config
+
+    if args.config is not None:
+        model = load_run_config(args.config).model
+        if list(model.ffn.per_expert_widths) != trace.widths_E:
+            raise SystemExit(f"--config {args.config}: its expert widths are not those of the trace {trace.path}")
+        return model.ffn, model.router
+    G = len(trace.expert_widths)
+    kind = "mohge" if G >= 2 else "moe"
+    ffn = FFNConfig(
+        kind=kind, num_experts=trace.num_experts, expert_widths=tuple(trace.expert_widths), placement="contiguous"
+    )
+    return ffn, RouterConfig(topk=trace.topk or args.topk, group_topk=min(args.group_topk, G))
+
+
 def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world: int, device):
     """(this rank's x [T_r, D], idx [T_r, K], gates [T_r, K], global counts [E]) for one trace layer."""
     lay = trace.layers[layer_pos]
     D, E = args.d_model or trace.d_model, trace.num_experts
     g = torch.Generator().manual_seed(args.seed * 7919 + 31 * lay.layer + rank)
     if args.routing == "live":
-        from .config import FFNConfig, RouterConfig
         from .routing import GroupedRouter, TopKRouter
 
         T = (trace.tokens or args.tokens) // world
         x_TD = torch.randn(T, D, generator=g)
-        G = len(trace.expert_widths)
-        kind = "mohge" if G >= 2 else "moe"
-        ffn = FFNConfig(kind=kind, num_experts=E, expert_widths=tuple(trace.expert_widths), placement="contiguous")
-        rcfg = RouterConfig(topk=trace.topk or args.topk, group_topk=min(args.group_topk, G))
+        ffn, rcfg = _router_configs(args, trace)
         torch.manual_seed(args.seed + lay.layer)  # same router on every rank
-        router = (GroupedRouter if kind == "mohge" else TopKRouter)(D, ffn, rcfg)
+        router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(D, ffn, rcfg)
         with torch.no_grad():
             r = router(x_TD)
         idx_TK, gates_TK = r.idx_TK, r.gates_TK.float()
@@ -418,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tokens", type=int, default=4096, help="live routing: tokens when the trace has none")
     m.add_argument("--topk", type=int, default=6, help="experts per token when the trace has no 'topk'")
     m.add_argument("--group-topk", type=int, default=4, help="live routing: groups per token")
+    m.add_argument("--config", type=Path, help="live routing: the run config whose router to use (widths checked)")
     m.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("check", help="EP forward/backward on a small fixed problem, saved for the tests")
     c.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")
