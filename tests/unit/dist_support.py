@@ -8,6 +8,7 @@ gradient is the mean of every rank's mean micro-batch loss on that rank's disjoi
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -31,18 +32,21 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 
 
 def run_dict(steps: int, **parallel) -> dict:
-    """A tiny MoHGE run (2 MoE layers, 4 width classes x 2 experts) with a ``train.parallel`` section."""
-    return tiny_run(
-        train={
-            "steps": steps,
-            "batch_size": 4,
-            "grad_accum": 2,
-            "log_every": 1,
-            "ckpt_every": 2,
-            "keep_checkpoints": 3,
-            "parallel": parallel,
-        },
-        data=DATA,
+    """A tiny MoHGE run (2 MoE layers, 4 width classes x 2 experts) with a ``train.parallel`` section; a deep
+    copy, so a test may edit it (``tiny_run`` shares nested sections with conftest's TINY_RUN)."""
+    return copy.deepcopy(
+        tiny_run(
+            train={
+                "steps": steps,
+                "batch_size": 4,
+                "grad_accum": 2,
+                "log_every": 1,
+                "ckpt_every": 2,
+                "keep_checkpoints": 3,
+                "parallel": parallel,
+            },
+            data=DATA,
+        )
     )
 
 
