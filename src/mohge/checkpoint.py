@@ -243,18 +243,18 @@ def verify_manifest(folder: str | Path, required: tuple[str, ...] = ()) -> dict[
     return manifest
 
 
-def verify_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Check a checkpoint folder against its manifest (see :func:`verify_manifest`)."""
-    return verify_manifest(path, FILES)
+def verify_checkpoint(path: str | Path, required: tuple[str, ...] = FILES) -> dict[str, Any]:
+    """Check a checkpoint folder against its manifest (see :func:`verify_manifest`), which must list ``required``."""
+    return verify_manifest(path, required)
 
 
-def find_latest_valid(scratch: str | Path) -> tuple[Path | None, list[str]]:
+def find_latest_valid(scratch: str | Path, required: tuple[str, ...] = FILES) -> tuple[Path | None, list[str]]:
     """The newest checkpoint that passes ``verify_checkpoint`` and the problems of the newer ones skipped
     (each logged as a warning)."""
     problems: list[str] = []
     for _, path in list_checkpoints(scratch):
         try:
-            verify_checkpoint(path)
+            verify_checkpoint(path, required)
         except CheckpointError as err:
             problems.append(str(err))
             log.warning("skipping checkpoint: %s", err)

@@ -239,6 +239,30 @@ def load_model_config(path: str | Path) -> ModelConfig:
     return ModelConfig.from_dict(data, "model")
 
 
+AC_MODES = ("none", "block")
+
+
+@dataclass(frozen=True)
+class ParallelConfig(_Section):
+    """The multi-process layout of ``mohge.distributed`` (checked against the world by ``check_layout`` there).
+
+    ``dp_shard``: FSDP2 degree (-1: the whole world; a divisor of the world gives HSDP, replicated over the
+    rest). ``ep``: expert-parallel degree, borrowed from ``dp_shard`` as torchtitan does (0: ``model.ffn.ep_size``).
+    ``peak_tflops``: one device's peak, for the MFU column of the log (0: no MFU).
+    """
+
+    dp_shard: int = knob(-1, "FSDP2 degree (-1: the whole world; a divisor of it gives HSDP)", ge=-1)
+    ep: int = knob(0, "expert-parallel degree, taken from dp_shard (0: model.ffn.ep_size)", ge=0)
+    activation_checkpointing: str = knob("none", "recompute activations per block", choices=AC_MODES)
+    compile: bool = knob(False, "torch.compile each block")
+    peak_tflops: float = knob(0.0, "one device's peak TFLOP/s, for the MFU column (0: no MFU)", ge=0)
+    _path: str = field(default="", repr=False, compare=False)
+
+    def check(self) -> None:
+        if self.dp_shard == 0:
+            _fail(self.key("dp_shard"), self.dp_shard, "must be -1 (the whole world) or >= 1")
+
+
 @dataclass(frozen=True)
 class TrainConfig(_Section):
     """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
@@ -266,6 +290,7 @@ class TrainConfig(_Section):
     device: str = knob("auto", "training device", choices=DEVICES)
     precision: str = knob("auto", "fp32, or bf16 autocast", choices=PRECISIONS)
     threads: int = knob(0, "torch CPU threads (0: torch's default)", ge=0)
+    parallel: ParallelConfig | None = knob(None, "multi-process layout (None: one process, or DDP under torchrun)")
     _path: str = field(default="", repr=False, compare=False)
 
     def check(self) -> None:

@@ -1,18 +1,7 @@
-"""Expert-parallel MoE experts on torch.distributed, and the torchrun worker that times each rank.
+"""The torchrun harness that times each rank's expert compute, and the EP correctness check of the tests.
 
-Each of the EP ranks holds the experts a placement (:mod:`mohge.allocation`) gives it, of several widths,
-and its own share of the tokens. One forward (arXiv 2604.23108, docs/method.md §3, ``alltoall``):
-
-    dispatch:  every routed slot (t, k) goes to the rank of expert idx[t, k]: slots sorted by destination,
-               counts exchanged, token rows and local expert ids sent with ``all_to_all_single``
-    compute:   each rank runs its local experts on the rows it received (the grouped SwiGLU of
-               :mod:`mohge.kernels`, local expert ids class-major)
-    combine:   outputs return with ``all_to_all_single`` (splits swapped) and are summed per token,
-               weighted by the gates, on the token's own rank
-
-Only ``all_to_all_single`` is used: gloo handles unequal and zero splits with it, while the list form
-``all_to_all`` fails on gloo with unequal sizes. The row exchanges go through a small autograd Function,
-so gradients reach the inputs, the gates and every rank's expert weights.
+The expert-parallel layer itself (dispatch and combine with ``all_to_all_single``, autograd, placement) is
+:class:`mohge.distributed.ep.ExpertParallelExperts`, the one the trainer uses; this module only drives it.
 
 MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.expert_parallel
 measure --trace TRACE --out DIR``; usually launched by ``python -m mohge.utilization --measure``). For each
@@ -39,9 +28,8 @@ seconds, seconds_min, times_ms, repeats, timing, device, routing, gpu_util_pct, 
 the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
 those rows (:func:`mohge.utilization.rank_loads`), ``seconds`` the median local compute time.
 
-``check`` (``... -m mohge.expert_parallel check --out FILE.pt``): a small fixed problem run under every
-strategy, forward and backward; rank 0 saves the inputs, the weights and the gathered outputs and
-gradients, which the tests compare with the single-process ``swiglu_grouped_torch``.
+``check`` (``... -m mohge.expert_parallel check --out FILE.pt``): :mod:`mohge.distributed.ep_check`, the
+layer under every strategy against the single-process experts (used by the tests).
 
 Legend: T tokens (of this rank), K experts per token, A = T*K routed slots, R rows received by this rank,
 D model width, E experts, W ranks (= EP size), H intermediate width of one class.
@@ -62,11 +50,12 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 from mohge import kernels
 
-from .allocation import STRATEGIES, experts_of_rank, place
+from .allocation import STRATEGIES, place
+from .distributed.ep import ExpertParallelExperts
+from .distributed.ep_check import check
 from .utilization import (
     Trace,
     TraceError,
@@ -101,107 +90,12 @@ MEASURED_COLUMNS = (
 )
 
 
-class _AllToAll(torch.autograd.Function):
-    """Differentiable ``all_to_all_single`` of rows: the backward is the same exchange with splits swapped."""
-
-    @staticmethod
-    def forward(ctx, x_ND: Tensor, send: list[int], recv: list[int], group) -> Tensor:
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = x_ND.new_empty((sum(recv), *x_ND.shape[1:]))
-        dist.all_to_all_single(out, x_ND.contiguous(), recv, send, group=group)
-        return out
-
-    @staticmethod
-    def backward(ctx, g_MD: Tensor):
-        g_ND = g_MD.new_empty((sum(ctx.send), *g_MD.shape[1:]))
-        dist.all_to_all_single(g_ND, g_MD.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return g_ND, None, None, None
-
-
-def local_layout(widths_E: Sequence[int], rank_of_expert: Sequence[int], ep_size: int) -> list[list[list[int]]]:
-    """Per rank, its experts grouped in width classes: classes[rho][c] = router ids, classes by width.
-
-    The local expert id of an expert is its position in the flattened (class-major) list of its rank.
-    """
-    out = []
-    for ids in experts_of_rank(rank_of_expert, ep_size):
-        by_width: dict[int, list[int]] = {}
-        for e in ids:
-            by_width.setdefault(int(widths_E[e]), []).append(e)
-        out.append([by_width[w] for w in sorted(by_width)])
-    return out
-
-
 def expert_weights(e: int, width: int, d_model: int, seed: int, std: float = 0.02) -> tuple[Tensor, Tensor]:
     """Deterministic fp32 weights of expert e (W1 [2H, D], W2 [D, H]), the same on every rank."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + e)
     w1 = torch.randn(2 * width, d_model, generator=g) * std
     w2 = torch.randn(d_model, width, generator=g) * std
     return w1, w2
-
-
-class ExpertParallelSwiGLU(nn.Module):
-    """The routed experts of one MoE layer, spread over the ranks of ``group`` by ``rank_of_expert``.
-
-    ``forward(x_TD, idx_TK, gates_TK)`` takes this rank's tokens and their routing (router ids) and returns
-    y_t = sum_k gates[t, k] * E_{idx[t, k]}(x_t), the same as the single-process expert layer.
-    ``weights[e] = (W1 [2H, D], W2 [D, H])`` needs only the experts of this rank.
-    """
-
-    def __init__(
-        self,
-        widths_E: Sequence[int],
-        rank_of_expert: Sequence[int],
-        weights: dict[int, tuple[Tensor, Tensor]],
-        group=None,
-        backend: str = "torch",
-    ) -> None:
-        super().__init__()
-        self.group, self.backend = group, backend
-        self.W, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        E = len(widths_E)
-        layout = local_layout(widths_E, rank_of_expert, self.W)
-        local_id = [0] * E
-        for classes in layout:
-            for i, e in enumerate(e for ids in classes for e in ids):
-                local_id[e] = i
-        self.local_experts = [e for ids in layout[self.rank] for e in ids]  # router ids, local id order
-        self.w1 = nn.ParameterList(nn.Parameter(torch.stack([weights[e][0] for e in ids])) for ids in layout[self.rank])
-        self.w2 = nn.ParameterList(nn.Parameter(torch.stack([weights[e][1] for e in ids])) for ids in layout[self.rank])
-        self.register_buffer("rank_of_expert", torch.tensor(list(rank_of_expert)), persistent=False)
-        self.register_buffer("local_id_of_expert", torch.tensor(local_id), persistent=False)
-
-    def dispatch(self, x_TD: Tensor, idx_TK: Tensor) -> tuple[Tensor, Tensor, dict]:
-        """Send every routed slot's token row to the rank of its expert: (rows [R, D], local ids [R], plan)."""
-        T, K = idx_TK.shape
-        flat_A = idx_TK.reshape(-1)
-        dest_A = self.rank_of_expert[flat_A]
-        order_A = torch.argsort(dest_A, stable=True)  # slots grouped by destination rank
-        tok_A = torch.div(order_A, K, rounding_mode="floor")
-        send_W = torch.bincount(dest_A, minlength=self.W)
-        recv_W = torch.empty_like(send_W)
-        dist.all_to_all_single(recv_W, send_W, group=self.group)
-        send, recv = send_W.tolist(), recv_W.tolist()
-        xs_RD = _AllToAll.apply(x_TD[tok_A], send, recv, self.group)
-        le_R = flat_A.new_empty(sum(recv))
-        dist.all_to_all_single(le_R, self.local_id_of_expert[flat_A[order_A]], recv, send, group=self.group)
-        return xs_RD, le_R, {"order_A": order_A, "tok_A": tok_A, "send": send, "recv": recv, "T": T}
-
-    def compute(self, xs_RD: Tensor, le_R: Tensor) -> Tensor:
-        """Local experts on the received rows (one slot per row, gate 1)."""
-        ones_R1 = xs_RD.new_ones(xs_RD.shape[0], 1)
-        return kernels.expert_swiglu(xs_RD, le_R[:, None], ones_R1, list(self.w1), list(self.w2), self.backend)
-
-    def combine(self, out_RD: Tensor, plan: dict, gates_TK: Tensor) -> Tensor:
-        """Return the outputs to the tokens' ranks and sum them per token, weighted by the gates."""
-        back_AD = _AllToAll.apply(out_RD, plan["recv"], plan["send"], self.group)
-        gate_A = gates_TK.reshape(-1)[plan["order_A"]].to(back_AD.dtype)
-        y_TD = back_AD.new_zeros(plan["T"], back_AD.shape[1])
-        return y_TD.index_add(0, plan["tok_A"], back_AD * gate_A[:, None])
-
-    def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
-        xs_RD, le_R, plan = self.dispatch(x_TD, idx_TK)
-        return self.combine(self.compute(xs_RD, le_R), plan, gates_TK)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -273,8 +167,9 @@ class _NvmlSampler:
         return statistics.fmean(s[0] for s in self.samples), statistics.fmean(s[1] for s in self.samples)
 
 
-def time_once(mod: ExpertParallelSwiGLU, xs_RD: Tensor, le_R: Tensor, train: bool) -> float:
-    """Seconds of one run of this rank's expert compute (forward, or forward + backward)."""
+def time_once(mod: ExpertParallelExperts, xs_RD: Tensor, le_R: Tensor, weights: tuple, train: bool) -> float:
+    """Seconds of one run of this rank's expert compute (forward, or forward + backward) on ``weights``
+    (the class-stacked leaves of :func:`_stacked`, so stacking is not timed)."""
     cuda = xs_RD.is_cuda
     xs_RD = xs_RD.detach()
     if cuda:
@@ -284,20 +179,26 @@ def time_once(mod: ExpertParallelSwiGLU, xs_RD: Tensor, le_R: Tensor, train: boo
     else:
         t0 = time.perf_counter()
     if train:
-        out = mod.compute(xs_RD.requires_grad_(True), le_R)
+        out = mod.compute(xs_RD.requires_grad_(True), le_R, weights)
         out.backward(torch.ones_like(out))
     else:
         with torch.no_grad():
-            mod.compute(xs_RD, le_R)
+            mod.compute(xs_RD, le_R, weights)
     if cuda:
         end.record()
         torch.cuda.synchronize()
         dt = start.elapsed_time(end) / 1e3
     else:
         dt = time.perf_counter() - t0
-    if train:
-        mod.zero_grad(set_to_none=True)
+    for w in (*weights[0], *weights[1]):
+        w.grad = None
     return dt
+
+
+def _stacked(mod: ExpertParallelExperts, train: bool) -> tuple[list[Tensor], list[Tensor]]:
+    """The layer's class-stacked weights as leaves (gradients land on them when timing a backward)."""
+    w1s, w2s = mod.class_weights()
+    return [w.detach().requires_grad_(train) for w in w1s], [w.detach().requires_grad_(train) for w in w2s]
 
 
 def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, sequential: bool, device) -> None:
@@ -317,7 +218,7 @@ def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, se
                 for turn in range(world):
                     dist.barrier()
                     if turn == rank:
-                        dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], train)
+                        dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], entry["weights"], train)
                         if i >= warmup:
                             entry["times"].append(dt)
                 dist.barrier()
@@ -327,10 +228,28 @@ def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, se
         dist.barrier()
         with sampler:
             for i in range(warmup + repeats):
-                dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], train)
+                dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], entry["weights"], train)
                 if i >= warmup:
                     entry["times"].append(dt)
         entry["util"] = sampler.means()
+
+
+def _router_configs(args, trace: Trace):
+    """The live router's sections: the run config's (``--config``), or, for a trace without a run (synthetic),
+    a router over the trace's widths."""
+    from .config import FFNConfig, RouterConfig, load_run_config
+
+    if args.config is not None:
+        model = load_run_config(args.config).model
+        if list(model.ffn.per_expert_widths) != trace.widths_E:
+            raise SystemExit(f"--config {args.config}: its expert widths are not those of the trace {trace.path}")
+        return model.ffn, model.router
+    G = len(trace.expert_widths)
+    kind = "mohge" if G >= 2 else "moe"
+    ffn = FFNConfig(
+        kind=kind, num_experts=trace.num_experts, expert_widths=tuple(trace.expert_widths), placement="contiguous"
+    )
+    return ffn, RouterConfig(topk=trace.topk or args.topk, group_topk=min(args.group_topk, G))
 
 
 def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world: int, device):
@@ -339,17 +258,13 @@ def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world:
     D, E = args.d_model or trace.d_model, trace.num_experts
     g = torch.Generator().manual_seed(args.seed * 7919 + 31 * lay.layer + rank)
     if args.routing == "live":
-        from .config import FFNConfig, RouterConfig
         from .routing import GroupedRouter, TopKRouter
 
         T = (trace.tokens or args.tokens) // world
         x_TD = torch.randn(T, D, generator=g)
-        G = len(trace.expert_widths)
-        kind = "mohge" if G >= 2 else "moe"
-        ffn = FFNConfig(kind=kind, num_experts=E, expert_widths=tuple(trace.expert_widths), placement="contiguous")
-        rcfg = RouterConfig(topk=trace.topk or args.topk, group_topk=min(args.group_topk, G))
+        ffn, rcfg = _router_configs(args, trace)
         torch.manual_seed(args.seed + lay.layer)  # same router on every rank
-        router = (GroupedRouter if kind == "mohge" else TopKRouter)(D, ffn, rcfg)
+        router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(D, ffn, rcfg)
         with torch.no_grad():
             r = router(x_TD)
         idx_TK, gates_TK = r.idx_TK, r.gates_TK.float()
@@ -421,7 +336,7 @@ def measure(args: argparse.Namespace) -> int:
             weights = {
                 e: tuple(w.to(device, dtype) for w in expert_weights(e, widths_E[e], D, args.seed)) for e in mine
             }
-            mod = ExpertParallelSwiGLU(widths_E, ranks, weights, backend=args.backend).to(device)
+            mod = ExpertParallelExperts(widths_E, ranks, rank, D, weights, backend=args.backend).to(device)
             with torch.no_grad():
                 xs_RD, le_R, plan = mod.dispatch(x_TD, idx_TK)
                 y_TD = mod.combine(mod.compute(xs_RD, le_R), plan, gates_TK)
@@ -434,7 +349,16 @@ def measure(args: argparse.Namespace) -> int:
                     log.warning("layer %s %s: output differs from the first strategy by %.3g", layer_id, strategy, diff)
             analytic = rank_loads(counts, widths_E, ranks, world, D, args.flop_mult)[rank]
             assert analytic["tokens"] == xs_RD.shape[0], (analytic["tokens"], xs_RD.shape[0])
-            entries.append({"strategy": strategy, "mod": mod, "xs_RD": xs_RD, "le_R": le_R, "analytic": analytic})
+            entries.append(
+                {
+                    "strategy": strategy,
+                    "mod": mod,
+                    "xs_RD": xs_RD,
+                    "le_R": le_R,
+                    "weights": _stacked(mod, args.train),
+                    "analytic": analytic,
+                }
+            )
         time_entries(entries, args.repeats, args.warmup, args.train, timing == "sequential", device)
         for entry in entries:
             times, analytic = entry["times"], entry["analytic"]
@@ -479,81 +403,6 @@ def measure(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Correctness check against the single-process experts (used by the tests)
-
-CHECK_WIDTHS = (8, 12, 16, 20)  # G = 4 width classes, symmetric (8 + 20 = 12 + 16)
-CHECK_N, CHECK_D, CHECK_T, CHECK_K = 2, 16, 75, 3
-
-
-def check_problem(seed: int = 0) -> dict:
-    """The fixed small problem of ``check``: inputs, routing (expert 5 gets no token), weights, upstream grad."""
-    g = torch.Generator().manual_seed(seed)
-    E = len(CHECK_WIDTHS) * CHECK_N
-    scores_TE = torch.rand(CHECK_T, E, generator=g)
-    scores_TE[:, 5] = -1.0  # an expert that receives no token
-    idx_TK = scores_TE.topk(CHECK_K, dim=-1).indices
-    gates_TK = torch.softmax(torch.randn(CHECK_T, CHECK_K, generator=g), dim=-1)
-    w1s = [torch.randn(CHECK_N, 2 * h, CHECK_D, generator=g) * 0.3 for h in CHECK_WIDTHS]
-    w2s = [torch.randn(CHECK_N, CHECK_D, h, generator=g) * 0.3 for h in CHECK_WIDTHS]
-    return {
-        "x": torch.randn(CHECK_T, CHECK_D, generator=g),
-        "idx": idx_TK,
-        "gates": gates_TK,
-        "w1s": w1s,
-        "w2s": w2s,
-        "dy": torch.randn(CHECK_T, CHECK_D, generator=g),
-        "widths_E": [h for h in CHECK_WIDTHS for _ in range(CHECK_N)],
-    }
-
-
-def check(args: argparse.Namespace) -> int:
-    rank, world, device = _init()
-    if device.type != "cpu":
-        raise SystemExit("check runs on CPU (gloo) only")
-    p = check_problem(args.seed)
-    widths_E, E = p["widths_E"], len(p["widths_E"])
-    counts = torch.bincount(p["idx"].reshape(-1), minlength=E).tolist()
-    part = np.array_split(np.arange(CHECK_T), world)[rank]
-    flat_w1 = [w[j] for w in p["w1s"] for j in range(CHECK_N)]
-    flat_w2 = [w[j] for w in p["w2s"] for j in range(CHECK_N)]
-    results = {}
-    for strategy in args.strategies:
-        ranks = place(strategy, widths_E, world, counts, CHECK_N)
-        weights = {e: (flat_w1[e].clone(), flat_w2[e].clone()) for e in range(E) if ranks[e] == rank}
-        mod = ExpertParallelSwiGLU(widths_E, ranks, weights, backend=args.backend)
-        x = p["x"][part].clone().requires_grad_(True)
-        gates = p["gates"][part].clone().requires_grad_(True)
-        y = mod(x, p["idx"][part], gates)
-        (y * p["dy"][part]).sum().backward()
-        # Weight grads back to full class-major shapes; each expert lives on one rank, so a sum gathers them.
-        dw1s = [torch.zeros_like(w) for w in p["w1s"]]
-        dw2s = [torch.zeros_like(w) for w in p["w2s"]]
-        local = iter(mod.local_experts)
-        for gw1, gw2 in zip(mod.w1, mod.w2, strict=True):
-            for i in range(gw1.shape[0]):
-                e = next(local)
-                c, j = divmod(e, CHECK_N)
-                dw1s[c][j], dw2s[c][j] = gw1.grad[i], gw2.grad[i]
-        for t in (*dw1s, *dw2s):
-            dist.all_reduce(t)
-        gathered: list = [None] * world
-        dist.all_gather_object(gathered, (y.detach(), x.grad, gates.grad))
-        results[strategy] = {
-            "rank_of_expert": ranks,
-            "y": torch.cat([g[0] for g in gathered]),
-            "dx": torch.cat([g[1] for g in gathered]),
-            "dgates": torch.cat([g[2] for g in gathered]),
-            "dw1s": dw1s,
-            "dw2s": dw2s,
-        }
-    if rank == 0:
-        torch.save({"problem": p, "world": world, "results": results}, args.out)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="torchrun ... -m mohge.expert_parallel",
@@ -583,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--tokens", type=int, default=4096, help="live routing: tokens when the trace has none")
     m.add_argument("--topk", type=int, default=6, help="experts per token when the trace has no 'topk'")
     m.add_argument("--group-topk", type=int, default=4, help="live routing: groups per token")
+    m.add_argument("--config", type=Path, help="live routing: the run config whose router to use (widths checked)")
     m.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("check", help="EP forward/backward on a small fixed problem, saved for the tests")
     c.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")

@@ -248,11 +248,14 @@ def train(
         preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
+        run = _train
+        if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.distributed
+            from .distributed.trainer import train_parallel as run
         with contextlib.ExitStack() as locks:
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
-            return _train(cfg, out, scratch, data, require_resume, rt)
+            return run(cfg, out, scratch, data, require_resume, rt)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():

@@ -4,15 +4,17 @@ Each test launches ``python -m torch.distributed.run --standalone --nproc-per-no
 """
 
 import csv
+import json
 import subprocess
 import sys
 
 import pytest
 import torch
+from conftest import tiny_run
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
 
 from mohge.allocation import STRATEGIES, place
-from mohge.expert_parallel import local_layout
+from mohge.distributed.ep import local_layout
 from mohge.utilization import main as utilization_main
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
@@ -84,3 +86,19 @@ def test_measure_end_to_end_two_ranks(tmp_path):
         assert float(r["seconds"]) > 0 and r["repeats"] == "2" and r["timing"] == "sequential"
         assert r["routing"] == "replay" and r["device"] == "cpu"
     assert {r["strategy"] for r in comparison} == set(STRATEGIES)
+
+
+def test_measure_live_routing_with_the_run_configs_router(tmp_path):
+    run = tiny_run()  # widths 16, 32, 48, 64 x 2 experts, d_model 32, top-2 in 2 groups
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    trace = {"model": "tiny", "d_model": 32, "expert_widths": [16, 32, 48, 64], "num_experts": 8}
+    trace.update(experts_per_group=2, tokens=64, topk=2, layers=[{"layer": 0, "counts": [16] * 8}])
+    (tmp_path / "trace.json").write_text(json.dumps(trace))
+    cmd = [*TORCHRUN, "-m", "mohge.expert_parallel", "measure", "--trace", "trace.json", "--out", "m"]
+    cmd += ["--routing", "live", "--config", "run.json", "--repeats", "1", "--strategies", "contiguous", "all_size"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    with open(tmp_path / "m" / "measured.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["strategy"], r["routing"]) for r in rows} == {("contiguous", "live"), ("all_size", "live")}
+    assert sum(int(r["tokens"]) for r in rows if r["strategy"] == "all_size") == 64 * 2  # every routed slot

@@ -1,0 +1,16 @@
+"""Training on several processes with PyTorch's own stack, composed as torchtitan composes it.
+
+* :mod:`.layout`   the parallel layout of a run (``train.parallel``) checked against a world size
+* :mod:`.mesh`     the DeviceMesh (dp_replicate, dp_shard_mod_ep, ep) and its submeshes
+* :mod:`.ep`       the expert-parallel expert layer (``all_to_all_single`` dispatch and combine, autograd)
+* :mod:`.parallelize`  expert parallelism, activation checkpointing, compile and FSDP2 applied to a model
+* :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
+* :mod:`.trainer`  the training loop that ``python -m mohge.train`` enters under torchrun with a layout
+* :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
+
+Only :mod:`.layout` and :mod:`.flops` are imported here: they need no process group (the planner uses them).
+"""
+
+from .layout import Layout, check_layout
+
+__all__ = ["Layout", "check_layout"]
