@@ -3,6 +3,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import sys
 
 import jsonschema
@@ -84,8 +85,8 @@ CLUSTER = {
 
 
 wildcard_constraints:
-    run="|".join(RUNS),
-    dataset="|".join(DATASETS),
+    run="|".join(map(re.escape, RUNS)),
+    dataset="|".join(map(re.escape, DATASETS)),
     study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
