@@ -51,7 +51,10 @@ def own_study(configfiles):
 
 def asked_targets():
     """The targets on snakemake's command line: the Snakefile is parsed before the API hands them over."""
-    if os.path.basename(sys.argv[0]) != "snakemake":
+    cli = os.path.normpath(sys.argv[0]).split(os.sep)[
+        -2:
+    ]  # .../bin/snakemake or .../snakemake/__main__.py
+    if cli[-1] != "snakemake" and cli != ["snakemake", "__main__.py"]:
         return set()
     from snakemake.cli import get_argument_parser
 
@@ -153,6 +156,9 @@ CHECKOUT = os.path.relpath(
     os.path.join(workflow.current_basedir.get_path_or_uri(secret_free=True), "..", "..")
 )
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
+if "conda" in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
+    # the conda envs hold the dependencies, not the mohge package; jobs import it from this checkout
+    os.environ.update(PYTHONPATH=os.path.abspath(os.path.join(CHECKOUT, "src")))
 
 
 def study_settings(study):

@@ -34,7 +34,8 @@ rule trace:
     # per-token routing (.npz) stays in work/; the small JSON summary is copied into results/.
     input:
         model=f"{WORK}/runs/{{run}}/model.safetensors",
-        cfg=f"{RES}/runs/{{run}}/config.json",
+        # ancient: of the config only the trace's own eval keys matter (params.trace); the model brings the rest
+        cfg=ancient(f"{RES}/runs/{{run}}/config.json"),
         meta=data_meta,
     output:
         trace=f"{WORK}/runs/{{run}}/trace.json",
@@ -49,7 +50,9 @@ rule trace:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=eval_runtime,
     params:
-        eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
+        trace=lambda wc: digest(
+            [RUNS[wc.run].eval.batch_size, RUNS[wc.run].eval.trace_batches]
+        ),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
         device="cuda" if eval_gpus() else "cpu",

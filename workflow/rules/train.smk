@@ -13,6 +13,7 @@ rule run_config:
         from mohge.atomic import write_text_atomic
 
         write_text_atomic(output[0], run_config_json(wildcards.run))
+        write_text_atomic(log[0], f"train {params.train} eval {params.eval}\n")
 
 
 rule train:
