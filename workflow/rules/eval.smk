@@ -34,8 +34,7 @@ rule trace:
     # per-token routing (.npz) stays in work/; the small JSON summary is copied into results/.
     input:
         model=f"{WORK}/runs/{{run}}/model.safetensors",
-        # ancient: of the config only the trace's own eval keys matter (params.trace); the model brings the rest
-        cfg=ancient(f"{RES}/runs/{{run}}/config.json"),
+        cfg=f"{RES}/runs/{{run}}/config.json",
         meta=data_meta,
     output:
         trace=f"{WORK}/runs/{{run}}/trace.json",
