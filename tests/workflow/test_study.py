@@ -203,6 +203,6 @@ def test_readme_commands_in_a_fresh_clone(tmp_path):
     jobs = planned(text)
     assert jobs["tables"] >= 2 and jobs["fig_gpu_load"] >= 2 and not set(CHAIN) & set(jobs), jobs
     print(f"figures target: {seconds:.1f} s for {sum(jobs.values())} jobs")
-    assert seconds < 180
+    assert seconds < 300  # 22 jobs; ~178 s measured with the 2 cores shared by 5 test sessions and a training run
     status = git("status", "--porcelain", "--untracked-files=all", cwd=clone)
     assert status == "", status  # nothing committed changed, and every output of the smoke study is ignored
