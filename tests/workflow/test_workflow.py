@@ -21,7 +21,9 @@ SNAKEMAKE = [str(BIN / "snakemake")]
 
 
 def smk(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    """Snakemake with this environment's python first on PATH, as its jobs need."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([*SNAKEMAKE, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def copy_workflow(dst: Path) -> Path:

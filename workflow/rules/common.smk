@@ -1,8 +1,10 @@
 # Validation, wildcard constraints and input functions; no rules here.
+import functools
 import glob
 import hashlib
 import json
 import os
+import re
 import sys
 
 import jsonschema
@@ -50,7 +52,9 @@ def own_study(configfiles):
 
 def asked_targets():
     """The targets on snakemake's command line: the Snakefile is parsed before the API hands them over."""
-    if os.path.basename(sys.argv[0]) != "snakemake":
+    # .../bin/snakemake, or .../snakemake/__main__.py under `python -m snakemake`
+    cli = os.path.normpath(sys.argv[0]).split(os.sep)[-2:]
+    if cli[-1] != "snakemake" and cli != ["snakemake", "__main__.py"]:
         return set()
     from snakemake.cli import get_argument_parser
 
@@ -64,9 +68,8 @@ FROM_RESULTS = asked_targets() == {"figures"}
 own_study(workflow.overwrite_configfiles)
 RUNS = checked_plan(config)
 # One root per config (its `study`): no config can write over another's committed results.
-STUDY = config["study"]
+STUDY = config.get("study", "default")
 RES = f"results/{STUDY}"
-FIG = f"figures/{STUDY}"
 WORK = f"work/{STUDY}"
 LOGS = f"logs/{STUDY}"
 
@@ -84,8 +87,8 @@ CLUSTER = {
 
 
 wildcard_constraints:
-    run="|".join(RUNS),
-    dataset="|".join(DATASETS),
+    run="|".join(map(re.escape, RUNS)),
+    dataset="|".join(map(re.escape, DATASETS)),
     study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
@@ -155,8 +158,12 @@ CHECKOUT = os.path.relpath(
     os.path.join(workflow.current_basedir.get_path_or_uri(secret_free=True), "..", "..")
 )
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
+if "conda" in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
+    # the conda envs hold the dependencies, not the mohge package; jobs import it from this checkout
+    os.environ.update(PYTHONPATH=os.path.abspath(os.path.join(CHECKOUT, "src")))
 
 
+@functools.lru_cache
 def study_settings(study):
     """What the tables and figures of a study take from its config (the file in configs/ that names it,
     merged over the default as --configfile does): F4/T3's routing trace and F6's benchmark CSV.
@@ -201,17 +208,6 @@ def train_launcher():
     if gpus > 1:
         return f"torchrun --standalone --nproc-per-node {gpus} -m"
     return "python -m"
-
-
-def train_resources():
-    """SLURM resources of a training job from the config's `cluster` section (one task per node: torchrun)."""
-    res = {
-        "gpu": CLUSTER["gpus_per_node"],
-        "cpus_per_task": CLUSTER["cpus_per_task"],
-    }
-    if CLUSTER["nodes"] > 1:
-        res |= {"nodes": CLUSTER["nodes"], "tasks_per_node": 1}
-    return res
 
 
 def eval_gpus():

@@ -12,6 +12,7 @@ rule dataset_config:
 
         section = dataset_section(wildcards.dataset)
         write_text_atomic(output[0], json.dumps(section, sort_keys=True) + "\n")
+        write_text_atomic(log[0], f"data {params.data}\n")
 
 
 rule prepare_data:

@@ -49,7 +49,9 @@ rule trace:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=eval_runtime,
     params:
-        eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
+        trace=lambda wc: digest(
+            [RUNS[wc.run].eval.batch_size, RUNS[wc.run].eval.trace_batches]
+        ),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
         device="cuda" if eval_gpus() else "cpu",

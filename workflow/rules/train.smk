@@ -13,6 +13,27 @@ rule run_config:
         from mohge.atomic import write_text_atomic
 
         write_text_atomic(output[0], run_config_json(wildcards.run))
+        write_text_atomic(log[0], f"train {params.train} eval {params.eval}\n")
+
+
+rule train_config:
+    # What training reads: the run config without its eval section, so an eval-only change leaves this file,
+    # and the trained model, alone (evaluate and trace read the eval section from config.json).
+    output:
+        f"{WORK}/configs/{{run}}.train.json",
+    log:
+        f"{LOGS}/config/{{run}}.train.log",
+    localrule: True
+    params:
+        train=lambda wc: digest(train_section(wc.run)),
+    run:
+        from mohge.atomic import write_text_atomic
+
+        section = train_section(wildcards.run)
+        write_text_atomic(
+            output[0], json.dumps(section, sort_keys=True, indent=2) + "\n"
+        )
+        write_text_atomic(log[0], f"train {params.train}\n")
 
 
 rule train:
@@ -20,8 +41,7 @@ rule train:
     # deletes: a killed or failed job resumes from its last valid checkpoint when rerun. The scratch is named
     # by the hash of what training depends on, so a training change starts fresh; older ones are kept aside.
     input:
-        # ancient: an eval-only change rewrites config.json but must not retrain; params.train decides
-        cfg=ancient(f"{RES}/runs/{{run}}/config.json"),
+        cfg=f"{WORK}/configs/{{run}}.train.json",
         meta=data_meta,
     output:
         model=f"{WORK}/runs/{{run}}/model.safetensors",

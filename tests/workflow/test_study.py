@@ -1,0 +1,208 @@
+"""The workflow as its users meet it: one results root per study, profiles that ask for what the config says,
+reruns limited to what a change touches, the workflow as a Snakemake module, quoting of every shell value, and
+the README's commands in a fresh clone of this repository (slow)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from test_workflow import BIN, ROOT, SNAKEMAKE, copy_workflow, smk
+
+CHAIN = ("prepare_data", "train", "evaluate", "trace", "utilization", "collect")
+
+
+def planned(text: str) -> dict[str, int]:
+    """rule -> job count, from the job stats table of a dry run."""
+    table = text.split("Job stats:", 1)[1].split("Reasons:", 1)[0] if "Job stats:" in text else ""
+    return {m[0]: int(m[1]) for m in re.findall(r"^(\w+)\s+(\d+)$", table, re.M) if m[0] != "total"}
+
+
+def job_resources(text: str, rule: str) -> list[dict[str, str]]:
+    """The resources line of every job of ``rule`` in a dry run's output."""
+    blocks = re.findall(rf"^(?:local)?rule {rule}:\n((?:    .*\n)+)", text, re.M)
+    out = []
+    for block in blocks:
+        line = re.search(r"^    resources: (.*)$", block, re.M)
+        out.append(dict(kv.split("=", 1) for kv in line[1].split(", ")) if line else {})
+    return out
+
+
+def test_no_default_profile_overrides_an_explicit_one():
+    """Snakemake loads profiles/default next to the Snakefile on its own: nothing of the kind may exist."""
+    assert not (ROOT / "profiles").exists() and not (ROOT / "default").exists()
+    assert not (ROOT / "workflow" / "profiles" / "default").exists()
+    slurm = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
+    assert "slurm_account" not in str(slurm) and "CHANGE_ME" not in str(slurm)
+    assert "set-resources" not in slurm, "job sizes come from the config's cluster section"
+
+
+@pytest.mark.parametrize(
+    ("configfile", "nodes", "gpus", "max_runtime"),
+    [("configs/smoke.yaml", 1, 0, 60), ("configs/config.yaml", 1, 0, 60), ("configs/paper.yaml", 2, 16, 10080)],
+)
+def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, max_runtime, tmp_path):
+    out = smk("-n", "--profile", "workflow/profiles/slurm", "--configfile", configfile, cwd=copy_workflow(tmp_path))
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    assert "Using workflow specific profile" not in text
+    train = job_resources(text, "train")
+    assert train and all(int(r["gpu"]) == gpus and int(r["nodes"]) == nodes for r in train), train[:1]
+    for rule in ("train", "evaluate", "trace", "utilization", "prepare_data"):
+        for res in job_resources(text, rule):
+            assert int(res["runtime"]) <= max_runtime, (rule, res)
+            assert int(res.get("gpu", 0)) <= (1 if rule != "train" else gpus), (rule, res)
+    launch = re.search(r"^(?:Shell command: )?.*-m mohge\.train .*$", text, re.M)[0]
+    if nodes > 1:
+        assert "srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8" in launch
+        assert "--rdzv-backend c10d" in launch and '--rdzv-id "$SLURM_JOB_ID"' in launch
+    else:
+        assert "python -m mohge.train" in launch and "torchrun" not in launch
+
+
+def test_config_mistakes_are_one_line(tmp_path):
+    """Schema and mohge.config refusals arrive as one line naming the key, exit 2, no stack frames."""
+    work = copy_workflow(tmp_path)
+    smoke = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
+    cases = {
+        "typo": ({**smoke, "stepz": 3}, "'stepz' was unexpected"),
+        "groups": ({**smoke, "model": {**smoke["model"], "router": {"topk": 2, "group_topk": 9}}}, "group_topk"),
+        "study": ({**smoke, "study": "../elsewhere"}, "study: '../elsewhere'"),
+        "no_study": ({k: v for k, v in smoke.items() if k != "study"}, "sets no top-level `study:`"),
+    }
+    for name, (cfg, needle) in cases.items():
+        (work / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+        out = smk("-n", "--configfile", f"{name}.yaml", cwd=work)
+        errors = [line for line in out.stderr.splitlines() if line.startswith("config error:")]
+        assert out.returncode == 2, (name, out.stderr[-2000:])
+        assert len(errors) == 1 and needle in errors[0], (name, out.stderr[-2000:])
+        assert "Traceback" not in out.stderr and '"$schema"' not in out.stderr and "File " not in out.stderr
+    assert not (work / "work").exists()
+
+
+def test_workflow_is_usable_as_a_module(tmp_path):
+    """`use rule * from mohge` in another workflow: paths come from the module's own checkout."""
+    (tmp_path / "Snakefile").write_text(
+        f'configfile: "{ROOT}/configs/config.yaml"\n'
+        f'configfile: "{ROOT}/configs/smoke.yaml"\n\n\n'
+        f'module mohge:\n    snakefile:\n        "{ROOT}/Snakefile"\n    config:\n        config\n\n\n'
+        "use rule * from mohge\n"
+    )
+    out = smk("-n", "-p", cwd=tmp_path)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    jobs = planned(text)
+    assert jobs["train"] == 8 and jobs["params_preset"] == 2 and jobs["fig_kernels"] == 1, jobs
+    assert "configs/models/mohge-3b.yaml" in text
+
+
+@pytest.mark.parametrize("name", ["x`touch PWNED`", "../../x"])
+def test_hostile_dataset_name_runs_no_command(name, tmp_path):
+    """A dataset name reaches the data rule's shell command: quoted, it runs nothing and stays a path.
+    (mohge.config may refuse such names outright: then the refusal must name the key, in one line.)"""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    work = copy_workflow(tmp_path / "a" / "b")
+    smoke = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
+    cfg = {
+        **smoke,
+        "datasets": {name: smoke["datasets"]["graded"]},
+        "experiments": [{"dataset": name, "families": ["dense"], "seeds": [0]}],
+    }
+    (work / "hostile.yaml").write_text(yaml.safe_dump(cfg))
+    out = smk("--cores", "1", "-p", "--until", "prepare_data", "--configfile", "hostile.yaml", cwd=work)
+    text = out.stdout + out.stderr
+    found = [p for p in tmp_path.rglob("PWNED")] + [p for p in Path.cwd().glob("PWNED")]
+    assert not found, found
+    outside = [p for p in tmp_path.rglob("*") if p.is_file() and work not in p.parents]
+    assert not outside, outside[:5]
+    if out.returncode == 0:
+        assert "python -m mohge.data --config" in text, text[-2000:]
+        assert len(list((work / "work").rglob("meta.json"))) == 1, text[-2000:]
+    else:
+        assert "config error:" in out.stderr and "dataset" in out.stderr, text[-3000:]
+
+
+@pytest.mark.slow
+def test_reruns_follow_the_section_that_changed(tmp_path):
+    """One tiny model trained; then an eval-only change plans no training, a training change does (into a
+    fresh scratch folder), and a data change prepares the data again."""
+    work = copy_workflow(tmp_path)
+    smoke = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
+    base = {**smoke, "study": "rerun", "experiments": [{"dataset": "graded", "families": ["dense"], "seeds": [0]}]}
+    (work / "base.yaml").write_text(yaml.safe_dump(base))
+    out = smk("--cores", "2", "--until", "train", "--configfile", "base.yaml", cwd=work, timeout=900)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    scratch = work / "work" / "rerun" / "scratch" / "graded-dense-s0"
+    assert len(list(scratch.iterdir())) == 1
+
+    def plan(change: dict) -> tuple[dict[str, int], str]:
+        (work / "change.yaml").write_text(yaml.safe_dump(change))
+        out = smk("-n", "-p", "--configfile", "base.yaml", "change.yaml", cwd=work)
+        assert out.returncode == 0, out.stderr[-2000:]
+        return planned(out.stdout + out.stderr), out.stdout + out.stderr
+
+    jobs, _ = plan({"eval": {"limit": 3}})
+    assert jobs.get("evaluate") == 1 and not {"train", "train_config", "prepare_data"} & set(jobs), jobs
+    jobs, text = plan({"train": {"lr": 2.0e-3}})
+    assert jobs.get("train") == 1 and "prepare_data" not in jobs, jobs
+    fresh = re.search(r"--scratch work/rerun/scratch/graded-dense-s0/(\w+)", text)[1]
+    assert fresh not in {p.name for p in scratch.iterdir()}
+    jobs, _ = plan({"datasets": {"graded": {"graded_num_docs": 200}}})
+    assert jobs.get("prepare_data") == 1 and jobs.get("train") == 1, jobs
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.slow
+def test_readme_commands_in_a_fresh_clone(tmp_path):
+    """A clone of this commit: smoke and default dry runs, the smoke run, an eval-only change, the figures
+    target; afterwards `git status` shows no committed file changed or deleted. (Jobs import the installed
+    mohge package, as they do after `bash setup.sh` in a clone.)"""
+    clone = tmp_path / "mohge"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+    def run(*args: str, timeout: int = 600) -> str:
+        out = subprocess.run([*SNAKEMAKE, *args], cwd=clone, env=env, capture_output=True, text=True, timeout=timeout)
+        assert out.returncode == 0, (args, out.stdout[-3000:] + out.stderr[-3000:])
+        return out.stdout + out.stderr
+
+    assert planned(run("-n", "--configfile", "configs/smoke.yaml"))["train"] == 8
+    assert planned(run("-n"))["train"] == 11  # the default study: its models are not committed
+    run("--cores", "2", "--configfile", "configs/smoke.yaml", timeout=2400)  # ~90 s on an idle 2-core machine
+    assert (clone / "figures" / "smoke" / "F4_gpu_load.pdf").stat().st_size > 0
+    assert "Nothing to be done" in run("-n", "--configfile", "configs/smoke.yaml")
+
+    # an eval-only change re-evaluates and retraces, and trains nothing; its reason is a short hash
+    (tmp_path / "eval_change.yaml").write_text("study: smoke\neval: {limit: 5}\n")
+    text = run("-n", "--configfile", "configs/smoke.yaml", str(tmp_path / "eval_change.yaml"))
+    jobs = planned(text)
+    assert jobs.get("evaluate") == 8 and not {"train", "prepare_data"} & set(jobs), jobs
+    changed = re.findall(r"Params have changed since last execution: .*?before: (.*?) now: (.*?)(?:;|$)", text, re.M)
+    assert changed and all(len(b) < 40 and len(n) < 40 for b, n in changed), changed[:3]  # hashes, not JSON
+    assert '"model"' not in text
+    # a training change retrains into a fresh scratch folder named by the new hash
+    (tmp_path / "train_change.yaml").write_text("study: smoke\ntrain: {lr: 2.0e-3}\n")
+    text = run("-n", "-p", "--configfile", "configs/smoke.yaml", str(tmp_path / "train_change.yaml"))
+    assert planned(text)["train"] == 8
+    old = {p.name for p in (clone / "work" / "smoke" / "scratch" / "graded-mohge-s0").iterdir()}
+    new = re.search(r"--scratch work/smoke/scratch/graded-mohge-s0/(\w+)", text)[1]
+    assert new not in old and len(old) == 1
+
+    t0 = time.perf_counter()
+    text = run("--cores", "2", "figures", "--forceall")
+    seconds = time.perf_counter() - t0
+    jobs = planned(text)
+    assert jobs["tables"] >= 2 and jobs["fig_gpu_load"] >= 2 and not set(CHAIN) & set(jobs), jobs
+    print(f"figures target: {seconds:.1f} s for {sum(jobs.values())} jobs")
+    assert seconds < 300  # 22 jobs; ~178 s measured with the 2 cores shared by 5 test sessions and a training run
+    status = git("status", "--porcelain", "--untracked-files=all", cwd=clone)
+    assert status == "", status  # nothing committed changed, and every output of the smoke study is ignored
