@@ -495,7 +495,7 @@ STUDY_FIGURES = {  # script: its inputs (keys of write_study / of the study tabl
     "study_frontier": ("s1", "s3"),
     "study_difficulty": ("s4",),
 }
-DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results"
+DEFAULT_RESULTS = Path(__file__).resolve().parents[2] / "results" / "default"
 
 
 @pytest.fixture(scope="module")

@@ -1,62 +1,6 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S4 and figures F7-F11:
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S5 and figures F7-F11:
 # only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
 # collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
-
-STUDY_TABLES = ["S1_models", "S2_tests", "S3_balance", "S4_difficulty", "S5_tasks"]
-TEX_TABLES = STUDY_TABLES[
-    :4
-]  # S5 (tasks, with the reason each is or is not reported) stays csv/md
-STUDY_FIGURES = [
-    "F7_study_quality",
-    "F8_study_tests",
-    "F9_study_balance",
-    "F10_study_frontier",
-    "F11_study_difficulty",
-]
-
-
-def study_config(study):
-    return config if study == STUDY else study_settings(study)["config"]
-
-
-def study_outputs(study):
-    """The study tables and figures of `study`, or nothing when its config declares no analysis."""
-    if "analysis" not in study_config(study):
-        return []
-    return (
-        expand(
-            "results/{study}/study/{table}.{ext}",
-            study=study,
-            table=STUDY_TABLES,
-            ext=["csv", "md"],
-        )
-        + expand("results/{study}/study/{table}.tex", study=study, table=TEX_TABLES)
-        + expand(
-            "figures/{study}/{fig}.{ext}",
-            study=study,
-            fig=STUDY_FIGURES,
-            ext=["png", "pdf"],
-        )
-    )
-
-
-def study_traces(wildcards):
-    """Every traced run's routing summary: planned ones in a full run, the committed ones otherwise."""
-    if wildcards.study == STUDY and not FROM_RESULTS:
-        return expand(f"{RES}/runs/{{run}}/trace.json", run=trace_runs())
-    return sorted(glob.glob(f"results/{wildcards.study}/runs/*/trace.json"))
-
-
-def study_param(study, key):
-    """A value the study's figures take from its config: the main dataset and the declared analysis."""
-    cfg = study_config(study)
-    analysis = cfg.get("analysis", {})
-    return {
-        "dataset": cfg["experiments"][0]["dataset"],
-        "metric": analysis.get("primary_metric", "test_ppl"),
-        "margin": analysis.get("equivalence_margin", 0.03),
-        "reference": analysis.get("reference_family", "moe"),
-    }[key]
 
 
 rule study_analysis:
