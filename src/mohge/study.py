@@ -45,6 +45,14 @@ TASK_METRIC = {
     "mohge_graded_hard": ("acc", 0.25),
 }
 LEVELS = ("easy", "medium", "hard")
+# the columns of S4 and S5, also when a study has no graded dataset or no reportable task (an empty table, not a
+# file without a header)
+DIFFICULTY_COLUMNS = [
+    "dataset", "model", "n",
+    *(f"{lv}{sfx}" for lv in LEVELS for sfx in ("", "_low", "_high")),
+    "easy_minus_hard", "emh_low", "emh_high", "activated_params", "test_ppl", "test_ppl_low", "test_ppl_high",
+]  # fmt: skip
+TASK_COLUMNS = ["dataset", "task", "metric", "model", "n", "mean", "ci_low", "ci_high", "reported"]
 
 
 def t_interval(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
@@ -195,7 +203,7 @@ def task_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
                         "reported": verdict,
                     }
                 )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=TASK_COLUMNS)
 
 
 def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: str = "max_over_mean") -> pd.DataFrame:
@@ -275,7 +283,7 @@ def difficulty(groups: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05) ->
         row["activated_params"] = r["activated_params"].mean()
         row["test_ppl"], row["test_ppl_low"], row["test_ppl_high"] = t_interval(r["test_ppl"], alpha)
         rows.append(row)
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=DIFFICULTY_COLUMNS)
 
 
 def write_table(df: pd.DataFrame, stem: Path, floatfmt: str = ".4g") -> None:

@@ -149,7 +149,10 @@ def util_source(runs=RUNS, config=config):
     """The routing trace F4 and T3 show: MoHGE on the main dataset (its first seed), else the first traced run."""
     main = config["experiments"][0]["dataset"]
     traced = trace_runs(runs)
-    mohge = [r for r in traced if runs[r].family == "mohge" and runs[r].dataset == main]
+    mohge = sorted(  # the main MoHGE (no variant) before its variants
+        (r for r in traced if runs[r].family == "mohge" and runs[r].dataset == main),
+        key=lambda r: (runs[r].variant != "", runs[r].train.seed, r),
+    )
     return (mohge or traced or [""])[0]
 
 

@@ -56,7 +56,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if ranks.empty:
         ps.placeholder_figure(outputs, "Per-GPU load", "no placement study recorded yet")
         return
-    source = params.get("source") or sorted(ranks["source"].unique())[0]
+    source = params.get("source")
+    if source not in set(ranks["source"]):  # no source asked for, or one whose trace is not collected (yet)
+        source = sorted(ranks["source"].unique())[0]
     load = rank_loads(ranks[ranks["source"] == source])
     summary = ps.read_csv(inputs.get("summary"))
     analytic, meas = (max_over_mean(summary, kind, source) for kind in ("analytic", "measured"))
