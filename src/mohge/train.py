@@ -180,6 +180,24 @@ class WindowMeter:
         return row
 
 
+def optimizer_step(
+    s: int, sums: torch.Tensor, gnorm: torch.Tensor, opt: torch.optim.Optimizer, rt: Runtime, last_good: Path | None
+) -> dict[str, float]:
+    """Step ``s``'s logged values (loss, lm_loss, aux_loss from the reduced ``sums``; the clipped ``gnorm``), then the
+    optimizer step; a non-finite value stops the run before the step, naming the last good checkpoint."""
+    loss, lm_loss, aux_loss, grad_norm = torch.cat([sums, gnorm.reshape(1).float()]).tolist()
+    if not all(map(math.isfinite, (loss, lm_loss, aux_loss, grad_norm))):
+        raise NonFiniteLossError(
+            f"non-finite loss at step {s} (loss={loss}, lm_loss={lm_loss}, aux={aux_loss}, "
+            f"grad_norm={grad_norm}); stopped before the optimizer step; last good checkpoint: {last_good or 'none'}"
+        )
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss, "grad_norm": grad_norm}
+
+
 def read_log(path: Path, before_step: int) -> list[dict[str, Any]]:
     """Rows of an existing log with step < ``before_step`` (rows of steps lost to a kill are dropped, and so
     is a line cut short by one)."""
@@ -341,21 +359,10 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
                 dist.all_reduce(sums)
                 sums /= rt.world
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
-            loss, lm_loss, aux_loss, grad_norm = torch.cat([sums, gnorm.reshape(1).float()]).tolist()
-            if not all(map(math.isfinite, (loss, lm_loss, aux_loss, grad_norm))):
-                raise NonFiniteLossError(
-                    f"non-finite loss at step {s} (loss={loss}, lm_loss={lm_loss}, aux={aux_loss}, "
-                    f"grad_norm={grad_norm}); stopped before the optimizer step; last good checkpoint: "
-                    f"{last_good or 'none'}"
-                )
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if rt.device.type == "cuda":
-                torch.cuda.synchronize()
+            vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step
-            vals = {"loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss, "grad_norm": grad_norm}
             meter.add_step(vals, tokens_per_step, dt)
             bar.update(1)
             if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import logging
-import math
 import random
 import time
 from pathlib import Path
@@ -131,23 +130,11 @@ def train_parallel(
             dist.all_reduce(sums)
             sums /= rt.world
             gnorm = clip_grad_norm(model, tc.grad_clip, layout)
-            loss, lm_loss, aux_loss, grad_norm = torch.cat([sums, gnorm.reshape(1).float()]).tolist()
-            if not all(map(math.isfinite, (loss, lm_loss, aux_loss, grad_norm))):
-                raise base.NonFiniteLossError(
-                    f"non-finite loss at step {s} (loss={loss}, lm_loss={lm_loss}, aux={aux_loss}, "
-                    f"grad_norm={grad_norm}); stopped before the optimizer step; last good checkpoint: "
-                    f"{last_good or 'none'}"
-                )
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if rt.device.type == "cuda":
-                torch.cuda.synchronize()
+            vals = base.optimizer_step(s, sums, gnorm, opt, rt, last_good)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step
-            meter.add_step(
-                {"loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss, "grad_norm": grad_norm}, tokens_per_step, dt
-            )
+            meter.add_step(vals, tokens_per_step, dt)
             bar.update(1)
             if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
                 row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
