@@ -69,8 +69,8 @@ class ClusterConfig(_Section):
 
     nodes: int = knob(1, "nodes per training job", ge=1)
     gpus_per_node: int = knob(0, "GPUs per node (0: train on CPUs)", ge=0)
-    cpus_per_task: int = knob(2, "CPU cores per task", ge=1)
-    mem_gb: int = knob(8, "memory per node in GB", ge=1)
+    cpus_per_task: int = knob(1, "CPU cores per task (1: two CPU runs share a 2-core machine)", ge=1)
+    mem_gb: int = knob(4, "memory per node in GB", ge=1)
     runtime_min: int = knob(60, "wall-clock limit of a training job in minutes", ge=1)
     _path: str = field(default="cluster", repr=False, compare=False)
 

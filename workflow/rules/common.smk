@@ -10,7 +10,7 @@ import sys
 import jsonschema
 
 from mohge.config import load_yaml_or_json, to_dict
-from mohge.runs import merge_config, plan
+from mohge.runs import ClusterConfig, merge_config, plan
 
 
 def refuse(message):
@@ -76,14 +76,7 @@ LOGS = f"logs/{STUDY}"
 DATASETS = sorted({cfg.dataset for cfg in RUNS.values()})
 UTIL = config.get("utilization", {})
 # SLURM sizes of a training job; a CPU machine runs the default (one process, no GPU).
-CLUSTER = {
-    "nodes": 1,
-    "gpus_per_node": 0,
-    "cpus_per_task": 1,
-    "mem_gb": 4,
-    "runtime_min": 60,
-    **config.get("cluster", {}),
-}
+CLUSTER = to_dict(ClusterConfig.from_dict(config.get("cluster") or {}, "cluster"))
 
 
 wildcard_constraints:
