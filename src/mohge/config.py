@@ -349,6 +349,9 @@ class DataConfig(_Section):
     graded_sum_digits: tuple[tuple[int, int], ...] = knob(
         SUM_DIGITS, "sums design: operand digit counts [a, b] of the easy, medium and hard sums"
     )
+    graded_sum_unscored: tuple[tuple[int, int], ...] = knob(
+        (), "sums design: operand digit counts [a, b] of extra sums in the corpus that no level scores"
+    )
     text_files: tuple[str, ...] = knob((), "paths or globs of UTF-8 text files (source text)")
     hf_name: str | None = knob(None, "HF hub dataset name (source hf)")
     hf_config: str | None = knob(None, "HF dataset config name")
@@ -388,6 +391,9 @@ class DataConfig(_Section):
         digits = self.graded_sum_digits
         if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in digits):
             _fail(self.key("graded_sum_digits"), digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
+        extra = self.graded_sum_unscored
+        if any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in extra):
+            _fail(self.key("graded_sum_unscored"), extra, "expected pairs [a, b] of operand digit counts in [1, 6]")
         splits = self.hf_splits
         strings = all(isinstance(v, str) and v for v in splits.values())
         if "train" not in splits or not set(splits) <= set(SPLITS) or not strings:

@@ -146,19 +146,25 @@ def generate_sums(
     seed: int,
     digits: Sequence[Sequence[int]] = SUM_DIGITS,
     lines_per_doc: tuple[int, int] = (6, 12),
+    unscored: Sequence[Sequence[int]] = (),
 ) -> list[GradedDoc]:
-    """`num_docs` documents of newline-separated sums; each line's level is drawn uniformly from
-    ``range(len(digits))`` and its operands have ``digits[level]`` digits. Only the answer digits carry the
-    level; the "a+b=" part and the newlines are -1. Document i depends only on (seed, i)."""
+    """`num_docs` documents of newline-separated sums; each line's rung is drawn uniformly from the levels
+    ``range(len(digits))`` and the ``unscored`` rungs, and its operands have that rung's digit counts. Only the
+    answer digits of a level carry it; the "a+b=" part, the newlines and the answers of unscored rungs (sums that
+    help the model learn to add but belong to no level) are -1. Document i depends only on (seed, i)."""
     if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or min(d) < 1 for d in digits):
         raise ValueError(f"digits={digits!r}: expected {len(LEVEL_NAMES)} pairs of positive digit counts")
+    if any(len(d) != 2 or min(d) < 1 for d in unscored):
+        raise ValueError(f"unscored={unscored!r}: expected pairs of positive digit counts")
+    rungs = [(int(a), int(b)) for a, b in digits] + [(int(a), int(b)) for a, b in unscored]
     docs = []
     for i in range(num_docs):
         rng = random.Random(f"sums:{seed}:{i}")
         text, char_levels = [], []
         for j in range(rng.randint(*lines_per_doc)):
-            level = rng.randrange(len(digits))
-            problem, answer = sum_line(rng, (int(digits[level][0]), int(digits[level][1])))
+            rung = rng.randrange(len(rungs))
+            level = rung if rung < len(digits) else LEVEL_SEP
+            problem, answer = sum_line(rng, rungs[rung])
             if j:
                 text.append("\n")
                 char_levels.append(LEVEL_SEP)

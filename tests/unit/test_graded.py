@@ -54,3 +54,30 @@ def test_bad_sum_digits_are_refused_naming_the_key(bad):
 def test_unknown_design_is_refused():
     with pytest.raises(ValueError, match="graded_design"):
         DataConfig(source="graded", graded_design="ladder")
+
+
+def test_unscored_rungs_are_in_the_corpus_but_in_no_task():
+    digits, extra = ((2, 1), (2, 2), (3, 1)), ((1, 1),)
+    docs = generate_sums(60, seed=5, digits=digits, unscored=extra)
+    unscored_answers = 0
+    for doc in docs:
+        start = 0
+        for line in doc.text.split("\n"):
+            a, b = map(int, line.split("=")[0].split("+"))
+            answer = set(doc.levels[start + line.index("=") + 1 : start + len(line)])
+            if answer == {LEVEL_SEP}:  # only the one-digit sums are unscored: no level has 1+1 operands
+                unscored_answers += 1
+                assert a < 10 and b < 10
+            start += len(line) + 1
+    assert unscored_answers > 50  # about a quarter of ~540 lines
+    tasks = graded_docs([{"text": d.text, "levels": d.levels} for d in docs])
+    for task in tasks.values():
+        for doc in task:
+            a, b = map(int, doc["context"].rsplit("\n", 1)[-1].rstrip("=").split("+"))
+            assert a >= 10  # every scored sum has a two- or three-digit first operand
+    assert generate_sums(10, seed=5, digits=digits, unscored=()) == generate_sums(10, seed=5, digits=digits)
+
+
+def test_bad_unscored_rungs_are_refused_naming_the_key():
+    with pytest.raises(ValueError, match="graded_sum_unscored"):
+        DataConfig(source="graded", graded_design="sums", graded_sum_unscored=((1, 0),))

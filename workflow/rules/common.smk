@@ -155,9 +155,8 @@ CHECKOUT = os.path.relpath(
     os.path.join(workflow.current_basedir.get_path_or_uri(secret_free=True), "..", "..")
 )
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
-if "conda" in {str(m).lower() for m in workflow.deployment_settings.deployment_method}:
-    # the conda envs hold the dependencies, not the mohge package; jobs import it from this checkout
-    os.environ.update(PYTHONPATH=os.path.abspath(os.path.join(CHECKOUT, "src")))
+# Under --sdm conda, each env's post-deploy script (workflow/envs/*.post-deploy.sh) installs this checkout into it
+os.environ["MOHGE_CHECKOUT"] = os.path.abspath(CHECKOUT)
 
 
 @functools.lru_cache
