@@ -349,8 +349,8 @@ class DataConfig(_Section):
     graded_sum_digits: tuple[tuple[int, int], ...] = knob(
         SUM_DIGITS, "sums design: operand digit counts [a, b] of the easy, medium and hard sums"
     )
-    graded_sum_unscored: tuple[tuple[int, int], ...] = knob(
-        (), "sums design: operand digit counts [a, b] of extra sums in the corpus that no level scores"
+    graded_sum_extra: tuple[tuple[int, int, int], ...] = knob(
+        (), "sums design: extra rungs [a, b, level]: more sums of a level (0-2), or -1 for sums no task scores"
     )
     text_files: tuple[str, ...] = knob((), "paths or globs of UTF-8 text files (source text)")
     hf_name: str | None = knob(None, "HF hub dataset name (source hf)")
@@ -391,9 +391,9 @@ class DataConfig(_Section):
         digits = self.graded_sum_digits
         if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in digits):
             _fail(self.key("graded_sum_digits"), digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
-        extra = self.graded_sum_unscored
-        if any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in extra):
-            _fail(self.key("graded_sum_unscored"), extra, "expected pairs [a, b] of operand digit counts in [1, 6]")
+        extra = self.graded_sum_extra
+        if any(len(e) != 3 or not all(1 <= x <= 6 for x in e[:2]) or not -1 <= e[2] <= 2 for e in extra):
+            _fail(self.key("graded_sum_extra"), extra, "expected triples [a, b, level]: digits in [1, 6], level -1..2")
         splits = self.hf_splits
         strings = all(isinstance(v, str) and v for v in splits.values())
         if "train" not in splits or not set(splits) <= set(SPLITS) or not strings:

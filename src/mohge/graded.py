@@ -146,25 +146,27 @@ def generate_sums(
     seed: int,
     digits: Sequence[Sequence[int]] = SUM_DIGITS,
     lines_per_doc: tuple[int, int] = (6, 12),
-    unscored: Sequence[Sequence[int]] = (),
+    extra: Sequence[Sequence[int]] = (),
 ) -> list[GradedDoc]:
-    """`num_docs` documents of newline-separated sums; each line's rung is drawn uniformly from the levels
-    ``range(len(digits))`` and the ``unscored`` rungs, and its operands have that rung's digit counts. Only the
-    answer digits of a level carry it; the "a+b=" part, the newlines and the answers of unscored rungs (sums that
-    help the model learn to add but belong to no level) are -1. Document i depends only on (seed, i)."""
+    """`num_docs` documents of newline-separated sums. Rungs: one per level, ``digits[level]`` = the operand
+    digit counts (a, b), plus the ``extra`` rungs (a, b, level), whose level is 0-2 (more sums of that level) or
+    -1 (sums that help the model learn to add but belong to no level). Each line's rung is drawn uniformly; only
+    the answer digits carry its level, the "a+b=" part and the newlines are -1. Document i depends only on
+    (seed, i), and ``extra=()`` gives the same documents as a ladder without extra rungs."""
     if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or min(d) < 1 for d in digits):
         raise ValueError(f"digits={digits!r}: expected {len(LEVEL_NAMES)} pairs of positive digit counts")
-    if any(len(d) != 2 or min(d) < 1 for d in unscored):
-        raise ValueError(f"unscored={unscored!r}: expected pairs of positive digit counts")
-    rungs = [(int(a), int(b)) for a, b in digits] + [(int(a), int(b)) for a, b in unscored]
+    if any(len(e) != 3 or min(e[:2]) < 1 or not LEVEL_SEP <= e[2] < len(LEVEL_NAMES) for e in extra):
+        raise ValueError(f"extra={extra!r}: expected triples [a, b, level] with a, b >= 1 and level in -1..2")
+    rungs = [(int(a), int(b), lv) for lv, (a, b) in enumerate(digits)] + [
+        (int(a), int(b), int(lv)) for a, b, lv in extra
+    ]
     docs = []
     for i in range(num_docs):
         rng = random.Random(f"sums:{seed}:{i}")
         text, char_levels = [], []
         for j in range(rng.randint(*lines_per_doc)):
-            rung = rng.randrange(len(rungs))
-            level = rung if rung < len(digits) else LEVEL_SEP
-            problem, answer = sum_line(rng, rungs[rung])
+            a_digits, b_digits, level = rungs[rng.randrange(len(rungs))]
+            problem, answer = sum_line(rng, (a_digits, b_digits))
             if j:
                 text.append("\n")
                 char_levels.append(LEVEL_SEP)

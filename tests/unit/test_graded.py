@@ -56,28 +56,31 @@ def test_unknown_design_is_refused():
         DataConfig(source="graded", graded_design="ladder")
 
 
-def test_unscored_rungs_are_in_the_corpus_but_in_no_task():
-    digits, extra = ((2, 1), (2, 2), (3, 1)), ((1, 1),)
-    docs = generate_sums(60, seed=5, digits=digits, unscored=extra)
-    unscored_answers = 0
+def test_extra_rungs_add_sums_to_a_level_or_to_none():
+    digits, extra = ((2, 1), (2, 2), (3, 1)), ((1, 1, 0), (1, 1, -1))
+    docs = generate_sums(60, seed=5, digits=digits, extra=extra)
+    seen = {0: set(), -1: set()}
     for doc in docs:
         start = 0
         for line in doc.text.split("\n"):
             a, b = map(int, line.split("=")[0].split("+"))
-            answer = set(doc.levels[start + line.index("=") + 1 : start + len(line)])
-            if answer == {LEVEL_SEP}:  # only the one-digit sums are unscored: no level has 1+1 operands
-                unscored_answers += 1
-                assert a < 10 and b < 10
+            (level,) = set(doc.levels[start + line.index("=") + 1 : start + len(line)])
+            if a < 10:  # a one-digit first operand: one of the two extra 1+1 rungs
+                assert b < 10 and level in (0, -1)
+                seen[level].add(line)
+            else:
+                assert level in (0, 1, 2)
             start += len(line) + 1
-    assert unscored_answers > 50  # about a quarter of ~540 lines
+    assert len(seen[0]) > 20 and len(seen[-1]) > 20  # both extra rungs are drawn (about a fifth of ~540 lines each)
     tasks = graded_docs([{"text": d.text, "levels": d.levels} for d in docs])
-    for task in tasks.values():
-        for doc in task:
-            a, b = map(int, doc["context"].rsplit("\n", 1)[-1].rstrip("=").split("+"))
-            assert a >= 10  # every scored sum has a two- or three-digit first operand
-    assert generate_sums(10, seed=5, digits=digits, unscored=()) == generate_sums(10, seed=5, digits=digits)
+    easy = [doc["context"].rsplit("\n", 1)[-1] for doc in tasks["mohge_graded_easy"]]
+    assert any(int(p.split("+")[0]) < 10 for p in easy) and any(int(p.split("+")[0]) >= 10 for p in easy)
+    for task in ("mohge_graded_medium", "mohge_graded_hard"):
+        assert all(int(doc["context"].rsplit("\n", 1)[-1].split("+")[0]) >= 10 for doc in tasks[task])
+    assert generate_sums(10, seed=5, digits=digits, extra=()) == generate_sums(10, seed=5, digits=digits)
 
 
-def test_bad_unscored_rungs_are_refused_naming_the_key():
-    with pytest.raises(ValueError, match="graded_sum_unscored"):
-        DataConfig(source="graded", graded_design="sums", graded_sum_unscored=((1, 0),))
+@pytest.mark.parametrize("bad", [((1, 0, 0),), ((1, 1),), ((1, 1, 3),), ((1, 1, -2),)])
+def test_bad_extra_rungs_are_refused_naming_the_key(bad):
+    with pytest.raises(ValueError, match="graded_sum_extra"):
+        DataConfig(source="graded", graded_design="sums", graded_sum_extra=bad)

@@ -185,7 +185,7 @@ def _split_counts(n: int, val_fraction: float, test_fraction: float, what: str) 
 
 def _graded_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     if cfg.graded_design == "sums":
-        docs = generate_sums(cfg.graded_num_docs, cfg.seed, cfg.graded_sum_digits, unscored=cfg.graded_sum_unscored)
+        docs = generate_sums(cfg.graded_num_docs, cfg.seed, cfg.graded_sum_digits, extra=cfg.graded_sum_extra)
     else:
         docs = generate_graded(cfg.graded_num_docs, cfg.seed, cfg.graded_levels)
     n_train, n_val, _ = _split_counts(len(docs), cfg.val_fraction, cfg.test_fraction, "document")
