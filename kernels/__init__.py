@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..config import BACKENDS  # the config's vocabulary, checked when a config is loaded
+from mohge.config import BACKENDS  # the config's vocabulary (absolute: the folder is also importable as `kernels`)
+
 from .reference import check_contract, sort_slots, swiglu_grouped_torch, swiglu_loop
 
 __all__ = ["BACKENDS", "check_contract", "expert_swiglu", "resolve_backend", "sort_slots", "swiglu_loop"]

@@ -156,7 +156,7 @@ CHECKOUT = os.path.relpath(
 )
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
 # Under --sdm conda, each env's post-deploy script (workflow/envs/*.post-deploy.sh) installs this checkout into it
-os.environ["MOHGE_CHECKOUT"] = os.path.abspath(CHECKOUT)
+os.environ.update(MOHGE_CHECKOUT=os.path.abspath(CHECKOUT))
 
 
 @functools.lru_cache
