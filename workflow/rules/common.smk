@@ -9,7 +9,7 @@ import sys
 
 import jsonschema
 
-from mohge.config import load_yaml_or_json, to_dict
+from mohge.config import SPLITS, DataConfig, load_yaml_or_json, to_dict
 from mohge.runs import ClusterConfig, merge_config, plan
 
 
@@ -103,6 +103,14 @@ def run_config_json(run):
 def dataset_section(dataset):
     cfg = next(c for c in RUNS.values() if c.dataset == dataset)
     return {"data": cfg.data}
+
+
+def data_parts(wildcards):
+    """The shard jobs' manifests of a dataset: one data_shard job per shard (data.num_shards)."""
+    n = DataConfig.from_dict(dataset_section(wildcards.dataset)["data"]).num_shards
+    return [
+        f"{WORK}/data/{wildcards.dataset}/shards/part-{i:05d}.json" for i in range(n)
+    ]
 
 
 def data_dir(wildcards):
