@@ -573,7 +573,8 @@ def test_hf_hub_path_streams_load_dataset(monkeypatch):
          "hf_splits": {"train": "train", "test": "heldout"}, "val_fraction": 0.1}
     )  # fmt: skip
     docs = data.build_docs(cfg)
-    assert calls == ["hub asked", ("org/corpus", "en", "train", True), "hub asked", ("org/corpus", "en", "heldout", True)]  # fmt: skip
+    asked = ("org/corpus", "en", "train", True), ("org/corpus", "en", "heldout", True)
+    assert calls == ["hub asked", asked[0], "hub asked", asked[1]]
     assert len(docs["train"]) + len(docs["val"]) == 20 and docs["val"] and len(docs["test"]) == 20
     assert all(d.text.startswith("train") for d in docs["val"])
 
