@@ -48,9 +48,19 @@ from mohge.data.sources import (
     split_plays,
     strip_gutenberg,
 )
-from mohge.data.stream import TokenStream, iter_eval_batches
 
 SOURCES = DATA_SOURCES
+
+
+def __getattr__(name: str):
+    """The readers import torch (~1.4 s, ~250 MB): loaded on first use, so the preparation jobs
+    (`python -m mohge.data ...`, which import this package first) start without it."""
+    if name in ("TokenStream", "iter_eval_batches"):
+        from mohge.data import stream
+
+        return getattr(stream, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_META_DOC_NAMES",

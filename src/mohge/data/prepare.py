@@ -175,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=None, help=f"download cache (default {default_cache_dir()})")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
+    # `datasets` imports torch when it can (~250 MB, seconds) only to offer torch formatting, which no step uses:
+    # a preparation job stays small without it (read when datasets is first imported, i.e. below).
+    os.environ.setdefault("USE_TORCH", "0")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if (args.step == "shard") != (args.index is not None):
         parser.error("--index goes with the step shard, and shard needs it")

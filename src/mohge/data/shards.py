@@ -104,14 +104,12 @@ class SplitShardWriter:
 
     def add(self, docs: list[Doc], ids_per_doc: list[list[int]], offsets: list | None) -> None:
         """Append a batch of documents, each followed by EOT."""
-        lengths = np.fromiter((len(x) + 1 for x in ids_per_doc), dtype=np.int64, count=len(ids_per_doc))
-        total = int(lengths.sum())
-        ids = np.empty(total, dtype=self.dtype)
-        ends = np.cumsum(lengths) - 1  # where each document's EOT goes
-        body = np.ones(total, dtype=bool)
-        body[ends] = False
-        ids[body] = np.fromiter((i for x in ids_per_doc for i in x), dtype=self.dtype, count=total - len(docs))
-        ids[ends] = EOT_ID
+        flat: list[int] = []
+        for x in ids_per_doc:  # list.extend runs in C: cheaper than any per-token Python loop
+            flat.extend(x)
+            flat.append(EOT_ID)
+        ids = np.array(flat, dtype=self.dtype)
+        total = len(ids)
         self.ids.write(ids.tobytes())
         if self.levels is not None:
             assert offsets is not None
