@@ -430,6 +430,9 @@ class DataConfig(_Section):
         if self.hf_data_files and (self.hf_name is None or self.hf_local_path is not None):
             why = "needs hf_name naming the builder (json, parquet, csv, text) and no hf_local_path"
             _fail(self.key("hf_data_files"), self.hf_data_files, why)
+        if self.hf_data_files and set(self.hf_splits) != {"train"}:
+            why = "hf_data_files are one pool (train); val/test are held out from it by hash: use {train: train}"
+            _fail(self.key("hf_splits"), self.hf_splits, why)
         if self.tokenizer_file is not None and self.tokenizer_hub is not None:
             _fail(
                 self.key("tokenizer_hub"), self.tokenizer_hub, f"and tokenizer_file={self.tokenizer_file!r}: give one"

@@ -168,3 +168,15 @@ def test_a_source_split_smaller_than_the_job_count_is_read_by_row(tmp_path):
     meta = prepare(cfg, tmp_path / "o")
     assert [e["docs"] for e in meta["shards"]["train"]] == [10, 10, 10]
     assert meta["tokens"]["val"] == 0 and len(meta["shards"]["val"]) == 3
+
+
+def test_missing_column_and_unmatched_files_are_named(tmp_path):
+    from mohge.config import ConfigError
+
+    pattern = write_corpus(tmp_path / "corpus", "json")
+    with pytest.raises(ConfigError, match=r"data.hf_text_field='content': split 'train' has columns \['id', 'text'\]"):
+        prepare(config(pattern, "json", hf_text_field="content"), tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"data.hf_id_field='uid'"):
+        prepare(config(pattern, "json", hf_id_field="uid"), tmp_path / "o")
+    with pytest.raises(ConfigError, match=r"data.hf_data_files='.*nothing-\*.jsonl': matches no file"):
+        prepare(config(str(tmp_path / "nothing-*.jsonl"), "json"), tmp_path / "o")

@@ -251,8 +251,16 @@ def test_broken_tokenizer_file_is_refused_before_use(tmp_path):
         ({"num_shards": 0}, "num_shards=0"),
         ({"source": "hf", "hf_local_path": "x", "hf_data_files": ["a.jsonl"]}, "hf_data_files"),
         ({"eval_docs_max": -1}, "eval_docs_max=-1"),
+        ({"source": "hf", "hf_name": "json", "hf_data_files": ["a.jsonl"]}, "hf_splits={'train': 'train', 'val'"),
     ],
 )
 def test_new_data_keys_are_validated(change, needle):
     with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace("[", r"\[")):
         DataConfig.from_dict({**GRADED, **change})
+
+
+def test_shard_job_cli_refuses_an_index_out_of_range(graded3, tmp_path, caplog):
+    cfg_file = tmp_path / "c.json"
+    cfg_file.write_text(json.dumps(GRADED))
+    assert main(["shard", "--index", "3", "--config", str(cfg_file), "--out", str(graded3[0])]) == 2
+    assert "--index 3: expected 0 <= index < data.num_shards=3" in caplog.text

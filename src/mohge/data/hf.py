@@ -143,8 +143,8 @@ def iter_hf_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterat
                 raise ConfigError(f"data.{key}={value!r}: split {theirs!r} has columns {columns}")
         for row, ex in _rows(cfg, ds, index, num_shards):
             if field not in ex or (id_field is not None and id_field not in ex):
-                missing = field if field not in ex else id_field
-                raise ConfigError(f"data.hf_text_field/hf_id_field={missing!r}: split {theirs!r} has {sorted(ex)}")
+                key, value = ("hf_text_field", field) if field not in ex else ("hf_id_field", id_field)
+                raise ConfigError(f"data.{key}={value!r}: split {theirs!r} has columns {sorted(ex)}")
             text = ex[field]
             if not text or not text.strip():
                 continue

@@ -37,6 +37,10 @@ from mohge.tokenizer import EOT_ID, load_tokenizer
 log = logging.getLogger("mohge.data")
 MAX_META_DOC_NAMES = 10_000  # meta.json lists document names per split up to this many (else null)
 SHARDS = "shards"
+# An encode batch is data.encode_batch_docs documents or this many characters, whichever comes first: the
+# Encoding objects of a batch (ids, token strings, offsets) take ~50-100 bytes per token, so 8 M characters
+# (~2 M tokens) keep a job near 200 MB above its imports, whatever the corpus or document size.
+BATCH_MAX_CHARS = 8 << 20
 
 
 def shard_name(split: str, index: int, suffix: str = ".bin") -> str:
@@ -205,7 +209,7 @@ def prepare_shard(
     try:
         pairs = iter_shard_docs(cfg, index, cfg.num_shards, cache_dir)
         with tqdm(unit="doc", desc=f"shard {index}", disable=None) as bar:
-            for batch in _batches(pairs, cfg.encode_batch_docs, 64 << 20):
+            for batch in _batches(pairs, cfg.encode_batch_docs, BATCH_MAX_CHARS):
                 ids, offsets = encode_docs(tok, [d.text for _, d in batch], with_levels)
                 for split in SPLITS:  # keep the stream order within each split
                     pick = [k for k, (s, _) in enumerate(batch) if s == split]
