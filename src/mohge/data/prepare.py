@@ -108,6 +108,7 @@ def prepare_gather(
 
 def _shard_job(args: tuple[DataConfig, str, int, str | None]) -> int:
     cfg, out, index, cache_dir = args
+    os.environ.setdefault("USE_TORCH", "0")  # as in main(): datasets need not import torch here
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     prepare_shard(cfg, out, index, cache_dir)
     return index
