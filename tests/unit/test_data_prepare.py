@@ -264,3 +264,19 @@ def test_shard_job_cli_refuses_an_index_out_of_range(graded3, tmp_path, caplog):
     cfg_file.write_text(json.dumps(GRADED))
     assert main(["shard", "--index", "3", "--config", str(cfg_file), "--out", str(graded3[0])]) == 2
     assert "--index 3: expected 0 <= index < data.num_shards=3" in caplog.text
+
+
+def test_data_bench_runs_on_a_tiny_corpus(tmp_path, capsys, monkeypatch):
+    """python -m mohge.bench data --mb: the same tokens through both paths, a ratio, a peak RSS per job."""
+    from mohge.bench import main as bench_main
+
+    monkeypatch.setenv("RAYON_NUM_THREADS", "1")  # the bench sets it for its children: restored after the test
+
+    out = tmp_path / "bench.json"
+    args = ["data", "--mb", "0.3", "--sample-mb", "0.1", "--vocab-size", "400", "--json", str(out)]
+    assert bench_main(args) == 0
+    rec = json.loads(out.read_text())
+    assert rec["tokens"] > 10_000 and set(rec["jobs"]) == {"tokenizer", "shard", "gather"}
+    assert all(0 < j["peak_rss_mb"] < 4096 for j in rec["jobs"].values())
+    assert rec["ratio_prepare_over_encode_batch"] > 0
+    assert "ratio prepare / encode_batch" in capsys.readouterr().out
