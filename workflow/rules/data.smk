@@ -35,7 +35,7 @@ rule data_tokenizer:
     threads: 4  # the BPE trainer counts pairs in parallel
     resources:
         mem_mb=lambda wc, attempt: 8000 * attempt,  # pair counts of the sample's distinct words
-        runtime=lambda wc, attempt: 60 * attempt,  # minutes; the sample is bounded (1 GB by default)
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # the sample is bounded
     params:
         out=lambda wc, output: os.path.dirname(output.tokenizer),
     shell:
@@ -61,7 +61,7 @@ rule data_shard:
     threads: 4  # tokenizers' encode_batch runs on this many threads (RAYON_NUM_THREADS)
     resources:
         mem_mb=lambda wc, attempt: 2000 * attempt,  # one encode batch at a time, whatever the corpus size
-        runtime=lambda wc, attempt: 120 * attempt,  # minutes; a shard is 1/num_shards of the corpus
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 120),  # 1/num_shards of it
     params:
         out=lambda wc, output: os.path.dirname(os.path.dirname(output.part)),
         index=lambda wc: int(wc.shard),
@@ -86,7 +86,7 @@ rule prepare_data:
     threads: 1
     resources:
         mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards (hashing, the single-file splits)
-        runtime=lambda wc, attempt: 60 * attempt,  # minutes; reads every shard once to check its sha256
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # reads every shard once
     params:
         out=lambda wc, output: os.path.dirname(output.meta),
     shell:
