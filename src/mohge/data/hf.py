@@ -24,11 +24,12 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from mohge.config import SPLITS, ConfigError, DataConfig
 from mohge.data.sources import Doc
-from mohge.preflight import check_hub
+from mohge.preflight import check_hub, resolve_text_files
 
 log = logging.getLogger("mohge.data")
 
@@ -59,8 +60,6 @@ def carved_splits(cfg: DataConfig) -> list[str]:
 
 def _is_dataset_dict(path: str) -> bool:
     """A save_to_disk folder of a DatasetDict holds dataset_dict.json (a single Dataset holds state.json)."""
-    from pathlib import Path
-
     return (Path(path) / "dataset_dict.json").is_file()
 
 
@@ -93,15 +92,13 @@ def _open_split(cfg: DataConfig, theirs: str, ours: str) -> Any:
             return local[theirs]
         return local  # a single saved Dataset serves as train (see carved_splits)
     if cfg.hf_data_files:
-        from mohge.preflight import resolve_text_files
-
         files = [str(p) for p in resolve_text_files(cfg.hf_data_files, key="data.hf_data_files")]
         return datasets.load_dataset(cfg.hf_name, data_files={theirs: files}, split=theirs, streaming=True)
     check_hub(cfg)  # offline: one line now instead of ~40 s of retries and a ConnectionError
     return datasets.load_dataset(cfg.hf_name, cfg.hf_config, split=theirs, streaming=True)
 
 
-def _rows(cfg: DataConfig, ds: Any, index: int, num_shards: int) -> Iterator[tuple[int, dict]]:
+def _rows(ds: Any, index: int, num_shards: int) -> Iterator[tuple[int, dict]]:
     """(row number within this job's slice, row) of job `index` of `num_shards` (module docstring)."""
     import datasets
 
@@ -141,7 +138,7 @@ def iter_hf_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterat
         for key, value in (("hf_text_field", field), ("hf_id_field", id_field)):
             if value is not None and columns is not None and value not in columns:
                 raise ConfigError(f"data.{key}={value!r}: split {theirs!r} has columns {columns}")
-        for row, ex in _rows(cfg, ds, index, num_shards):
+        for row, ex in _rows(ds, index, num_shards):
             if field not in ex or (id_field is not None and id_field not in ex):
                 key, value = ("hf_text_field", field) if field not in ex else ("hf_id_field", id_field)
                 raise ConfigError(f"data.{key}={value!r}: split {theirs!r} has columns {sorted(ex)}")
