@@ -280,3 +280,9 @@ def test_data_bench_runs_on_a_tiny_corpus(tmp_path, capsys, monkeypatch):
     assert all(0 < j["peak_rss_mb"] < 4096 for j in rec["jobs"].values())
     assert rec["ratio_prepare_over_encode_batch"] > 0
     assert "ratio prepare / encode_batch" in capsys.readouterr().out
+
+
+def test_hub_tokenizer_is_refused_offline_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="data.tokenizer_hub='gpt2': HF_HUB_OFFLINE is set"):
+        prepare(DataConfig.from_dict({**GRADED, "tokenizer_hub": "gpt2"}), tmp_path)
