@@ -3,6 +3,7 @@
     python -m mohge.bench layer    # MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop (CPU)
     python -m mohge.bench kernels  # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
     python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
+    python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through the per-expert loop the official
@@ -106,6 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # these two forward every argument, --help included, to their own parsers
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs dense matmul, loop and torch path (GPU)")
     sub.add_parser("train", add_help=False, help="training tokens/s, MoHGE vs a homogeneous MoE of equal FLOPs")
+    sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from .kernels.bench import main as kernels_main
@@ -115,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .train_bench import main as train_main
 
         return train_main(rest)
+    if args.what == "data":
+        from .data.bench import main as data_main
+
+        return data_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     print(f"layer benchmark: d_model {args.d_model}, T {args.tokens}, {args.groups}x{args.experts_per_group} experts")

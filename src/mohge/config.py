@@ -324,7 +324,8 @@ class DataConfig(_Section):
     """Where the tokens come from. Fields of other sources than `source` are ignored.
 
     `val_fraction`/`test_fraction` split the graded corpus (by document), the text source (by whole file,
-    or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split.
+    or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split (by a
+    seeded hash of each document, so the split streams: docs/method.md §12.2).
     Shakespeare is split by whole plays: `val_plays`/`test_plays`, or when one of them is empty,
     `num_val_plays`/`num_test_plays` plays drawn with `seed`.
     """
@@ -360,6 +361,19 @@ class DataConfig(_Section):
         factory=lambda: {"train": "train", "val": "validation", "test": "test"}, doc="our split -> the dataset's"
     )
     hf_local_path: str | None = knob(None, "a dataset saved with save_to_disk, instead of the hub")
+    hf_data_files: tuple[str, ...] = knob(
+        (), "local data files (paths or globs) read by the builder hf_name (json, parquet, csv, text), streamed"
+    )
+    hf_id_field: str | None = knob(None, "column hashed for the held-out split (default: the text itself)")
+    num_shards: int = knob(1, "shard files per split, each prepared by its own job", ge=1, le=99999)
+    eval_docs_max: int = knob(10000, "held-out documents written to {val,test}.txt and _docs.jsonl", ge=0)
+    tokenizer_file: str | None = knob(None, "a pretrained tokenizer.json to use instead of training the BPE")
+    tokenizer_hub: str | None = knob(None, "a tokenizer on the HF hub (Tokenizer.from_pretrained) instead")
+    tokenizer_train_docs: int = knob(0, "BPE training sample: at most this many train documents (0: no limit)", ge=0)
+    tokenizer_train_bytes: int = knob(
+        1_000_000_000, "BPE training sample: train documents until their UTF-8 size reaches this", ge=1
+    )
+    encode_batch_docs: int = knob(1024, "documents per tokenizers encode_batch call", ge=1)
     _path: str = field(default="data", repr=False, compare=False)
 
     @classmethod
@@ -370,10 +384,19 @@ class DataConfig(_Section):
         return hash(json.dumps(self.to_dict(), sort_keys=True))  # hf_splits is a dict
 
     def check(self) -> None:
-        for key in ("shakespeare_version", "hf_text_field", "hf_name", "hf_config", "hf_local_path"):
+        for key in (
+            "shakespeare_version",
+            "hf_text_field",
+            "hf_name",
+            "hf_config",
+            "hf_local_path",
+            "hf_id_field",
+            "tokenizer_file",
+            "tokenizer_hub",
+        ):
             if getattr(self, key) == "":
                 _fail(self.key(key), "", "expected a non-empty string (or null where null is allowed)")
-        for key in ("val_plays", "test_plays", "graded_levels", "text_files"):
+        for key in ("val_plays", "test_plays", "graded_levels", "text_files", "hf_data_files"):
             v = getattr(self, key)
             if not all(v):
                 _fail(self.key(key), v, "expected a list of non-empty strings")
@@ -404,6 +427,26 @@ class DataConfig(_Section):
             _fail(self.key("text_files"), self.text_files, "source 'text' needs at least one file or glob")
         if self.source == "hf" and self.hf_name is None and self.hf_local_path is None:
             _fail(self.key("hf_name"), self.hf_name, "source 'hf' needs hf_name or hf_local_path")
+        if self.hf_data_files and (self.hf_name is None or self.hf_local_path is not None):
+            why = "needs hf_name naming the builder (json, parquet, csv, text) and no hf_local_path"
+            _fail(self.key("hf_data_files"), self.hf_data_files, why)
+        if self.hf_data_files and set(self.hf_splits) != {"train"}:
+            why = "hf_data_files are one pool (train); val/test are held out from it by hash: use {train: train}"
+            _fail(self.key("hf_splits"), self.hf_splits, why)
+        if self.tokenizer_file is not None and self.tokenizer_hub is not None:
+            _fail(
+                self.key("tokenizer_hub"), self.tokenizer_hub, f"and tokenizer_file={self.tokenizer_file!r}: give one"
+            )
+
+    @property
+    def hf_is_local(self) -> bool:
+        """The hf source reads local files (save_to_disk folder or data files): no hub needed."""
+        return self.hf_local_path is not None or bool(self.hf_data_files)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """trained (our BPE on a bounded sample of train), file (tokenizer_file) or hub (tokenizer_hub)."""
+        return "file" if self.tokenizer_file else "hub" if self.tokenizer_hub else "trained"
 
     @property
     def hf_split_map(self) -> dict[str, str]:

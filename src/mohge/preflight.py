@@ -60,9 +60,9 @@ def check_tasks(cfg: RunConfig, templates: Path = TASK_TEMPLATES) -> None:
             )
 
 
-def resolve_text_files(patterns: Sequence[str]) -> list[Path]:
+def resolve_text_files(patterns: Sequence[str], key: str = "data.text_files") -> list[Path]:
     """Expand paths and globs (`**` allowed) in order, without duplicates; a pattern that matches no
-    file is an error naming it."""
+    file is an error naming it (and `key`)."""
     files: list[Path] = []
     for pattern in patterns:
         expanded = os.path.expanduser(pattern)
@@ -71,7 +71,7 @@ def resolve_text_files(patterns: Sequence[str]) -> list[Path]:
         else:
             matches = [Path(expanded)] if Path(expanded).is_file() else []
         if not matches:
-            raise ConfigError(f"data.text_files={pattern!r}: matches no file")
+            raise ConfigError(f"{key}={pattern!r}: matches no file")
         files += [p for p in matches if p not in files]
     return files
 
@@ -108,7 +108,7 @@ def offline_variable() -> str | None:
 
 
 def check_hub_allowed(data: DataConfig) -> None:
-    if data.source == "hf" and data.hf_local_path is None and (var := offline_variable()):
+    if data.source == "hf" and not data.hf_is_local and (var := offline_variable()):
         raise ConfigError(
             f"data.hf_name={data.hf_name!r}: {var} is set, so the hub cannot be reached; "
             "use data.hf_local_path (a dataset saved with save_to_disk)"
@@ -127,7 +127,7 @@ def hub_reachable() -> bool:
 def check_hub(data: DataConfig) -> None:
     """Before ``datasets.load_dataset`` (which retries for ~40 s): refuse in one line when offline."""
     check_hub_allowed(data)
-    if data.source == "hf" and data.hf_local_path is None and not hub_reachable():
+    if data.source == "hf" and not data.hf_is_local and not hub_reachable():
         raise ConfigError(
             f"data.hf_name={data.hf_name!r}: the hub ({HUB_HOST}:{HUB_PORT}) does not answer "
             f"within {HUB_TIMEOUT_S:.0f} s; use data.hf_local_path on offline machines"

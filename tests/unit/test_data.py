@@ -257,23 +257,26 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
 
 
 def test_prepare_failing_mid_write_leaves_no_trusted_file(tmp_path, monkeypatch):
-    cfg = DataConfig.from_dict(GRADED)
-    real_write_bytes = pathlib.Path.write_bytes
+    from mohge.data.shards import _HashedFile
 
-    def dying_write_bytes(self, payload):
-        if "test.bin" in self.name:
-            real_write_bytes(self, payload[: len(payload) // 2])
+    cfg = DataConfig.from_dict(GRADED)
+    real_write = _HashedFile.write
+
+    def dying_write(self, payload):  # a shard file is written incrementally: the disk fills up midway
+        if self.path.name.startswith("test-"):
+            real_write(self, payload[: len(payload) // 2])
             raise OSError("disk full")
-        return real_write_bytes(self, payload)
+        return real_write(self, payload)
 
     good = prepare(cfg, tmp_path / "good")
     # A fresh folder: the failing file never appears, nor does the completion marker.
-    monkeypatch.setattr(pathlib.Path, "write_bytes", dying_write_bytes)
+    monkeypatch.setattr(_HashedFile, "write", dying_write)
     with pytest.raises(OSError, match="disk full"):
         prepare(cfg, tmp_path / "fresh")
     names = sorted(p.name for p in (tmp_path / "fresh").iterdir())
-    assert "test.bin" not in names and "meta.json" not in names
-    assert not [n for n in names if n.startswith(".")]
+    shard_names = sorted(p.name for p in (tmp_path / "fresh" / "shards").iterdir())
+    assert "test.bin" not in names and "meta.json" not in names and "test-00000.bin" not in shard_names
+    assert not [n for n in names + shard_names if n.startswith(".") or n.startswith("part-")]
     # A folder holding a complete earlier run: its meta.json is withdrawn before anything is rewritten.
     with pytest.raises(OSError, match="disk full"):
         prepare(cfg, tmp_path / "good")
@@ -538,35 +541,42 @@ def test_hf_local_dataset_dict(tmp_path, monkeypatch):
         data.build_docs(bad)
 
 
-def test_hf_single_dataset_is_carved_by_document(tmp_path, monkeypatch):
+def test_hf_single_dataset_is_carved_by_document_hash(tmp_path, monkeypatch):
+    from mohge.data.hf import holdout_split
+
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict(hf_rows("all", 50)).save_to_disk(str(tmp_path / "ds"))
     cfg = DataConfig(source="hf", hf_local_path=str(tmp_path / "ds"), val_fraction=0.1, test_fraction=0.1)
     docs = data.build_docs(cfg)
-    assert [len(docs[s]) for s in ("train", "val", "test")] == [40, 5, 5]
+    assert [len(docs[s]) for s in ("train", "val", "test")] == [39, 6, 5]  # 10% each in expectation
+    assert all(holdout_split(d.text, 0, 0.1, 0.1) == s for s in docs for d in docs[s])
     texts = [d.text for s in docs for d in docs[s]]
     assert sorted(texts) == sorted(hf_rows("all", 50)["text"])
     assert data.build_docs(cfg) == docs
 
 
-def test_hf_hub_path_calls_load_dataset(monkeypatch):
+def test_hf_hub_path_streams_load_dataset(monkeypatch):
+    import mohge.data.hf
+
     datasets = pytest.importorskip("datasets")
     calls = []
 
-    def fake_load_dataset(name, config, split):
-        calls.append((name, config, split))
-        return datasets.Dataset.from_dict({"body": [f"{split} doc {i}" for i in range(20)]})
+    def fake_load_dataset(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        return datasets.Dataset.from_dict({"body": [f"{split} doc {i}" for i in range(20)]}).to_iterable_dataset()
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    monkeypatch.setattr(data.sources, "check_hub", lambda cfg: calls.append("hub asked once"))  # no network here
+    monkeypatch.setattr(mohge.data.hf, "check_hub", lambda cfg: calls.append("hub asked"))  # no network here
     cfg = DataConfig.from_dict(
         {"source": "hf", "hf_name": "org/corpus", "hf_config": "en", "hf_text_field": "body",
          "hf_splits": {"train": "train", "test": "heldout"}, "val_fraction": 0.1}
     )  # fmt: skip
     docs = data.build_docs(cfg)
-    assert calls == ["hub asked once", ("org/corpus", "en", "train"), ("org/corpus", "en", "heldout")]
-    assert [len(docs[s]) for s in ("train", "val", "test")] == [18, 2, 20]
+    asked = ("org/corpus", "en", "train", True), ("org/corpus", "en", "heldout", True)
+    assert calls == ["hub asked", asked[0], "hub asked", asked[1]]
+    assert len(docs["train"]) + len(docs["val"]) == 20 and docs["val"] and len(docs["test"]) == 20
+    assert all(d.text.startswith("train") for d in docs["val"])
 
 
 # ------------------------------------------------------------------------------------------------

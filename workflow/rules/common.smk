@@ -9,7 +9,7 @@ import sys
 
 import jsonschema
 
-from mohge.config import load_yaml_or_json, to_dict
+from mohge.config import SPLITS, DataConfig, load_yaml_or_json, to_dict
 from mohge.runs import ClusterConfig, merge_config, plan
 
 
@@ -103,6 +103,24 @@ def run_config_json(run):
 def dataset_section(dataset):
     cfg = next(c for c in RUNS.values() if c.dataset == dataset)
     return {"data": cfg.data}
+
+
+def data_config(dataset):
+    """The DataConfig of a dataset (its shard count and source size the data jobs)."""
+    return DataConfig.from_dict(dataset_section(dataset)["data"])
+
+
+def data_parts(wildcards):
+    """The shard jobs' manifests of a dataset: one data_shard job per shard (data.num_shards)."""
+    n = data_config(wildcards.dataset).num_shards
+    return [
+        f"{WORK}/data/{wildcards.dataset}/shards/part-{i:05d}.json" for i in range(n)
+    ]
+
+
+def data_job_minutes(dataset, attempt, hub_minutes):
+    """A data job's runtime: minutes for the small local sources, `hub_minutes` for a streamed hf corpus."""
+    return (hub_minutes if data_config(dataset).source == "hf" else 20) * attempt
 
 
 def data_dir(wildcards):

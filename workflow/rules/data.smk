@@ -15,23 +15,79 @@ rule dataset_config:
         write_text_atomic(log[0], f"data {params.data}\n")
 
 
-rule prepare_data:
-    # Fetch (pinned sha256) or generate the corpus, split it (Shakespeare by whole plays), train the
-    # byte-level BPE on the training split only and encode every split into token memmaps.
+# Scatter/gather (docs/method.md §12): one tokenizer job, data.num_shards shard jobs that each stream only
+# their slice of the source and run in parallel, and a gather job that verifies every shard and writes
+# meta.json last.
+
+
+rule data_tokenizer:
+    # The byte-level BPE trained on a bounded sample of the training split (data.tokenizer_train_docs /
+    # tokenizer_train_bytes), or a given tokenizer.json / hub tokenizer, checked against data.vocab_size.
     input:
         cfg=f"{WORK}/data/{{dataset}}.data.json",
     output:
-        meta=f"{WORK}/data/{{dataset}}/meta.json",
         tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
+        info=f"{WORK}/data/{{dataset}}/shards/tokenizer-info.json",
+    log:
+        f"{LOGS}/data/{{dataset}}.tokenizer.log",
+    conda:
+        "../envs/train.yaml"
+    threads: 4  # the BPE trainer counts pairs in parallel
+    resources:
+        mem_mb=lambda wc, attempt: 8000 * attempt,  # pair counts of the sample's distinct words
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # the sample is bounded
+    params:
+        out=lambda wc, output: os.path.dirname(output.tokenizer),
+    shell:
+        "python -m mohge.data tokenizer --config {input.cfg:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule data_shard:
+    # Shard job {shard} of data.num_shards: streams its slice of the source and writes the token shards of
+    # every split incrementally (memory bounded by one encode batch); its part-*.json is written last.
+    input:
+        cfg=f"{WORK}/data/{{dataset}}.data.json",
+        tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
+        info=f"{WORK}/data/{{dataset}}/shards/tokenizer-info.json",
+    output:
+        part=f"{WORK}/data/{{dataset}}/shards/part-{{shard}}.json",
+        bins=[f"{WORK}/data/{{dataset}}/shards/{s}-{{shard}}.bin" for s in SPLITS],
+    log:
+        f"{LOGS}/data/{{dataset}}.shard-{{shard}}.log",
+    wildcard_constraints:
+        shard="[0-9]{5}",
+    conda:
+        "../envs/train.yaml"
+    threads: 4  # tokenizers' encode_batch runs on this many threads (RAYON_NUM_THREADS)
+    resources:
+        mem_mb=lambda wc, attempt: 2000 * attempt,  # one encode batch at a time, whatever the corpus size
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 120),  # 1/num_shards of it
+    params:
+        out=lambda wc, output: os.path.dirname(os.path.dirname(output.part)),
+        index=lambda wc: int(wc.shard),
+    shell:
+        "RAYON_NUM_THREADS={threads} python -m mohge.data shard --index {params.index} "
+        "--config {input.cfg:q} --out {params.out:q} > {log:q} 2>&1"
+
+
+rule prepare_data:
+    # The gather job: every shard's size and sha256 checked against its job's manifest, the held-out text
+    # for lm-eval (bounded by data.eval_docs_max), and meta.json (format version 2) written last.
+    input:
+        cfg=f"{WORK}/data/{{dataset}}.data.json",
+        tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
+        parts=data_parts,
+    output:
+        meta=f"{WORK}/data/{{dataset}}/meta.json",
     log:
         f"{LOGS}/data/{{dataset}}.log",
     conda:
         "../envs/train.yaml"
     threads: 1
     resources:
-        mem_mb=lambda wc, attempt: 4000 * attempt,  # BPE training holds the training text in memory
-        runtime=lambda wc, attempt: 20 * attempt,  # minutes; the download is a few MB
+        mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards (hashing, the single-file splits)
+        runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # reads every shard once
     params:
         out=lambda wc, output: os.path.dirname(output.meta),
     shell:
-        "python -m mohge.data --config {input.cfg:q} --out {params.out:q} > {log:q} 2>&1"
+        "python -m mohge.data gather --config {input.cfg:q} --out {params.out:q} > {log:q} 2>&1"

