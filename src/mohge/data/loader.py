@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from mohge.atomic import write_json_atomic
 from mohge.config import SPLITS, ConfigError
@@ -107,11 +108,12 @@ def memmap_shard(path: Path, dtype: np.dtype, tokens: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, bar: tqdm) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         while chunk := fh.read(HASH_CHUNK):
             h.update(chunk)
+            bar.update(len(chunk))
     return h.hexdigest()
 
 
@@ -138,17 +140,21 @@ def verify_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] |
     a mismatch is a ConfigError naming the file and both hashes. A file without a recorded sha256 is skipped."""
     data_dir = Path(data_dir)
     meta = meta if meta is not None else json.loads((data_dir / "meta.json").read_text())
+    todo = []
     for path, expected in _files_of(data_dir, meta, split):
         if expected is None:
             continue
         if not path.is_file():
             raise ConfigError(f"{path} is missing (listed in {data_dir / 'meta.json'})")
-        if _stamp(path, expected) in _VERIFIED:
-            continue
-        actual = _sha256(path)
-        if actual != expected:
-            raise _refuse(path, f"sha256 {actual} ({path.stat().st_size} bytes), meta.json expects {expected}")
-        _VERIFIED.add(_stamp(path, expected))
+        if _stamp(path, expected) not in _VERIFIED:
+            todo.append((path, expected))
+    total = sum(p.stat().st_size for p, _ in todo)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {split}", disable=None, leave=False) as bar:
+        for path, expected in todo:
+            actual = _sha256(path, bar)
+            if actual != expected:
+                raise _refuse(path, f"sha256 {actual} ({path.stat().st_size} bytes), meta.json expects {expected}")
+            _VERIFIED.add(_stamp(path, expected))
 
 
 def verify_folder(data_dir: str | os.PathLike, marker: str | os.PathLike) -> None:
