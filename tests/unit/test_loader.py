@@ -19,6 +19,7 @@ from mohge.config import ConfigError, RunConfig
 from mohge.data import DataConfig, TokenStream, prepare
 from mohge.data.loader import ShardedArray, WindowOrder, verify_folder
 from mohge.data.stream import TrainBatches
+from mohge.distributed.trainer import rank_stream
 from mohge.evaluate import heldout_loss
 from mohge.model import LanguageModel
 from mohge.train import train
@@ -62,6 +63,11 @@ def test_v1_and_v2_read_the_same_stream_and_the_same_random_batches(folders):
     a, b = TokenStream.open(folders["v1"], "train"), TokenStream.open(folders["v2"], "train")
     for step in (0, 7, 123):
         for xa, xb in zip(a.get_batch(step, 8, S, 1001), b.get_batch(step, 8, S, 1001), strict=True):
+            assert torch.equal(xa, xb)
+    # and so are the distributed trainer's per-rank parts of it (random order)
+    for r in range(3):
+        ra, rb = rank_stream(a, r, 3, S), rank_stream(b, r, 3, S)
+        for xa, xb in zip(ra.get_batch(5, 8, S, 1000 + r), rb.get_batch(5, 8, S, 1000 + r), strict=True):
             assert torch.equal(xa, xb)
 
 
