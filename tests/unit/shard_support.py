@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from mohge.config import SPLITS
+from mohge.data import TokenStream
 from mohge.tokenizer import EOT_ID
 
 
@@ -33,19 +34,20 @@ def _cuts(ids: np.ndarray, num_shards: int) -> list[int]:
 
 
 def reshard(v1: Path, out: Path, num_shards: int) -> dict:
-    """Write ``out`` (format version 2) with the tokens of the format-1 folder ``v1`` cut into up to
-    ``num_shards`` shards per split; returns its meta."""
+    """Write ``out`` (format version 2) with the tokens of the prepared folder ``v1`` (format 1, or 2 once
+    ``prepare`` writes it) cut into up to ``num_shards`` shards per split; returns its meta."""
     meta = json.loads((v1 / "meta.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "shards").mkdir(exist_ok=True)
     for name in ("tokenizer.json", "val.txt", "test.txt", "val_docs.jsonl", "test_docs.jsonl"):
         shutil.copy(v1 / name, out / name)
     dtype = np.dtype(meta["dtype"])
-    new = {k: v for k, v in meta.items() if k not in ("files", "sha256")}
+    new = {k: v for k, v in meta.items() if k not in ("files", "sha256", "shards")}
     new["format_version"], new["shards"] = 2, {}
     for s in SPLITS:
-        ids = np.fromfile(v1 / f"{s}.bin", dtype=dtype)
-        levels = np.fromfile(v1 / f"{s}.levels.bin", dtype=np.int8) if (v1 / f"{s}.levels.bin").is_file() else None
+        stream = TokenStream.open(v1, s)
+        ids = np.asarray(stream.tokens, dtype=dtype)
+        levels = None if stream.levels is None else np.asarray(stream.levels, dtype=np.int8)
         entries, lo = [], 0
         for i, hi in enumerate(_cuts(ids, num_shards)):
             rel = f"shards/{s}-{i:05d}.bin"
