@@ -406,6 +406,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     summary: dict[str, Any] = {}
     if rt.main:
         summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
+        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
         ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed

@@ -153,7 +153,8 @@ def test_sequential_resume_mid_shard_is_bit_identical(folders, tmp_path):
     train(RunConfig.from_dict(run), straight, data=str(folders["v2"]))
     scratch = straight / ".scratch"
     data4 = load_checkpoint(scratch / "step_00000004")["data"]
-    per_epoch = TokenStream.open(folders["v2"], "train").window_order(S, 0).per_epoch
+    order = TokenStream.open(folders["v2"], "train").window_order(S, 0)
+    per_epoch = order.per_epoch
     assert data4["order"] == "sequential" and data4["window"] == 4 * 8 and data4["windows_per_epoch"] == per_epoch
     assert data4["offset"] == 32 * S and data4["shard"].startswith("shards/train-")  # mid-shard
     rows = [json.loads(line) for line in (straight / "train_log.jsonl").read_text().splitlines()]
@@ -164,6 +165,7 @@ def test_sequential_resume_mid_shard_is_bit_identical(folders, tmp_path):
     shutil.copytree(scratch / "step_00000004", resumed / ".scratch" / "step_00000004")
     summary = train(RunConfig.from_dict(run), resumed, data=str(folders["v2"]), require_resume=True)
     assert summary["resumed_from_step"] == 4
+    assert summary["data_position"] == {"order": "sequential", **order.position(12 * 8), "windows_per_epoch": per_epoch}
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
     tail = [json.loads(line) for line in (resumed / "train_log.jsonl").read_text().splitlines()]

@@ -182,6 +182,7 @@ def train_parallel(
         summary = base._finish(
             cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time
         )
+        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         tps = summary["tokens_per_s"]
         mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
         summary.update(
