@@ -244,3 +244,15 @@ def test_meta_that_does_not_add_up_is_refused(folders, tmp_path):
     (data / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ConfigError, match="format_version=3"):
         TokenStream.open(data, "train")
+
+
+def test_traces_read_every_test_shard(folders):
+    from mohge.traces import collect_trace
+
+    cfg = RunConfig.from_dict(run_config())
+    torch.manual_seed(0)
+    model = LanguageModel(cfg.model, cfg.loss).eval()
+    one, _ = collect_trace(model, cfg, folders["v1"], "test", batch_size=4)
+    many, _ = collect_trace(model, cfg, folders["v2"], "test", batch_size=4)
+    assert len(json.loads((folders["v2"] / "meta.json").read_text())["shards"]["test"]) > 1
+    assert one == many  # the same tokens and levels, so the same routing counts

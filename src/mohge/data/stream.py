@@ -31,10 +31,12 @@ def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
 
 
 class TokenStream:
-    """Tokens of one split, memory-mapped. Shapes: B batch size, S sequence length.
+    """Tokens of one split, memory-mapped: one file, or (``open``) the split's shards in order as one token
+    stream (`tokens` is then a :class:`mohge.data.loader.ShardedArray`). Shapes: B batch size, S sequence length.
 
-    `get_batch` samples B random windows; the batch is a pure function of (generator_seed, step), so a
-    resumed run that knows only its step draws exactly the batches it would have drawn.
+    `get_batch` samples B random windows of the whole stream; the batch is a pure function of (generator_seed,
+    step), so a resumed run that knows only its step draws exactly the batches it would have drawn.
+    `window_batch` reads B sequential windows by global index (windows never cross a shard boundary).
     `iter_eval_batches` covers the split sequentially, scoring every token after the first exactly once.
     """
 
@@ -54,12 +56,11 @@ class TokenStream:
         process (:func:`mohge.data.loader.verify_split`; training checks every split at its start instead)."""
         data_dir = Path(data_dir)
         meta = load_meta(data_dir)
-        shards = split_shards(data_dir, meta, split)
+        shards, dtype = split_shards(data_dir, meta, split), np.dtype(meta["dtype"])
         if verify:
             for sh in shards:  # sizes first: a truncated shard is named without hashing the others
-                check_size(data_dir / sh.file, sh.tokens, np.dtype(meta["dtype"]).itemsize)
+                check_size(data_dir / sh.file, sh.tokens, dtype.itemsize)
             verify_split(data_dir, split, meta)
-        dtype = np.dtype(meta["dtype"])
         with_levels = [sh.levels_file is not None for sh in shards]
         if any(with_levels) and not all(with_levels):
             raise ValueError(f"{data_dir / 'meta.json'}: split {split!r} has levels for some shards only")
