@@ -5,7 +5,9 @@ Layout of the scratch folder (``python -m mohge.train --scratch``; default ``OUT
     step_00000050/             the state after 50 optimizer steps; the next step to run is step 50 (0-based)
       model.safetensors        weights, fp32, names of the unwrapped module
       state.pt                 torch.save: optimizer, scheduler, RNG states (python, numpy, torch CPU, CUDA; per rank)
-      data.json                the data position {"step": 50}: batches are a pure function of (seed, step)
+      data.json                the data position: {"step": 50, "order": "random"} (batches are a pure function of
+                               (seed, step)), or with train.data_order sequential also the global "window" to read
+                               next and where it is ("epoch", "shard", "offset"; mohge.data.stream.TrainBatches)
       config.json              the resolved run config
       manifest.json            sha256 and size of every file above; written last
     .tmp-step_00000050-PID/    a save in progress; renamed to step_00000050 in one os.replace once complete
@@ -140,9 +142,11 @@ def save_checkpoint(
     train_state: dict[str, Any],
     config: dict[str, Any],
     keep: int,
+    data: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``scratch/step_{step:08d}`` atomically (temp folder, manifest last, one os.replace), then keep
-    only the newest ``keep`` checkpoints. An existing valid folder of the same step is left as it is."""
+    only the newest ``keep`` checkpoints. An existing valid folder of the same step is left as it is.
+    ``data`` is the data position (``TrainBatches.position``) that data.json holds beside the step."""
     scratch = Path(scratch)
     final = scratch / step_dir_name(step)
     if final.exists():
@@ -159,7 +163,7 @@ def save_checkpoint(
     blobs = {
         "model.safetensors": safetensors.torch.save({k: v.detach().cpu().contiguous() for k, v in model_state.items()}),
         "state.pt": _torch_bytes(train_state),
-        "data.json": _json_bytes({"step": step}),
+        "data.json": _json_bytes({**(data or {}), "step": step}),
         "config.json": _json_bytes(config),
     }
     try:
@@ -266,13 +270,16 @@ def find_latest_valid(scratch: str | Path, required: tuple[str, ...] = FILES) ->
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Verify and read a checkpoint folder: {"model": state dict, "state": train state, "step", "config"}."""
+    """Verify and read a checkpoint folder: {"model": state dict, "state": train state, "step", "data" (the data
+    position of data.json), "config"}."""
     path = Path(path)
     verify_checkpoint(path)
+    data = json.loads((path / "data.json").read_text())
     return {
         "model": safetensors.torch.load_file(path / "model.safetensors", device=str(map_location)),
         "state": torch.load(path / "state.pt", map_location=map_location, weights_only=True),
-        "step": json.loads((path / "data.json").read_text())["step"],
+        "step": data["step"],
+        "data": data,
         "config": json.loads((path / "config.json").read_text()),
     }
 
@@ -290,12 +297,24 @@ def check_same_run(saved: dict[str, Any], now: dict[str, Any], where: Path) -> N
 
     def strip(d: dict[str, Any]) -> dict[str, Any]:
         train = {k: v for k, v in d["train"].items() if k not in RESUMABLE_CHANGES + ("device", "precision")}
+        train.setdefault("data_order", "random")  # checkpoints from before the knob read random windows
         return {"model": d["model"], "loss": d["loss"], "data": d["data"], "train": train}
 
     a, b = strip(saved), strip(now)
     diff = [f"{s}.{k}" for s in a for k in set(a[s]) | set(b[s]) if a[s].get(k) != b[s].get(k)]
     if diff:
         raise ConfigError(f"{where} was written by another config (differs in {sorted(diff)}); use another scratch")
+
+
+def start_window(data: dict[str, Any] | None, order: str, where: Path | None) -> int:
+    """The global window position a run resumed from a checkpoint whose data.json is ``data`` starts at
+    (``train.data_order`` sequential; 0 without a checkpoint or in random order). The position is global, not
+    per rank, so it carries over to another data-parallel world size."""
+    if data is None or order != "sequential":
+        return 0
+    if data.get("order") != "sequential" or "window" not in data:
+        raise CheckpointError(f"{where}/data.json holds no sequential data position: {data}")
+    return int(data["window"])
 
 
 def resume_point(

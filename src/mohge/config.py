@@ -282,6 +282,12 @@ class TrainConfig(_Section):
     beta2: float = knob(0.95, "AdamW beta2", ge=0, lt=1)
     grad_clip: float = knob(1.0, "gradient norm clip (0: none)", ge=0)
     seed: int = knob(0, "seed of init and batches", ge=0)
+    data_order: str = knob(
+        "random",
+        "train batches: random windows (a pure function of seed, step, rank) or sequential (every window of the "
+        "split once per epoch, shards in a seeded order per epoch, ranks disjoint; the position is checkpointed)",
+        choices=("random", "sequential"),
+    )
     ckpt_every: int = knob(50, "steps between checkpoints", gt=0)
     keep_checkpoints: int = knob(2, "checkpoints kept in scratch", gt=0)
     log_every: int = knob(10, "steps per train_log row", gt=0)

@@ -204,7 +204,7 @@ def heldout_loss(
     was_training = model.training
     model.eval()
     nll, n = 0.0, 0
-    for i, (x, y) in enumerate(TokenStream.open(data_dir, split).iter_eval_batches(batch_size, seq_len)):
+    for i, (x, y) in enumerate(TokenStream.open(data_dir, split, verify=True).iter_eval_batches(batch_size, seq_len)):
         if max_batches and i >= max_batches:
             break
         with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):

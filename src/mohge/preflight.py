@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import codecs
 import glob
-import json
 import os
 import socket
 import sys
@@ -30,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from .atomic import sha256_file, write_json_atomic
 from .config import ConfigError, DataConfig, RunConfig
 
 TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
@@ -183,22 +181,10 @@ def check_writable(folder: str | Path, what: str) -> None:
 
 
 def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
-    """Check the token files of a prepared folder against the sha256 meta.json records, once per run: the
-    result is kept in ``marker`` (in the run's scratch), so a resumed run does not read the tokens again.
-    A changed or truncated file is a ConfigError naming it."""
-    data_dir, marker = Path(data_dir), Path(marker)
-    meta = json.loads((data_dir / "meta.json").read_text())
-    record = {"data": str(data_dir.resolve()), "sha256": meta.get("sha256", {})}
-    if marker.is_file() and json.loads(marker.read_text()) == record:
-        return
-    for name, expected in sorted(record["sha256"].items()):
-        path = data_dir / name
-        if not path.is_file():
-            raise ConfigError(f"{path} is missing (listed in {data_dir / 'meta.json'})")
-        actual = sha256_file(path)
-        if actual != expected:
-            raise ConfigError(
-                f"{path} was changed or truncated: sha256 {actual} ({path.stat().st_size} bytes), "
-                f"meta.json expects {expected}; prepare the data again"
-            )
-    write_json_atomic(marker, record)
+    """Check the token files of a prepared folder (format version 1 or 2, every shard) against the sha256
+    meta.json records, once per run: the result is kept in ``marker`` (in the run's scratch), so a resumed run
+    does not read the tokens again. A changed or truncated file is a ConfigError naming it.
+    (:func:`mohge.data.loader.verify_folder`, which the trainer calls.)"""
+    from .data.loader import verify_folder
+
+    verify_folder(data_dir, marker)

@@ -341,7 +341,7 @@ def collect_trace(
     layers = model.moe_layers()
     if not layers:
         raise ValueError(f"model.ffn.kind={ffn.kind!r} has no MoE layer to trace")
-    stream = TokenStream.open(data_dir, split)
+    stream = TokenStream.open(data_dir, split, verify=True)  # every shard, sha256 once per process
     with_levels = stream.levels is not None
     device = next(model.parameters()).device
     counts_LE = torch.zeros(len(layers), E, dtype=torch.int64)

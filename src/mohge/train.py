@@ -10,15 +10,19 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   none on the RMSNorm gains and the input embedding.
 * Schedule (:func:`lr_at`, a pure function of the step, so the "scheduler state" is the step alone):
   lr * (s + 1) / warmup for s < warmup, then cosine from lr at s = warmup to min_lr at s = steps - 1.
-* Batches: step s of rank r reads ``TokenStream.get_batch(s, batch_size, seq_len, seed * 1000 + r)``, a pure
-  function of (seed, step, rank); ``grad_accum`` splits it into equal micro-batches.
+* Batches (``train.data_order``, :class:`mohge.data.stream.TrainBatches`): ``random``: step s of rank r reads
+  ``TokenStream.get_batch(s, batch_size, seq_len, seed * 1000 + r)``, a pure function of (seed, step, rank);
+  ``sequential``: the next ``batch_size x world`` windows of the split in shard order, rank r the r-th
+  ``batch_size`` of them, each window once per epoch; the global window position is checkpointed.
+  ``grad_accum`` splits a batch into equal micro-batches.
 * Precision: fp32 on a CPU; bf16 autocast on CUDA (``train.precision``); weights and optimizer stay fp32.
 * Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.checkpoint`) is loaded; on a CPU the run
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
 * Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
-  the run passes mohge.preflight, tokenizer.json round-trips, the token files match meta.json's sha256.
+  the run passes mohge.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
+  (:func:`mohge.data.loader.verify_folder`, once per run) and their sizes (on every open).
 * OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.cli's (docs/errors.md).
 
 Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
@@ -58,6 +62,8 @@ from .atomic import append_line, output_lock, write_bytes_atomic, write_json_ato
 from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, TrainConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
+from .data.loader import verify_folder
+from .data.stream import TrainBatches
 from .evaluate import heldout_loss
 from .losses import group_aux_active, weighted_aux
 from .model import LanguageModel
@@ -288,7 +294,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
         check_tokenizer(data_dir / "tokenizer.json")
-        preflight.verify_token_files(data_dir, scratch / "data_verified.json")
+        verify_folder(data_dir, scratch / "data_verified.json")
     rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
     resolved = ckpt.resolved_config(cfg)
@@ -306,7 +312,18 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         rngs = state["state"]["rng"]
         ckpt.restore_rng(rngs[rt.rank] if len(rngs) == rt.world else rngs[0])
         start, last_good = state["step"], state["path"]
-        log.info("resuming from %s (step %d of %d)", last_good, start, tc.steps)
+        log.info("resuming from %s (step %d of %d, data %s)", last_good, start, tc.steps, state["data"])
+    batches = TrainBatches(
+        stream,
+        tc.data_order,
+        tc.batch_size,
+        S,
+        tc.seed,
+        rt.rank,
+        rt.world,
+        start,
+        ckpt.start_window(state and state["data"], tc.data_order, last_good),
+    )
 
     log_path = scratch / "train_log.jsonl"
     rows = read_log(log_path, start)
@@ -330,7 +347,9 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         path = None
         if rt.main:
             train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs, "meters": meters}
-            path = ckpt.save_checkpoint(scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints)
+            path = ckpt.save_checkpoint(
+                scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints, batches.position(step)
+            )
         rt.barrier()
         return path
 
@@ -344,7 +363,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
             lr = lr_at(s, tc)
             for group in opt.param_groups:
                 group["lr"] = lr
-            x_BS, y_BS = stream.get_batch(s, tc.batch_size, S, tc.seed * 1000 + rt.rank)
+            x_BS, y_BS = batches.batch(s)
             sums = torch.zeros(3, device=rt.device)
             for m in range(tc.grad_accum):
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
@@ -367,6 +386,8 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
             bar.update(1)
             if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
                 row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
+                if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
+                    row["data"] = batches.position(s + 1)
                 meter = WindowMeter()
                 if rt.main:
                     rows.append(row)
@@ -385,6 +406,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     summary: dict[str, Any] = {}
     if rt.main:
         summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
+        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
         ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed

@@ -1,8 +1,9 @@
 """Support of the distributed tests: torchrun launches, and the single-process reference they are held to.
 
 The reference trains one process the way a parallel layout of W data-parallel ranks must: at step s the
-gradient is the mean of every rank's mean micro-batch loss on that rank's disjoint shard of the data
-(:func:`mohge.distributed.trainer.rank_stream`), clipped by the global norm, then one AdamW step.
+gradient is the mean of every rank's mean micro-batch loss on that rank's disjoint part of the data
+(random order: :func:`mohge.distributed.trainer.rank_stream`; sequential order: the r-th ``batch_size`` of the
+next ``batch_size x W`` windows), clipped by the global norm, then one AdamW step.
 ``worlds[s]`` is W at step s, so a run resumed on another world size has a reference too.
 """
 
@@ -92,12 +93,16 @@ def reference(cfg: RunConfig, data_dir: Path, worlds: list[int]) -> dict:
     stream = TokenStream.open(data_dir, "train")
     micro = tc.batch_size // tc.grad_accum
     out: dict = {"loss": [], "grad_norm": []}
+    window = 0  # sequential order: the global window position, which carries over a change of world size
     for s, world in enumerate(worlds):
         for group in opt.param_groups:
             group["lr"] = lr_at(s, tc)
         loss = 0.0
         for r in range(world):
-            x_BS, y_BS = rank_stream(stream, r, world, S).get_batch(s, tc.batch_size, S, tc.seed * 1000 + r)
+            if tc.data_order == "sequential":
+                x_BS, y_BS = stream.window_batch(window + r * tc.batch_size, tc.batch_size, S, tc.seed)
+            else:
+                x_BS, y_BS = rank_stream(stream, r, world, S).get_batch(s, tc.batch_size, S, tc.seed * 1000 + r)
             for m in range(tc.grad_accum):
                 total, *_ = compute_loss(
                     model, x_BS[m * micro : (m + 1) * micro], y_BS[m * micro : (m + 1) * micro], cfg, s
@@ -108,6 +113,7 @@ def reference(cfg: RunConfig, data_dir: Path, worlds: list[int]) -> dict:
             out["grads0"] = {k: p.grad.clone() for k, p in model.named_parameters()}
         out["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip).item())
         out["loss"].append(loss)
+        window += tc.batch_size * world
         opt.step()
         opt.zero_grad(set_to_none=True)
     out["state"] = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -5,8 +5,9 @@ Layout of ``SCRATCH/dcp`` (the single-process checkpoints of ``SCRATCH/step_*`` 
     step_00000050/        the state after 50 optimizer steps
       .metadata, *.distcp   DCP: model and AdamW state, sharded as trained, keyed by parameter name
       rng_00000.pt ...      each rank's RNG states (mohge.checkpoint.capture_rng)
-      data.json             the data position {"step": 50, "world_size": W}: batches are a pure function of
-                            (seed, step, rank, world)
+      data.json             the data position {"step": 50, "world_size": W, "order": ...}: random batches are a
+                            pure function of (seed, step, rank, world); sequential ones add the global "window"
+                            to read next ("epoch", "shard", "offset" say where), which any world size resumes
       config.json           the resolved run config
       manifest.json         sha256 and size of every file above; written last, by rank 0
     .tmp-step_00000050-PID/   a save in progress, renamed to step_00000050 in one os.replace once complete
@@ -64,8 +65,17 @@ def _broadcast(value: Any) -> Any:
     return box[0]
 
 
-def save(root: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, resolved: dict, keep: int) -> Path:
-    """Write ``root/step_{step:08d}`` from every rank (a collective); returns the folder."""
+def save(
+    root: Path,
+    step: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    resolved: dict,
+    keep: int,
+    data: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``root/step_{step:08d}`` from every rank (a collective); returns the folder. ``data`` is the data
+    position (``mohge.data.stream.TrainBatches.position``) that data.json holds."""
     rank, world = dist.get_rank(), dist.get_world_size()
     final = root / ckpt.step_dir_name(step)
     tmp = root / _broadcast(f".tmp-{final.name}-{os.getpid()}")
@@ -79,7 +89,7 @@ def save(root: Path, step: int, model: nn.Module, opt: torch.optim.Optimizer, re
     write_bytes_atomic(tmp / f"rng_{rank:05d}.pt", buf.getvalue())
     dist.barrier()
     if rank == 0:
-        write_json_atomic(tmp / "data.json", {"step": step, "world_size": world})
+        write_json_atomic(tmp / "data.json", {**(data or {}), "step": step, "world_size": world})
         write_json_atomic(tmp / "config.json", resolved)
         files = {
             p.name: {"sha256": ckpt.sha256_file(p), "bytes": p.stat().st_size}
@@ -104,9 +114,10 @@ def _without_parallel(d: dict) -> dict:
 
 def resume(
     root: Path, resolved: dict, model: nn.Module, opt: torch.optim.Optimizer, require: bool
-) -> tuple[int, Path | None]:
-    """Load the newest valid checkpoint of ``root`` into ``model`` and ``opt`` (collective): (step, folder),
-    or (0, None) when there is none (CheckpointError with ``require``). Rank 0 verifies and chooses."""
+) -> tuple[int, Path | None, dict[str, Any] | None]:
+    """Load the newest valid checkpoint of ``root`` into ``model`` and ``opt`` (collective): (step, folder, its
+    data position), or (0, None, None) when there is none (CheckpointError with ``require``). Rank 0 verifies
+    and chooses."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         ckpt.remove_stale_temps(root)
@@ -114,7 +125,7 @@ def resume(
     if not found:
         if require:
             raise ckpt.CheckpointError(f"--require-resume: no valid checkpoint in {root}")
-        return 0, None
+        return 0, None, None
     path = Path(found)
     saved = json.loads((path / "config.json").read_text())
     ckpt.check_same_run(_without_parallel(saved), _without_parallel(resolved), path)
@@ -128,7 +139,7 @@ def resume(
     ckpt.restore_rng(torch.load(rng, weights_only=True))
     if data["world_size"] != world and rank == 0:
         log.warning("resuming a checkpoint of %d ranks on %d: resharded", data["world_size"], world)
-    return int(data["step"]), path
+    return int(data["step"]), path, data
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

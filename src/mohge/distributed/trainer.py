@@ -6,8 +6,11 @@ The objective, optimizer, schedule, clipping, log rows, non-finite guard and fin
 
 * the model is built whole on every rank (the same seed, so the same initial weights as one process), then
   parallelized (:func:`.parallelize.parallelize`: EP, activation checkpointing, compile, FSDP2);
-* every rank reads a disjoint part of the train split: rank r of W samples its windows only from tokens
-  [r N / W, (r + 1) N / W), step s drawing ``get_batch(s, batch_size, seq_len, seed * 1000 + r)`` there;
+* every rank reads a disjoint part of the train split (``train.data_order``): random: rank r of W samples its
+  windows only from tokens [r N / W, (r + 1) N / W), step s drawing ``get_batch(s, batch_size, seq_len,
+  seed * 1000 + r)`` there; sequential: rank r reads the r-th ``batch_size`` of the next ``batch_size x W``
+  windows of the whole split (:class:`mohge.data.stream.TrainBatches`), the global position checkpointed, so a
+  run resumed on another world size reads on from the next window;
 * checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp) and the final model is exported whole;
 * log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device) and
   ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window).
@@ -32,6 +35,8 @@ from .. import train as base
 from ..atomic import write_json_atomic, write_text_atomic
 from ..config import ConfigError, RunConfig
 from ..data import TokenStream
+from ..data.loader import verify_folder
+from ..data.stream import TrainBatches
 from ..evaluate import heldout_loss
 from ..model import LanguageModel
 from ..moe import LayerStats
@@ -83,8 +88,13 @@ def train_parallel(
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = base.resolve_data(cfg, data, scratch, rt)
+    if rt.main:  # before the first step, as one process does: a changed shard is named, not trained on
+        verify_folder(data_dir, scratch / "data_verified.json")
+    rt.barrier()
     S = cfg.data_config.seq_len
-    stream = rank_stream(TokenStream.open(data_dir, "train"), rt.rank, rt.world, S)
+    stream = TokenStream.open(data_dir, "train")
+    if tc.data_order == "random":
+        stream = rank_stream(stream, rt.rank, rt.world, S)
     resolved = base.ckpt.resolved_config(cfg)
     random.seed(tc.seed)
     np.random.seed(tc.seed)
@@ -93,9 +103,11 @@ def train_parallel(
     parallelize(model, layout, build_meshes(layout, rt.device.type), rt.device)
     opt = base.build_optimizer(model, tc)
     dcp_root = scratch / "dcp"
-    start, last_good = dcp.resume(dcp_root, resolved, model, opt, require_resume)
+    start, last_good, position = dcp.resume(dcp_root, resolved, model, opt, require_resume)
     if last_good is not None:
-        log.info("resuming from %s (step %d of %d)", last_good, start, tc.steps)
+        log.info("resuming from %s (step %d of %d, data %s)", last_good, start, tc.steps, position)
+    window0 = base.ckpt.start_window(position, tc.data_order, last_good)
+    batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, start, window0)
     log_path = scratch / "train_log.jsonl"
     rows = base.read_log(log_path, start)
     if rt.main:
@@ -116,7 +128,7 @@ def train_parallel(
             lr = base.lr_at(s, tc)
             for group in opt.param_groups:
                 group["lr"] = lr
-            x_BS, y_BS = stream.get_batch(s, tc.batch_size, S, tc.seed * 1000 + rt.rank)
+            x_BS, y_BS = batches.batch(s)
             sums = torch.zeros(3, device=rt.device)
             for m in range(tc.grad_accum):
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
@@ -139,6 +151,8 @@ def train_parallel(
             if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
                 row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
                 row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device))
+                if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
+                    row["data"] = batches.position(s + 1)
                 meter, flops_window = base.WindowMeter(), torch.zeros((), dtype=torch.float64)
                 if rt.main:
                     rows.append(row)
@@ -152,7 +166,9 @@ def train_parallel(
                     log_fh.write(json.dumps(rows[-1]) + "\n")
                     log_fh.flush()
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
-                last_good = dcp.save(dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints)
+                last_good = dcp.save(
+                    dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints, batches.position(s + 1)
+                )
     finally:
         bar.close()
         if log_fh is not None:
@@ -166,6 +182,7 @@ def train_parallel(
         summary = base._finish(
             cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time
         )
+        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         tps = summary["tokens_per_s"]
         mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
         summary.update(
