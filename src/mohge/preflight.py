@@ -181,7 +181,7 @@ def check_writable(folder: str | Path, what: str) -> None:
 
 
 def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
-    """Check the token files of a prepared folder (format version 1 or 2, every shard) against the sha256
+    """Check the token files of a prepared folder (every shard) against the sha256
     meta.json records, once per run: the result is kept in ``marker`` (in the run's scratch), so a resumed run
     does not read the tokens again. A changed or truncated file is a ConfigError naming it.
     (:func:`mohge.data.loader.verify_folder`, which the trainer calls.)"""

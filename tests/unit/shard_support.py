@@ -33,19 +33,19 @@ def _cuts(ids: np.ndarray, num_shards: int) -> list[int]:
     return cuts
 
 
-def reshard(v1: Path, out: Path, num_shards: int) -> dict:
-    """Write ``out`` (format version 2) with the tokens of the prepared folder ``v1`` (format 1, or 2 once
-    ``prepare`` writes it) cut into up to ``num_shards`` shards per split; returns its meta."""
-    meta = json.loads((v1 / "meta.json").read_text())
+def reshard(src: Path, out: Path, num_shards: int) -> dict:
+    """Write ``out`` with the tokens of the prepared folder ``src`` cut into up to ``num_shards`` shards per split
+    (cut after an EOT, so documents never straddle shards); returns its meta."""
+    meta = json.loads((src / "meta.json").read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "shards").mkdir(exist_ok=True)
     for name in ("tokenizer.json", "val.txt", "test.txt", "val_docs.jsonl", "test_docs.jsonl"):
-        shutil.copy(v1 / name, out / name)
+        shutil.copy(src / name, out / name)
     dtype = np.dtype(meta["dtype"])
     new = {k: v for k, v in meta.items() if k not in ("files", "sha256", "shards")}
     new["format_version"], new["shards"] = 2, {}
     for s in SPLITS:
-        stream = TokenStream.open(v1, s)
+        stream = TokenStream.open(src, s)
         ids = np.asarray(stream.tokens, dtype=dtype)
         levels = None if stream.levels is None else np.asarray(stream.levels, dtype=np.int8)
         entries, lo = [], 0

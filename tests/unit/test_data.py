@@ -5,6 +5,7 @@ import io
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import tarfile
 import time
@@ -24,6 +25,7 @@ from mohge.data import (
     load_data_config,
     load_shakespeare_plays,
     prepare,
+    read_split,
     split_plays,
     strip_gutenberg,
 )
@@ -197,18 +199,23 @@ def graded_dir(tmp_path_factory):
     return out, meta
 
 
+def split_levels(out: pathlib.Path, meta: dict, split: str) -> np.ndarray:
+    """The split's levels: its shards' levels files concatenated (graded corpus)."""
+    return np.concatenate([np.fromfile(out / e["levels"]["file"], dtype=np.int8) for e in meta["shards"][split]])
+
+
 def test_prepare_graded_files_and_meta(graded_dir):
     out, meta = graded_dir
     assert meta == json.loads((out / "meta.json").read_text())
     assert meta["dtype"] == "uint16" and meta["vocab_size"] <= 320 and meta["eot_id"] == EOT_ID
     assert meta["num_docs"] == {"train": 96, "val": 12, "test": 12}
     for s in ("train", "val", "test"):
-        ids = np.fromfile(out / f"{s}.bin", dtype=np.uint16)
-        levels = np.fromfile(out / f"{s}.levels.bin", dtype=np.int8)
-        assert len(ids) == meta["tokens"][s] == (out / f"{s}.bin").stat().st_size // 2 > 0
+        ids, levels = read_split(out, s), split_levels(out, meta, s)
+        (shard,) = meta["shards"][s]
+        assert len(ids) == meta["tokens"][s] == (out / shard["file"]).stat().st_size // 2 > 0
         assert len(levels) == len(ids)
-        assert meta["sha256"][f"{s}.bin"] == hashlib.sha256((out / f"{s}.bin").read_bytes()).hexdigest()
-        assert meta["sha256"][f"{s}.levels.bin"] == hashlib.sha256((out / f"{s}.levels.bin").read_bytes()).hexdigest()
+        assert shard["sha256"] == hashlib.sha256((out / shard["file"]).read_bytes()).hexdigest()
+        assert shard["levels"]["sha256"] == hashlib.sha256((out / shard["levels"]["file"]).read_bytes()).hexdigest()
         assert (ids == EOT_ID).sum() == meta["num_docs"][s] and ids[-1] == EOT_ID
         assert (levels[ids == EOT_ID] == LEVEL_SEP).all()
     assert not list(out.glob(".*")), "temporary files left behind"
@@ -227,8 +234,7 @@ def test_prepare_graded_tokens_and_levels_match_documents(graded_dir):
     ]
     assert (out / "val.txt").read_text() == "\n\n".join(d.text for d in splits["val"])
     for s, split_docs in splits.items():
-        ids = np.fromfile(out / f"{s}.bin", dtype=np.uint16)
-        levels = np.fromfile(out / f"{s}.levels.bin", dtype=np.int8)
+        ids, levels = read_split(out, s), split_levels(out, meta, s)
         ends = np.flatnonzero(ids == EOT_ID)
         starts = np.concatenate([[0], ends[:-1] + 1])
         for doc, a, b in zip(split_docs, starts, ends, strict=True):
@@ -444,7 +450,7 @@ def test_prepare_shakespeare_keeps_held_out_plays_out_of_train(tmp_path, fake_pi
     meta = prepare(cfg, out, cache_dir=tmp_path / "cache")
     assert meta["docs"] == {"train": ["alpha", "charlie", "foxtrot"], "val": ["bravo"], "test": ["delta", "echo"]}
     tok = load_tokenizer(out / "tokenizer.json")
-    train_text = decode(tok, np.fromfile(out / "train.bin", dtype=np.uint16).tolist())
+    train_text = decode(tok, read_split(out, "train").tolist())
     for stem in STEMS:
         assert (MARKERS[stem] in train_text) == (stem in meta["docs"]["train"])
     # The tokenizer saw only the train plays: their marker became one token, the held-out ones did not.
@@ -455,8 +461,8 @@ def test_prepare_shakespeare_keeps_held_out_plays_out_of_train(tmp_path, fake_pi
     assert records == [{"play": s, "text": expected_clean(s)} for s in ("delta", "echo")]
     assert (out / "test.txt").read_text() == expected_clean("delta") + "\n\n" + expected_clean("echo")
     for s in ("train", "val", "test"):
-        assert meta["tokens"][s] == (out / f"{s}.bin").stat().st_size // 2
-    assert not (out / "train.levels.bin").exists()
+        assert meta["tokens"][s] == len(read_split(out, s))
+        assert all(e["levels"] is None for e in meta["shards"][s])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -534,7 +540,7 @@ def test_hf_local_dataset_dict(tmp_path, monkeypatch):
     assert meta["num_docs"] == {"train": 39, "val": 5, "test": 6}
     records = [json.loads(line) for line in (tmp_path / "out" / "test_docs.jsonl").read_text().splitlines()]
     assert [r["text"] for r in records] == hf_rows("test", 6)["text"]
-    ids = np.fromfile(tmp_path / "out" / "test.bin", dtype=np.uint16)
+    ids = read_split(tmp_path / "out", "test")
     assert len(ids) == meta["tokens"]["test"] and (ids == EOT_ID).sum() == 6
     bad = DataConfig(source="hf", hf_local_path=str(tmp_path / "ds"), hf_text_field="content")
     with pytest.raises(ValueError, match="content"):
@@ -635,9 +641,9 @@ def test_open_checks_meta_and_module_level_eval_iterator(graded_dir, tmp_path):
     assert len(s) == meta["tokens"]["val"] and s.levels is not None
     n_targets = sum(b[1].numel() for b in iter_eval_batches(out, "val", 4, 32))
     assert n_targets == meta["tokens"]["val"] - 1
+    shutil.copytree(out / "shards", tmp_path / "shards")
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "tokens": {**meta["tokens"], "val": 3}}))
-    (tmp_path / "val.bin").write_bytes((out / "val.bin").read_bytes())
-    with pytest.raises(ValueError, match="meta.json says 3"):
+    with pytest.raises(ValueError, match="3"):
         TokenStream.open(tmp_path, "val")
     with pytest.raises(FileNotFoundError, match="meta.json"):
         TokenStream.open(tmp_path / "missing", "val")

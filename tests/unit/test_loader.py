@@ -31,9 +31,9 @@ S = DATA["seq_len"]
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("loader")
-    prepare(DataConfig.from_dict(DATA), root / "v1")
-    reshard(root / "v1", root / "v2", 12)  # about 2,450 train tokens, 76 windows of 32, per shard
-    return {"v1": root / "v1", "v2": root / "v2"}
+    prepare(DataConfig.from_dict(DATA), root / "one")
+    reshard(root / "one", root / "twelve", 12)  # about 2,450 train tokens, 76 windows of 32, per shard
+    return {"one": root / "one", "twelve": root / "twelve"}
 
 
 def copy_of(folder: Path, tmp_path: Path) -> Path:
@@ -46,11 +46,11 @@ def copy_of(folder: Path, tmp_path: Path) -> Path:
 # ------------------------------------------------------------------------------------------------
 
 
-def test_v1_and_v2_read_the_same_stream_and_the_same_random_batches(folders):
-    meta = json.loads((folders["v2"] / "meta.json").read_text())
+def test_one_and_twelve_shards_read_the_same_stream_and_the_same_random_batches(folders):
+    meta = json.loads((folders["twelve"] / "meta.json").read_text())
     assert meta["format_version"] == 2 and len(meta["shards"]["train"]) == 12
     for split in ("train", "val", "test"):
-        a, b = TokenStream.open(folders["v1"], split), TokenStream.open(folders["v2"], split, verify=True)
+        a, b = TokenStream.open(folders["one"], split), TokenStream.open(folders["twelve"], split, verify=True)
         assert isinstance(a.tokens, np.memmap) and isinstance(b.tokens, ShardedArray)
         assert len(a) == len(b) == meta["tokens"][split]
         assert np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
@@ -60,7 +60,7 @@ def test_v1_and_v2_read_the_same_stream_and_the_same_random_batches(folders):
         ):
             assert torch.equal(xa, xb) and torch.equal(ya, yb) and torch.equal(la, lb)
     # random order is today's draws over the split's whole token stream, whatever its sharding
-    a, b = TokenStream.open(folders["v1"], "train"), TokenStream.open(folders["v2"], "train")
+    a, b = TokenStream.open(folders["one"], "train"), TokenStream.open(folders["twelve"], "train")
     for step in (0, 7, 123):
         for xa, xb in zip(a.get_batch(step, 8, S, 1001), b.get_batch(step, 8, S, 1001), strict=True):
             assert torch.equal(xa, xb)
@@ -150,10 +150,10 @@ def run_config(**train) -> dict:
 def test_sequential_resume_mid_shard_is_bit_identical(folders, tmp_path):
     run = run_config(data_order="sequential", ckpt_every=4, keep_checkpoints=3)
     straight = tmp_path / "straight"
-    train(RunConfig.from_dict(run), straight, data=str(folders["v2"]))
+    train(RunConfig.from_dict(run), straight, data=str(folders["twelve"]))
     scratch = straight / ".scratch"
     data4 = load_checkpoint(scratch / "step_00000004")["data"]
-    order = TokenStream.open(folders["v2"], "train").window_order(S, 0)
+    order = TokenStream.open(folders["twelve"], "train").window_order(S, 0)
     per_epoch = order.per_epoch
     assert data4["order"] == "sequential" and data4["window"] == 4 * 8 and data4["windows_per_epoch"] == per_epoch
     assert data4["offset"] == 32 * S and data4["shard"].startswith("shards/train-")  # mid-shard
@@ -163,7 +163,7 @@ def test_sequential_resume_mid_shard_is_bit_identical(folders, tmp_path):
     # a run resumed from the step-4 checkpoint reads the windows the uninterrupted one read
     resumed = tmp_path / "resumed"
     shutil.copytree(scratch / "step_00000004", resumed / ".scratch" / "step_00000004")
-    summary = train(RunConfig.from_dict(run), resumed, data=str(folders["v2"]), require_resume=True)
+    summary = train(RunConfig.from_dict(run), resumed, data=str(folders["twelve"]), require_resume=True)
     assert summary["resumed_from_step"] == 4
     assert summary["data_position"] == {"order": "sequential", **order.position(12 * 8), "windows_per_epoch": per_epoch}
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
@@ -172,14 +172,14 @@ def test_sequential_resume_mid_shard_is_bit_identical(folders, tmp_path):
     assert [(r["loss"], r["data"]) for r in tail] == [(r["loss"], r["data"]) for r in rows if r["step"] >= 4]
     # and another order of batches is another trajectory: the windows do matter
     other = tmp_path / "random"
-    train(RunConfig.from_dict(run_config(ckpt_every=4)), other, data=str(folders["v2"]))
+    train(RunConfig.from_dict(run_config(ckpt_every=4)), other, data=str(folders["twelve"]))
     assert not torch.equal(load_file(other / "model.safetensors")["embed.weight"], a["embed.weight"])
 
 
 def test_random_order_checkpoint_keeps_the_step_and_old_checkpoints_resume(folders, tmp_path):
     run = run_config(steps=4, ckpt_every=2)
     out = tmp_path / "out"
-    train(RunConfig.from_dict(run), out, data=str(folders["v1"]))
+    train(RunConfig.from_dict(run), out, data=str(folders["one"]))
     state = load_checkpoint(out / ".scratch" / "step_00000004")
     assert state["data"] == {"order": "random", "step": 4}
     # a checkpoint written before train.data_order existed resumes as random order
@@ -199,7 +199,7 @@ def test_random_order_checkpoint_keeps_the_step_and_old_checkpoints_resume(folde
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_tampered_shard_is_refused_naming_it(folders, tmp_path, damage, caplog):
-    data = copy_of(folders["v2"], tmp_path)
+    data = copy_of(folders["twelve"], tmp_path)
     shard = data / "shards" / "train-00005.bin"
     raw = bytearray(shard.read_bytes())
     if damage == "flip":
@@ -221,7 +221,7 @@ def test_tampered_shard_is_refused_naming_it(folders, tmp_path, damage, caplog):
 
 
 def test_evaluation_refuses_a_changed_val_shard(folders, tmp_path):
-    data = copy_of(folders["v2"], tmp_path)
+    data = copy_of(folders["twelve"], tmp_path)
     cfg = RunConfig.from_dict(run_config())
     model = LanguageModel(cfg.model, cfg.loss)
     assert heldout_loss(model, data, "val", 4, S, 2)["tokens"] > 0
@@ -234,7 +234,7 @@ def test_evaluation_refuses_a_changed_val_shard(folders, tmp_path):
 
 
 def test_meta_that_does_not_add_up_is_refused(folders, tmp_path):
-    data = copy_of(folders["v2"], tmp_path)
+    data = copy_of(folders["twelve"], tmp_path)
     meta = json.loads((data / "meta.json").read_text())
     meta["tokens"]["test"] += 1
     (data / "meta.json").write_text(json.dumps(meta))
@@ -252,7 +252,7 @@ def test_traces_read_every_test_shard(folders):
     cfg = RunConfig.from_dict(run_config())
     torch.manual_seed(0)
     model = LanguageModel(cfg.model, cfg.loss).eval()
-    one, _ = collect_trace(model, cfg, folders["v1"], "test", batch_size=4)
-    many, _ = collect_trace(model, cfg, folders["v2"], "test", batch_size=4)
-    assert len(json.loads((folders["v2"] / "meta.json").read_text())["shards"]["test"]) > 1
+    one, _ = collect_trace(model, cfg, folders["one"], "test", batch_size=4)
+    many, _ = collect_trace(model, cfg, folders["twelve"], "test", batch_size=4)
+    assert len(json.loads((folders["twelve"] / "meta.json").read_text())["shards"]["test"]) > 1
     assert one == many  # the same tokens and levels, so the same routing counts

@@ -10,7 +10,10 @@ Modules, in reading order:
   `manifest`                       the gather step: shards verified, meta.json (format version 2) written last.
   `prepare`                        the tokenizer job, everything in one process (`prepare`), the CLI
                                    (`python -m mohge.data [all|tokenizer|shard|gather]`).
-  `stream`                         `TokenStream`: memmapped tokens; `get_batch` is a pure function of (seed, step).
+  `loader`                         reading a prepared folder: shards size-checked on every open and hashed once per
+                                   run, the sequential window order and its position (`WindowOrder`).
+  `stream`                         `TokenStream`: memmapped tokens of a split; `get_batch` is a pure function of
+                                   (seed, step), `window_batch` reads windows by global index.
 
 Files written under the data folder D (docs/method.md §12), every one atomically (a temporary sibling, then
 `os.replace`), so a killed job leaves no half file; `meta.json` is removed first and written last, so it marks
@@ -23,7 +26,6 @@ a complete preparation:
   shards/part-{i:05d}.json        shard job i's manifest (tokens, documents, sha256 per file), read by gather
   {val,test}.txt                  raw held-out text (first data.eval_docs_max documents), separated by a blank line
   {val,test}_docs.jsonl           the same documents, one a line, exact text (+ per-char levels if graded)
-  {train,val,test}.bin (+ .levels.bin)   transitional single-file splits for format-1 readers (meta legacy_files)
   meta.json                       format_version 2: shards per split with tokens/docs/sha256, the split method,
                                   the tokenizer record, token counts (mohge.data.manifest)
 

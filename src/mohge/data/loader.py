@@ -1,8 +1,7 @@
 """Reading a prepared folder: its shards, checked against meta.json, and the sequential order of training windows.
 
 A split's *token stream* is the concatenation of its shards in meta order (format version 2: ``meta["shards"]``,
-paths relative to the folder, as mohge.data's docstring lists them; format version 1: one ``{split}.bin`` at the
-top, read as a single shard). Every shard is memory-mapped, never read whole.
+paths relative to the folder, as mohge.data's docstring lists them). Every shard is memory-mapped, never read whole.
 
 Checks, each refusal a ConfigError that names the shard file (one line, exit 2 through the CLIs):
 
@@ -53,25 +52,15 @@ class Shard:
 
 
 def split_shards(data_dir: str | os.PathLike, meta: dict[str, Any], split: str) -> list[Shard]:
-    """The shards of ``split`` in order, from a meta.json of format version 1 or 2."""
+    """The shards of ``split`` in order, from a meta.json of format version 2."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: expected one of {SPLITS}")
     version = meta.get("format_version", 1)
-    if version == 1:  # one {split}.bin at the top of the folder, sha256 in meta["sha256"]
-        sha = meta.get("sha256", {})
-        levels = f"{split}.levels.bin"
-        has_levels = levels in meta.get("files", {}).get(split, ()) or (Path(data_dir) / levels).is_file()
-        return [
-            Shard(
-                f"{split}.bin",
-                int(meta["tokens"][split]),
-                sha.get(f"{split}.bin"),
-                levels if has_levels else None,
-                sha.get(levels) if has_levels else None,
-            )
-        ]
     if version != 2:
-        raise ConfigError(f"{Path(data_dir) / 'meta.json'}: format_version={version!r}, this reader knows 1 and 2")
+        raise ConfigError(
+            f"{Path(data_dir) / 'meta.json'}: format_version={version!r}, this reader knows 2 (sharded): "
+            "prepare the data again (python -m mohge.data)"
+        )
     entries = meta.get("shards", {}).get(split)
     if not entries:
         raise ConfigError(f"{Path(data_dir) / 'meta.json'}: no shards listed for split {split!r}")

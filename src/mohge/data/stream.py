@@ -1,7 +1,7 @@
 """Reading prepared token files: `TokenStream` (the memory-mapped token stream of one split) and its batches.
 
-`TokenStream.open` reads a prepared folder through :mod:`mohge.data.loader` (format version 1 or 2: one file or
-many shards per split, each size-checked against meta.json). Two train orders (``train.data_order``):
+`TokenStream.open` reads a prepared folder through :mod:`mohge.data.loader` (format version 2: one or many shards
+per split, each size-checked against meta.json). Two train orders (``train.data_order``):
 `get_batch` (random) is a pure function of (seed, step), so a resumed run that knows only its step draws
 exactly the batches it would have drawn; `window_batch` (sequential) reads windows by their global index
 (:class:`mohge.data.loader.WindowOrder`). `iter_eval_batches` covers a split in order, scoring every token once.
