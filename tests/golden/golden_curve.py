@@ -2,7 +2,7 @@
 
 Its per-step losses are recorded in ``tiny_mohge.json`` and checked exactly (``test_golden.py``), so any change of
 the training math shows: the model, the router (docs/method.md §2), the losses and their coefficients and schedule
-(§5, §6), the optimizer and the learning-rate schedule. It runs the trainer's own pieces (``mohge.train.lr_at``,
+(§5, §6), the optimizer and the learning-rate schedule. It runs the trainer's own pieces (``mohge.training.lr_at``,
 ``build_optimizer``, ``compute_loss``) on synthetic tokens (a fixed seeded Markov chain), so it needs no prepared
 data and no file I/O. When a change is *meant* to alter the math, regenerate the record and commit it:
 
@@ -23,7 +23,7 @@ import torch
 
 from mohge.config import RunConfig
 from mohge.model import LanguageModel
-from mohge.train import build_optimizer, compute_loss, lr_at
+from mohge.training import build_optimizer, compute_loss, lr_at
 
 GOLDEN = Path(__file__).resolve().parent / "tiny_mohge.json"
 REGEN = "python tests/golden/regen.py"

@@ -26,7 +26,7 @@ from mohge.config import RunConfig
 from mohge.data import TokenStream
 from mohge.distributed.trainer import rank_stream
 from mohge.model import LanguageModel
-from mohge.train import build_optimizer, compute_loss, lr_at
+from mohge.training import build_optimizer, compute_loss, lr_at
 
 DATA = {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120}
 WORKER = Path(__file__).with_name("dist_worker.py")

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .. import train as base
+from .. import training
 from ..atomic import write_json_atomic, write_text_atomic
 from ..config import ConfigError, RunConfig
 from ..data import TokenStream
@@ -101,7 +102,7 @@ def train_parallel(
     torch.manual_seed(tc.seed)
     model = LanguageModel(cfg.model, cfg.loss)  # whole, on the CPU: the same initial weights as one process
     parallelize(model, layout, build_meshes(layout, rt.device.type), rt.device)
-    opt = base.build_optimizer(model, tc)
+    opt = training.build_optimizer(model, tc)
     dcp_root = scratch / "dcp"
     start, last_good, position = dcp.resume(dcp_root, resolved, model, opt, require_resume)
     if last_good is not None:
@@ -109,7 +110,7 @@ def train_parallel(
     window0 = base.ckpt.start_window(position, tc.data_order, last_good)
     batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, start, window0)
     log_path = scratch / "train_log.jsonl"
-    rows = base.read_log(log_path, start)
+    rows = training.read_log(log_path, start)
     if rt.main:
         write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
     rt.barrier()
@@ -118,14 +119,14 @@ def train_parallel(
     model.train()
     micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
     fpt = model_flops_per_token(cfg.model, S)
-    meter, trained_tokens, train_time = base.WindowMeter(), 0, 0.0
+    meter, trained_tokens, train_time = training.WindowMeter(), 0, 0.0
     flops_window = torch.zeros((), dtype=torch.float64)
     bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=30)
     log_fh = open(log_path, "a") if rt.main else None  # noqa: SIM115 (closed below)
     try:
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
-            lr = base.lr_at(s, tc)
+            lr = training.lr_at(s, tc)
             for group in opt.param_groups:
                 group["lr"] = lr
             x_BS, y_BS = batches.batch(s)
@@ -133,7 +134,7 @@ def train_parallel(
             for m in range(tc.grad_accum):
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
                 with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
-                    total, lm, aux, layers = base.compute_loss(model, xm, ym, cfg, s)
+                    total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
                 (total / tc.grad_accum).backward()
                 sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
                 meter.add_micro(layers)
@@ -142,7 +143,7 @@ def train_parallel(
             dist.all_reduce(sums)
             sums /= rt.world
             gnorm = clip_grad_norm(model, tc.grad_clip, layout)
-            vals = base.optimizer_step(s, sums, gnorm, opt, rt, last_good)
+            vals = training.optimizer_step(s, sums, gnorm, opt, rt, last_good)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step
@@ -153,7 +154,7 @@ def train_parallel(
                 row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device))
                 if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
                     row["data"] = batches.position(s + 1)
-                meter, flops_window = base.WindowMeter(), torch.zeros((), dtype=torch.float64)
+                meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
                 if rt.main:
                     rows.append(row)
                     log_fh.write(json.dumps(row) + "\n")

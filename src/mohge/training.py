@@ -1,0 +1,168 @@
+"""The pieces of one training step, shared by the single-process trainer (mohge.train) and the parallel one
+(mohge.distributed.trainer): the learning-rate schedule, the optimizer, the loss with its auxiliary terms, the
+finite check and optimizer step, the window meter of the log and the reading of an existing log on resume.
+The formulas are in mohge.train's docstring (docs/method.md §5.4, §6).
+
+Legend: B batch, S sequence length, L MoE layers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .config import RunConfig, TrainConfig
+from .losses import group_aux_active, weighted_aux
+from .moe import LayerStats
+from .runtime import Runtime
+from .traces import routing_summary
+
+log = logging.getLogger("mohge.train")
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm of a step is NaN or infinite."""
+
+
+def lr_at(step: int, tc: TrainConfig) -> float:
+    """Learning rate of 0-based step ``step``: linear warmup to ``lr``, then cosine to ``min_lr``."""
+    if step < tc.warmup_steps:
+        return tc.lr * (step + 1) / tc.warmup_steps
+    progress = min(1.0, (step - tc.warmup_steps) / max(1, tc.steps - 1 - tc.warmup_steps))
+    return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None)
+
+
+def compute_loss(
+    model: torch.nn.Module, x_BS: torch.Tensor, y_BS: torch.Tensor, cfg: RunConfig, step: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[LayerStats]]:
+    """(total, lm, weighted aux, per-layer stats) of one micro-batch at 0-based ``step``."""
+    out = model(x_BS)
+    lm = F.cross_entropy(out.logits.float().flatten(0, 1), y_BS.flatten())
+    aux = lm.new_zeros(())
+    for stats in out.layers:
+        aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)
+    return lm + aux, lm, aux, out.layers
+
+
+# ----------------------------------------------------------------------------------------------------
+# Log rows
+# ----------------------------------------------------------------------------------------------------
+
+
+class WindowMeter:
+    """Sums over one log window; routing sums stay on the device until a row is written."""
+
+    def __init__(self) -> None:
+        self.steps, self.micro, self.tokens, self.time = 0, 0, 0, 0.0
+        self.sums = dict.fromkeys(("loss", "lm_loss", "aux_loss", "grad_norm"), 0.0)
+        self.counts_LE: torch.Tensor | None = None
+        self.aux_L: dict[str, torch.Tensor] = {}
+
+    def add_micro(self, layers: list[LayerStats]) -> None:
+        self.micro += 1
+        if not layers:
+            return
+        counts = torch.stack([st.counts_E for st in layers])
+        self.counts_LE = counts if self.counts_LE is None else self.counts_LE + counts
+        for name in layers[0].aux:
+            v = torch.stack([st.aux[name].detach().float() for st in layers])
+            self.aux_L[name] = v if name not in self.aux_L else self.aux_L[name] + v
+
+    def state(self) -> dict[str, Any]:
+        """The accumulators, for the checkpoint: a resumed run's first row covers its whole window."""
+        counts = None if self.counts_LE is None else self.counts_LE.cpu()
+        plain = {"steps": self.steps, "micro": self.micro, "tokens": self.tokens, "time": self.time}
+        return {
+            **plain,
+            "sums": dict(self.sums),
+            "counts_LE": counts,
+            "aux_L": {k: v.cpu() for k, v in self.aux_L.items()},
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any] | None, device: torch.device) -> WindowMeter:
+        meter = cls()
+        if state:
+            meter.steps, meter.micro, meter.tokens, meter.time = (
+                state[k] for k in ("steps", "micro", "tokens", "time")
+            )
+            meter.sums = dict(state["sums"])
+            meter.counts_LE = None if state["counts_LE"] is None else state["counts_LE"].to(device)
+            meter.aux_L = {k: v.to(device) for k, v in state["aux_L"].items()}
+        return meter
+
+    def add_step(self, values: dict[str, float], tokens: int, seconds: float) -> None:
+        self.steps += 1
+        self.tokens += tokens
+        self.time += seconds
+        for k in self.sums:
+            self.sums[k] += values[k]
+
+    def row(self, step: int, lr: float, cfg: RunConfig, rt: Runtime, total_tokens: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"step": step, "lr": lr}
+        row.update({k: v / max(self.steps, 1) for k, v in self.sums.items()})
+        row["tokens"] = total_tokens
+        row["tokens_per_s"] = self.tokens / self.time if self.time > 0 else None
+        row["group_aux_active"] = group_aux_active(step, cfg.train.steps, cfg.loss.group_aux_start_frac)
+        if self.counts_LE is None:
+            return row
+        counts, aux = self.counts_LE.clone(), {k: v.clone() for k, v in self.aux_L.items()}
+        if rt.world > 1:
+            dist.all_reduce(counts)
+            for v in aux.values():
+                dist.all_reduce(v)
+        means = {k: (v / (self.micro * rt.world)).tolist() for k, v in aux.items()}
+        row["aux"] = {k: sum(v) for k, v in means.items()}
+        row["aux_layers"] = means
+        ffn = cfg.model.ffn
+        row.update(routing_summary(counts, ffn.per_expert_widths, ffn.num_groups, cfg.model.router.topk))
+        return row
+
+
+def optimizer_step(
+    s: int, sums: torch.Tensor, gnorm: torch.Tensor, opt: torch.optim.Optimizer, rt: Runtime, last_good: Path | None
+) -> dict[str, float]:
+    """Step ``s``'s logged values (loss, lm_loss, aux_loss from the reduced ``sums``; the clipped ``gnorm``), then the
+    optimizer step; a non-finite value stops the run before the step, naming the last good checkpoint."""
+    loss, lm_loss, aux_loss, grad_norm = torch.cat([sums, gnorm.reshape(1).float()]).tolist()
+    if not all(map(math.isfinite, (loss, lm_loss, aux_loss, grad_norm))):
+        raise NonFiniteLossError(
+            f"non-finite loss at step {s} (loss={loss}, lm_loss={lm_loss}, aux={aux_loss}, "
+            f"grad_norm={grad_norm}); stopped before the optimizer step; last good checkpoint: {last_good or 'none'}"
+        )
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize()
+    return {"loss": loss, "lm_loss": lm_loss, "aux_loss": aux_loss, "grad_norm": grad_norm}
+
+
+def read_log(path: Path, before_step: int) -> list[dict[str, Any]]:
+    """Rows of an existing log with step < ``before_step`` (rows of steps lost to a kill are dropped, and so
+    is a line cut short by one)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                log.warning("%s: dropping an incomplete line", path)
+                continue
+            if row.get("step", before_step) < before_step:
+                rows.append(row)
+    return rows
