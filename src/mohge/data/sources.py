@@ -26,6 +26,7 @@ from mohge.graded import generate_graded, generate_sums
 from mohge.preflight import check_hub, check_text_files, resolve_text_files  # noqa: F401 (re-exported)
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
+CANDIDATE = "candidate"  # pseudo-split of an hf document set aside for the token-count hold-out (§12.2)
 
 
 def _bad(key: str, value: Any, why: str) -> ConfigError:
@@ -298,6 +299,16 @@ def iter_tokenizer_sample(cfg: DataConfig, cache_dir: str | os.PathLike | None =
             log.info("tokenizer sample: %d documents, %d bytes (the configured bound)", n_docs, n_bytes)
             return
     log.info("tokenizer sample: all %d train documents, %d bytes", n_docs, n_bytes)
+
+
+def carved_by_tokens(cfg: DataConfig) -> list[str]:
+    """The held-out splits that the gather step carves by token count (mohge.data.holdout); [] when the
+    splits go by fraction (or the dataset gives them). Their documents come as CANDIDATE from the shard jobs."""
+    if cfg.source != "hf" or not (cfg.val_tokens or cfg.test_tokens):
+        return []
+    from mohge.data.hf import by_tokens, carved_splits
+
+    return carved_splits(cfg) if by_tokens(cfg) else []
 
 
 def split_record(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
