@@ -44,14 +44,16 @@ rule data_tokenizer:
 
 rule data_shard:
     # Shard job {shard} of data.num_shards: streams its slice of the source and writes the token shards of
-    # every split incrementally (memory bounded by one encode batch); its part-*.json is written last.
+    # every split incrementally (memory bounded by one encode batch); its part-*.json is written last and
+    # lists every file it wrote. Only train's shard is declared: with data.val_tokens/test_tokens the job
+    # writes no val/test shard but its hold-out candidates (shards/cand-*), cut by the gather (§12.2).
     input:
         cfg=f"{WORK}/data/{{dataset}}.data.json",
         tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
         info=f"{WORK}/data/{{dataset}}/shards/tokenizer-info.json",
     output:
         part=f"{WORK}/data/{{dataset}}/shards/part-{{shard}}.json",
-        bins=[f"{WORK}/data/{{dataset}}/shards/{s}-{{shard}}.bin" for s in SPLITS],
+        train=f"{WORK}/data/{{dataset}}/shards/train-{{shard}}.bin",
     log:
         f"{LOGS}/data/{{dataset}}.shard-{{shard}}.log",
     wildcard_constraints:
@@ -71,8 +73,9 @@ rule data_shard:
 
 
 rule prepare_data:
-    # The gather job: every shard's size and sha256 checked against its job's manifest, the held-out text
-    # for lm-eval (bounded by data.eval_docs_max), and meta.json (format version 2) written last.
+    # The gather job: every shard's size and sha256 checked against its job's manifest, val/test cut from
+    # the candidates when held out by token count, the held-out text for lm-eval (bounded by
+    # data.eval_docs_max), and meta.json (format version 2) written last.
     input:
         cfg=f"{WORK}/data/{{dataset}}.data.json",
         tokenizer=f"{WORK}/data/{{dataset}}/tokenizer.json",
@@ -85,7 +88,7 @@ rule prepare_data:
         "../envs/train.yaml"
     threads: 1
     resources:
-        mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards (hashing, the single-file splits)
+        mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards; 40 bytes per hold-out candidate
         runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # reads every shard once
     params:
         out=lambda wc, output: os.path.dirname(output.meta),
