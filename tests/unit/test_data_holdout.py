@@ -150,3 +150,19 @@ def test_a_split_the_dataset_gives_keeps_its_shards_and_refuses_a_target(tmp_pat
     assert meta["num_docs"]["test"] == 10
     with pytest.raises(ConfigError, match=r"data.test_tokens=50: the dataset gives its own test split"):
         prepare(DataConfig.from_dict({**base, "test_tokens": 50}), tmp_path / "p")
+
+
+def test_jobs_without_candidates_are_merged_right(corpus, tmp_path):
+    """Six jobs, one file each; jobs 0, 4, 5 hold no candidate (u < 0.0065), job 3 two: val, test and the
+    returned train shard are the four documents of smallest u, read from the right offsets of the right files."""
+    out = tmp_path / "o"
+    cfg = config(corpus, "json", val_tokens=1, test_tokens=1, holdout_candidate_fraction=0.0065, num_shards=6)
+    meta = prepare(cfg, out)
+    parts = [json.loads((out / f"shards/part-{i:05d}.json").read_text()) for i in range(6)]
+    assert [p["candidates"]["docs"] for p in parts] == [0, 1, 1, 2, 0, 0]
+    docs = split_docs(out)  # (another tokenizer than carved3's: its sample lacks other candidates)
+    everything = [x for x, _ in in_u_order([d for s in docs for d in docs[s]])]
+    assert [x for x, _ in docs["val"]] == everything[:1] and [x for x, _ in docs["test"]] == everything[1:2]
+    assert [x for x, _ in docs["train"][-2:]] == everything[2:4]  # the returned candidates, in u order
+    assert meta["shards"]["train"][-1]["file"] == "shards/train-00006.bin"
+    assert meta["split"]["returned_to_train"] == {"tokens": sum(t for _, t in docs["train"][-2:]), "docs": 2}

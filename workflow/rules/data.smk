@@ -88,7 +88,7 @@ rule prepare_data:
         "../envs/train.yaml"
     threads: 1
     resources:
-        mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards; 40 bytes per hold-out candidate
+        mem_mb=lambda wc, attempt: 2000 * attempt,  # streams the shards; ~80 bytes per hold-out candidate
         runtime=lambda wc, attempt: data_job_minutes(wc.dataset, attempt, 60),  # reads every shard once
     params:
         out=lambda wc, output: os.path.dirname(output.meta),

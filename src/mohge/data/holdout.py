@@ -10,7 +10,7 @@ Why in two steps: a shard job sees only its slice, and a u-prefix by tokens need
                 shards/cand-{i:05d}.bin (ids + EOT, as a shard), .idx (one CANDIDATE_INDEX row per document:
                 u, a tie-break hash, tokens, characters, offset of its record) and .jsonl (name and text, for
                 the held-out text and the manifest's names).
-  gather        reads the indexes of all jobs (40 bytes per candidate; the candidates are a bounded share of
+  gather        reads the indexes of all jobs (~80 bytes per candidate; the candidates are a bounded share of
                 the corpus), orders them by (u, sha256 of the text), cuts val and test, and writes
                 shards/val-00000.bin, shards/test-00000.bin and the candidates left over as one more train
                 shard, shards/train-{N:05d}.bin (N = num_shards), every one listed in meta.json like any shard.
@@ -157,7 +157,7 @@ def carve(
     rows = [np.fromfile(out / c["index_file"], dtype=CANDIDATE_INDEX) for c in cands]
     job = np.concatenate([np.full(len(r), j, dtype=np.int64) for j, r in enumerate(rows)])
     pos = np.concatenate([np.arange(len(r), dtype=np.int64) for r in rows])
-    start = np.concatenate([np.concatenate([[0], np.cumsum(r["tokens"])[:-1]]).astype(np.int64) for r in rows])
+    start = np.concatenate([(np.cumsum(r["tokens"]) - r["tokens"]).astype(np.int64) for r in rows])  # in its .bin
     idx = np.concatenate(rows) if rows else np.zeros(0, dtype=CANDIDATE_INDEX)
     # u first, then the text's hash; (job, position) only separates byte-identical documents
     order = np.lexsort((pos, job, idx["tie"], idx["u"]))
