@@ -7,6 +7,7 @@ Modules, in reading order:
   `hf`                             Hugging Face datasets, streamed and sliced per shard job; held-out splits of a
                                    single-split corpus by document hash.
   `shards`                         one shard job: documents -> token ids (+ levels) written incrementally.
+  `holdout`                        val/test by token count: candidates set aside by the shard jobs, cut by the gather.
   `manifest`                       the gather step: shards verified, meta.json (format version 2) written last.
   `prepare`                        the tokenizer job, everything in one process (`prepare`), the CLI
                                    (`python -m mohge.data [all|tokenizer|shard|gather]`).
@@ -24,6 +25,9 @@ a complete preparation:
                                   is followed by EOT_ID (`<|endoftext|>`); documents never straddle shards
   shards/{split}-{i:05d}.levels.bin   graded only: int8 difficulty level per token, aligned with the .bin
   shards/part-{i:05d}.json        shard job i's manifest (tokens, documents, sha256 per file), read by gather
+  shards/cand-{i:05d}.{bin,idx,jsonl}   data.val_tokens/test_tokens only: shard job i's hold-out candidates (ids,
+                                  index of u and tokens, records); the gather cuts shards/{val,test}-00000.bin from
+                                  them and returns the rest as shards/train-{num_shards:05d}.bin
   {val,test}.txt                  raw held-out text (first data.eval_docs_max documents), separated by a blank line
   {val,test}_docs.jsonl           the same documents, one a line, exact text (+ per-char levels if graded)
   meta.json                       format_version 2: shards per split with tokens/docs/sha256, the split method,
