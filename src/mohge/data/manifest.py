@@ -5,7 +5,8 @@ meta.json (paths relative to the data folder; docs/method.md §12.4):
   tokens[split]           tokens of the split = the sum over its shards
   shards[split]           [{file, tokens, docs, sha256, levels: null | {file, sha256}}, ...] in shard order;
                           their concatenation is the split's token stream
-  split                   how documents were assigned to splits ({"method": plays | index | doc_hash | doc_hash_tokens | source, ...})
+  split                   how documents were assigned to splits
+                          ({"method": plays | index | doc_hash | doc_hash_tokens | source, ...})
   tokenizer               {"kind": trained | file | hub, "file": "tokenizer.json", "sha256", ...}
   num_docs, chars, docs   per split (document names up to MAX_META_DOC_NAMES, else null)
 """
