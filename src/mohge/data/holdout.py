@@ -86,13 +86,13 @@ class _CarvedShard:
     def __init__(self, out: Path, cfg: DataConfig, split: str, index: int):
         self.out, self.cfg, self.split, self.index = out, cfg, split, index
         self.ids = _HashedFile(out / shard_name(split, index))
-        self.eval_path = out / shard_name(split, index, ".eval.jsonl") if split != "train" else None
-        self.eval: list[bytes] = []
+        self.eval = _HashedFile(out / shard_name(split, index, ".eval.jsonl")) if split != "train" else None
+        self.eval_docs = 0
         self.tokens = self.docs = self.chars = 0
         self.names: list[str] | None = []
 
     def wants_record(self) -> bool:
-        return self.names is not None or (self.eval_path is not None and len(self.eval) < self.cfg.eval_docs_max)
+        return self.names is not None or (self.eval is not None and self.eval_docs < self.cfg.eval_docs_max)
 
     def add(self, ids: np.ndarray, chars: int, record: bytes | None) -> None:
         self.ids.write(ids.tobytes())
@@ -105,8 +105,14 @@ class _CarvedShard:
                 self.names.append(rec[next(iter(rec))])  # the record's first key is the document's name
                 if len(self.names) > MAX_META_DOC_NAMES:
                     self.names = None
-            if self.eval_path is not None and len(self.eval) < self.cfg.eval_docs_max:
-                self.eval.append(record)  # at most eval_docs_max records
+            if self.eval is not None and self.eval_docs < self.cfg.eval_docs_max:
+                self.eval.write(record)  # the held-out text for lm-eval: the first eval_docs_max documents
+                self.eval_docs += 1
+
+    def abort(self) -> None:
+        for f in (self.ids, self.eval):
+            if f is not None:
+                f.abort()
 
     def finish(self) -> dict[str, Any]:
         entry: dict[str, Any] = {
@@ -118,12 +124,9 @@ class _CarvedShard:
             "chars": self.chars,
             "names": self.names,
         }
-        if self.eval_path is not None:
-            eval_file = _HashedFile(self.eval_path)
-            for rec in self.eval:
-                eval_file.write(rec)
-            eval_file.finish()
-            entry["eval_file"], entry["eval_docs"] = shard_name(self.split, self.index, ".eval.jsonl"), len(self.eval)
+        if self.eval is not None:
+            self.eval.finish()
+            entry["eval_file"], entry["eval_docs"] = shard_name(self.split, self.index, ".eval.jsonl"), self.eval_docs
         return entry
 
 
@@ -200,6 +203,10 @@ def carve(
                     handles[j].seek(int(row["rec"]))
                     record = handles[j].readline()
                 w.add(ids, int(row["chars"]), record)
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
     finally:
         for h in handles:
             h.close()
