@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-STRATEGIES = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
+from .config import PLACEMENTS  # the placement vocabulary, defined once in the config
 
 
 def interleave_order(G: int) -> list[int]:
@@ -123,8 +123,8 @@ def physical_of_router(
     """
     E = len(widths_E)
     where = f"placement {strategy!r} at ep_size={ep_size}"
-    if strategy not in STRATEGIES:
-        raise ValueError(f"placement {strategy!r} is not one of {STRATEGIES}")
+    if strategy not in PLACEMENTS:
+        raise ValueError(f"placement {strategy!r} is not one of {PLACEMENTS}")
     if ep_size <= 0 or E == 0 or E % ep_size:
         raise ValueError(f"{where}: ep_size must divide num_experts={E}")
     per_rank = E // ep_size

@@ -9,7 +9,7 @@ from typing import Any
 
 from .graded import DESIGNS, LEVEL_NAMES, SUM_DIGITS
 from .strict import _fail, _Section, from_dict, knob, to_dict
-from .tokenizer import MIN_VOCAB_SIZE
+from .tokenizer import EOT, MIN_VOCAB_SIZE
 
 DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
 SPLITS = ("train", "val", "test")
@@ -80,6 +80,9 @@ class DataConfig(_Section):
     eval_docs_max: int = knob(10000, "held-out documents written to {val,test}.txt and _docs.jsonl", ge=0)
     tokenizer_file: str | None = knob(None, "a pretrained tokenizer.json to use instead of training the BPE")
     tokenizer_hub: str | None = knob(None, "a tokenizer on the HF hub (Tokenizer.from_pretrained) instead")
+    eot_token: str = knob(
+        EOT, "end-of-text token after every document: looked up in the tokenizer (our BPE: id 0), id in meta eot_id"
+    )
     tokenizer_train_docs: int = knob(0, "BPE training sample: at most this many train documents (0: no limit)", ge=0)
     tokenizer_train_bytes: int = knob(
         1_000_000_000, "BPE training sample: train documents until their UTF-8 size reaches this", ge=1
@@ -104,6 +107,7 @@ class DataConfig(_Section):
             "hf_id_field",
             "tokenizer_file",
             "tokenizer_hub",
+            "eot_token",
         ):
             if getattr(self, key) == "":
                 _fail(self.key(key), "", "expected a non-empty string (or null where null is allowed)")

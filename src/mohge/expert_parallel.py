@@ -53,7 +53,7 @@ import torch.distributed as dist
 
 from mohge import kernels
 
-from .allocation import STRATEGIES, place
+from .allocation import PLACEMENTS, place
 from .distributed.ep import ExpertParallelExperts
 from .distributed.ep_check import check
 from .utilization import (
@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     m = sub.add_parser("measure", help="time each rank's expert compute for every strategy (measured.csv)")
     m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.utilization)")
     m.add_argument("--out", type=Path, required=True, help="folder for measured.csv")
-    m.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="STRATEGY")
+    m.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
     m.add_argument("--layers", nargs="+", type=int, help="layer ids to measure (default: all)")
     m.add_argument("--routing", choices=("auto", "replay", "counts", "live"), default="auto")
     m.add_argument("--repeats", type=int, default=5)
@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--seed", type=int, default=0)
     c = sub.add_parser("check", help="EP forward/backward on a small fixed problem, saved for the tests")
     c.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")
-    c.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES, metavar="STRATEGY")
+    c.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
     c.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
     c.add_argument("--seed", type=int, default=0)
     return p

@@ -11,9 +11,11 @@ It holds ``config.json`` (``MoHGEConfig``, ``auto_map`` for AutoConfig and AutoM
 ``model.safetensors`` (fp32, mohge's parameter names under ``model.``, the output head as ``lm_head``),
 ``configuration_mohge.py`` and ``modeling_mohge.py`` (copied by ``save_pretrained`` from this package; they import
 torch and transformers only, so the folder needs no mohge installed), ``generation_config.json``, the tokenizer
-(``tokenizer.json`` as a ``PreTrainedTokenizerFast``: ``<|endoftext|>`` is bos, eos and pad; no token is added
-around a text, and a literal "<|endoftext|>" inside a text stays text, as in ``mohge.tokenizer``) and
-``mohge_run_config.json``, the run config the model was trained with.
+(``tokenizer.json`` as a ``PreTrainedTokenizerFast``: the end-of-text token ``data.eot_token`` (default
+``<|endoftext|>``) is bos, eos and pad; no token is added around a text, and a literal "<|endoftext|>" inside a
+text stays text, as in ``mohge.tokenizer``) and ``mohge_run_config.json``, the run config the model was trained
+with. The end-of-text id (``bos/eos/pad_token_id`` of ``config.json`` and ``generation_config.json``) is the one
+the tokenizer gives ``data.eot_token``, as in the training data (meta.json's ``eot_id``): 0 for our BPE.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from .cli import user_errors
 from .config import ModelConfig, RunConfig
 from .configuration_mohge import MoHGEConfig
 from .modeling_mohge import MoHGEForCausalLM
-from .tokenizer import EOT
+from .tokenizer import eot_id, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -48,10 +50,14 @@ def context_length(cfg: RunConfig) -> int:
     return min(cfg.data_config.seq_len, cfg.model.max_seq_len)
 
 
-def hf_config(m: ModelConfig, max_length: int) -> MoHGEConfig:
-    """The ``MoHGEConfig`` of a model section; ``max_length`` is the context length it was trained at."""
+def hf_config(m: ModelConfig, max_length: int, eot_id: int) -> MoHGEConfig:
+    """The ``MoHGEConfig`` of a model section; ``max_length`` is the context length it was trained at, ``eot_id``
+    the tokenizer's end-of-text id (bos = eos = pad, what generation stops at)."""
     ffn, r = m.ffn, m.router
     return MoHGEConfig(
+        bos_token_id=eot_id,
+        eos_token_id=eot_id,
+        pad_token_id=eot_id,
         vocab_size=m.vocab_size,
         hidden_size=m.d_model,
         num_hidden_layers=m.n_layers,
@@ -84,24 +90,25 @@ def hf_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {("lm_head." + k[5:] if k.startswith("head.") else "model." + k): v for k, v in state.items()}
 
 
-def to_hf_model(model: torch.nn.Module, max_length: int) -> MoHGEForCausalLM:
-    """The HF model of a mohge ``LanguageModel``, sharing its parameter tensors (no copy), in eval mode."""
-    hf = MoHGEForCausalLM(hf_config(model.cfg, max_length))
+def to_hf_model(model: torch.nn.Module, max_length: int, *, eot_id: int) -> MoHGEForCausalLM:
+    """The HF model of a mohge ``LanguageModel``, sharing its parameter tensors (no copy), in eval mode;
+    ``eot_id`` is its tokenizer's end-of-text id."""
+    hf = MoHGEForCausalLM(hf_config(model.cfg, max_length, eot_id))
     missing, unexpected = hf.load_state_dict(hf_state_dict(dict(model.named_parameters())), strict=False, assign=True)
     if missing or unexpected:
         raise AssertionError(f"HF model and mohge model differ: missing {missing}, unexpected {unexpected}")
     return hf.to(next(model.parameters()).device).eval()
 
 
-def hf_tokenizer(tokenizer_json: str | Path, max_length: int) -> PreTrainedTokenizerFast:
-    """Our byte-level BPE as a ``PreTrainedTokenizerFast`` (bos = eos = pad = ``<|endoftext|>``)."""
+def hf_tokenizer(tokenizer_json: str | Path, max_length: int, eot_token: str) -> PreTrainedTokenizerFast:
+    """The run's tokenizer as a ``PreTrainedTokenizerFast`` (bos = eos = pad = ``eot_token``, data.eot_token)."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_json),
-        bos_token=EOT,
-        eos_token=EOT,
-        pad_token=EOT,
+        bos_token=eot_token,
+        eos_token=eot_token,
+        pad_token=eot_token,
         model_max_length=max_length,
         split_special_tokens=True,  # "<|endoftext|>" inside a text is text (mohge.tokenizer's encode)
         clean_up_tokenization_spaces=False,  # decode(encode(s)) == s
@@ -125,14 +132,16 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
     if out.exists() and any(out.iterdir()) and not _is_export(out):
         raise ValueError(f"--out={out}: a non-empty folder that is not an earlier export; refusing to replace it")
     cfg, model = load_trained(ckpt, "cpu")
-    hf = to_hf_model(model, context_length(cfg))
+    eot_token = cfg.data_config.eot_token
+    eot = eot_id(load_tokenizer(tok_path), eot_token, tok_path)  # the id the training data ended documents with
+    hf = to_hf_model(model, context_length(cfg), eot_id=eot)
     MoHGEConfig.register_for_auto_class()
     MoHGEForCausalLM.register_for_auto_class("AutoModelForCausalLM")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     hf.save_pretrained(tmp, safe_serialization=True)
-    hf_tokenizer(tok_path, context_length(cfg)).save_pretrained(tmp)
+    hf_tokenizer(tok_path, context_length(cfg), eot_token).save_pretrained(tmp)
     (tmp / "mohge_run_config.json").write_text((ckpt / "config.json").read_text())
     if out.exists():
         shutil.rmtree(out)

@@ -9,8 +9,9 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
 
 * text becomes tokens as in lm-eval's HF model: a (context, continuation) pair is encoded whole and split at the
   context's length, trailing whitespace of the context moved to the continuation; no token is added before a
-  context; an empty context is ``<|endoftext|>`` (EOT_ID, our tokenizer's bos = eos = pad, which ends every
-  training document);
+  context; an empty context is the end-of-text token (``data.eot_token``, default ``<|endoftext|>``: bos = eos =
+  pad, which ends every training document; its id is the tokenizer's, looked up in the model folder's
+  ``tokenizer.json``: 0 for our BPE, 50256 for GPT-2's);
 * ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored;
   requests sorted by length, ``batch_size`` at a time, right-padded (harmless: attention is causal and routing is
   per token);
@@ -40,7 +41,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from .checkpoint import load_trained
-from .tokenizer import EOT_ID, decode, encode, load_tokenizer
+from .tokenizer import decode, encode, eot_id, load_tokenizer
 
 log = logging.getLogger("mohge.lm_eval_model")
 
@@ -116,6 +117,7 @@ class MoHGELM(TemplateLM):
         if not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
         self.tok = load_tokenizer(tok_path)
+        self.eot = eot_id(self.tok, self.cfg.data_config.eot_token, tok_path)  # = the data's meta["eot_id"]
         self.batch_size = _batch_size(batch_size, max_batch_size)
         self.max_gen_toks = int(max_gen_toks)
         trained = min(self.cfg.data_config.seq_len, self.cfg.model.max_seq_len)  # = hf_export.context_length
@@ -135,11 +137,11 @@ class MoHGELM(TemplateLM):
 
     @property
     def eot_token_id(self) -> int:
-        return EOT_ID
+        return self.eot
 
     @property
     def prefix_token_id(self) -> int:
-        return EOT_ID
+        return self.eot
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs: Any) -> list[int]:
         return encode(self.tok, string)  # our tokenizer adds no special token, whatever add_special_tokens says
@@ -158,7 +160,7 @@ class MoHGELM(TemplateLM):
     def _logits(self, rows: list[list[int]]) -> torch.Tensor:
         """Logits [B, S, V] (float32) of right-padded rows."""
         S = max(len(r) for r in rows)
-        x = torch.full((len(rows), S), EOT_ID, dtype=torch.long)
+        x = torch.full((len(rows), S), self.eot, dtype=torch.long)
         for i, r in enumerate(rows):
             x[i, : len(r)] = torch.tensor(r, dtype=torch.long)
         with self._autocast():
@@ -195,7 +197,7 @@ class MoHGELM(TemplateLM):
         for i, req in enumerate(requests):
             (text,) = req.args
             for ctx, cont in map(
-                make_disjoint_window, get_rolling_token_windows(self.tok_encode(text), EOT_ID, self.max_length, 1)
+                make_disjoint_window, get_rolling_token_windows(self.tok_encode(text), self.eot, self.max_length, 1)
             ):
                 windows.append((None, ctx, cont))
                 owner.append(i)
@@ -229,9 +231,9 @@ class MoHGELM(TemplateLM):
         from .hf_export import to_hf_model
 
         if self._hf is None:
-            self._hf = to_hf_model(self.model, self.max_length)
+            self._hf = to_hf_model(self.model, self.max_length, eot_id=self.eot)
         B, P = len(contexts), max(len(c) for c in contexts)
-        ids_BP = torch.full((B, P), EOT_ID, dtype=torch.long)
+        ids_BP = torch.full((B, P), self.eot, dtype=torch.long)
         mask_BP = torch.zeros((B, P), dtype=torch.long)
         for b, c in enumerate(contexts):
             ids_BP[b, P - len(c) :] = torch.tensor(c)
@@ -247,7 +249,7 @@ class MoHGELM(TemplateLM):
                 for b, tok in enumerate(nxt_B.tolist()):
                     if done[b]:
                         continue
-                    if tok == EOT_ID:
+                    if tok == self.eot:
                         done[b] = True
                         continue
                     new[b].append(tok)
@@ -272,7 +274,7 @@ class MoHGELM(TemplateLM):
         bar = tqdm(total=len(requests), desc="generate_until", disable=disable_tqdm or None)
         for (until, max_new), idx in jobs.items():
             cap = self.max_length - max_new
-            ctx = {i: (self.tok_encode(requests[i].args[0]) or [EOT_ID])[-cap:] for i in idx}
+            ctx = {i: (self.tok_encode(requests[i].args[0]) or [self.eot])[-cap:] for i in idx}
             idx = sorted(idx, key=lambda i: -len(ctx[i]))  # similar lengths together: less padding
             for b in range(0, len(idx), self.batch_size):
                 chunk = idx[b : b + self.batch_size]

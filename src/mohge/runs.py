@@ -40,8 +40,6 @@ from .matched import FAMILIES, derive
 from .preflight import check_run
 from .strict import NAME_PATTERN, ConfigError, _Section, check_name, knob, schema_of
 
-PLACEMENTS_FOR_STUDY = PLACEMENTS
-
 
 @dataclass(frozen=True)
 class UtilizationConfig(_Section):

@@ -5,10 +5,14 @@ alphabet, so no character is ever unknown and `decode(encode(s)) == s` holds exa
 (newlines, leading spaces, tabs, emoji included). The GPT-2 pre-tokenizer regex splits text into
 words, runs of digits, runs of punctuation and runs of whitespace before BPE merges within each piece.
 
-Special token: `<|endoftext|>` has id 0 (`EOT_ID`). It is only ever produced by the data pipeline, which
-inserts it between documents: `encode` treats the literal string "<|endoftext|>" inside a text as
-ordinary text (`encode_special_tokens = True`), so no document can forge a document boundary.
-`decode` keeps special tokens, so an id sequence containing `EOT_ID` decodes to the literal string.
+Special token: the end-of-text token (`data.eot_token`, default `<|endoftext|>`); our BPE gives it id 0
+(`EOT_ID`). A given tokenizer (a `tokenizer.json` or a hub tokenizer) keeps its own id for it (GPT-2: 50256):
+the tokenizer job records the id in meta.json (`eot_id`), and every reader takes it from there or, for a
+trained model folder, from its tokenizer.json and `data.eot_token` (`eot_id`), never from `EOT_ID`. It is
+only ever produced by the data pipeline, which inserts it after every document: `encode` treats the literal
+string "<|endoftext|>" (any special token) inside a text as ordinary text (`encode_special_tokens = True`), so
+no document can forge a document boundary. `decode` keeps special tokens, so an id sequence containing the
+end-of-text id decodes to the literal string.
 
 Training is deterministic: the same texts and vocab size give a byte-identical `tokenizer.json`.
 """
@@ -24,7 +28,7 @@ from mohge.atomic import atomic_path
 from mohge.strict import ConfigError
 
 EOT = "<|endoftext|>"
-EOT_ID = 0
+EOT_ID = 0  # the id our trained BPE gives EOT; a prepared folder's own id is meta["eot_id"]
 MIN_VOCAB_SIZE = 257  # 256 byte tokens + EOT
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "encode",
     "encode_batch",
     "encode_with_offsets",
+    "eot_id",
     "check_tokenizer",
     "load_tokenizer",
     "train_tokenizer",
@@ -49,8 +54,10 @@ def _new_tokenizer() -> Tokenizer:
     return tok
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, out_path: str | os.PathLike | None = None) -> Tokenizer:
-    """Train a byte-level BPE with at most `vocab_size` tokens (EOT at id 0, bytes at 1..256, then merges).
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, out_path: str | os.PathLike | None = None, eot_token: str = EOT
+) -> Tokenizer:
+    """Train a byte-level BPE with at most `vocab_size` tokens (`eot_token` at id 0, bytes at 1..256, then merges).
 
     The vocabulary can come out smaller than `vocab_size` when the texts run out of pairs to merge.
     With `out_path`, the tokenizer is saved there as JSON (atomically).
@@ -61,12 +68,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_path: str | os.Pa
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
-        special_tokens=[EOT],
+        special_tokens=[eot_token],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
-    assert tok.token_to_id(EOT) == EOT_ID
+    assert tok.token_to_id(eot_token) == EOT_ID
     tok.encode_special_tokens = True
     if out_path is not None:
         with atomic_path(out_path) as tmp:  # a killed run leaves no half-written tokenizer.json
@@ -75,13 +82,23 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_path: str | os.Pa
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer.json written by `train_tokenizer`."""
+    """Load a tokenizer.json (written by `train_tokenizer`, or a given one); its end-of-text id is `eot_id`."""
     tok = Tokenizer.from_file(str(path))
-    if tok.token_to_id(EOT) != EOT_ID:
-        raise ValueError(f"{path}: expected {EOT} at id {EOT_ID}, found {tok.token_to_id(EOT)!r}")
     # Not stored in tokenizer.json: the literal "<|endoftext|>" in a text is plain text.
     tok.encode_special_tokens = True
     return tok
+
+
+def eot_id(tok: Tokenizer, eot_token: str = EOT, where: str | os.PathLike = "the tokenizer") -> int:
+    """The id of the end-of-text token `eot_token` (data.eot_token) in `tok`; a ConfigError naming the key when
+    the tokenizer has no such token (`where` names the tokenizer in the message)."""
+    found = tok.token_to_id(eot_token)
+    if found is None:
+        raise ConfigError(
+            f"data.eot_token={eot_token!r}: {where} has no such token; set data.eot_token to its end-of-text "
+            f"token (e.g. '</s>', '<|end_of_text|>')"
+        )
+    return int(found)
 
 
 def encode(tok: Tokenizer, text: str) -> list[int]:
@@ -104,7 +121,7 @@ def encode_with_offsets(tok: Tokenizer, text: str) -> tuple[list[int], list[tupl
 
 
 def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
-    """Inverse of `encode`; `EOT_ID` decodes to the literal "<|endoftext|>"."""
+    """Inverse of `encode`; the end-of-text id decodes to its literal string (e.g. "<|endoftext|>")."""
     return tok.decode(list(ids), skip_special_tokens=False)
 
 
@@ -112,9 +129,10 @@ def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
 PROBE = "MoHGE probe: na\u00efve caf\u00e9 \U0001f642\n\tx  =  123+456 <|endoftext|> end"
 
 
-def check_tokenizer(path: str | os.PathLike) -> Tokenizer:
+def check_tokenizer(path: str | os.PathLike, eot_token: str | None = None) -> Tokenizer:
     """Load ``path`` and round-trip a probe string through it; a tokenizer that cannot be parsed or does not
-    give back its input is a ConfigError naming the file (checked before training, never copied to outputs)."""
+    give back its input is a ConfigError naming the file (checked before training, never copied to outputs).
+    With ``eot_token`` (data.eot_token), a tokenizer without that token is a ConfigError naming the key."""
     try:
         tok = load_tokenizer(path)
         back = decode(tok, encode(tok, PROBE))
@@ -124,4 +142,6 @@ def check_tokenizer(path: str | os.PathLike) -> Tokenizer:
         ) from err
     if back != PROBE:
         raise ConfigError(f"{path}: the tokenizer does not round-trip text (encode then decode gave {back[:40]!r})")
+    if eot_token is not None:
+        eot_id(tok, eot_token, path)
     return tok

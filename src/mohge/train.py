@@ -66,7 +66,7 @@ from .evaluate import heldout_loss
 from .model import LanguageModel
 from .params import count_params
 from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
-from .tokenizer import check_tokenizer
+from .tokenizer import check_tokenizer, eot_id
 from .training import (
     NonFiniteLossError,
     WindowMeter,
@@ -156,7 +156,15 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
-        check_tokenizer(data_dir / "tokenizer.json")
+        eot_token = cfg.data_config.eot_token
+        tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
+        # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
+        # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
+        if (have := load_meta(data_dir)["eot_id"]) != eot_id(tok, eot_token):
+            raise ConfigError(
+                f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
+                f"the id {eot_id(tok, eot_token)}; prepare the data again"
+            )
         verify_folder(data_dir, scratch / "data_verified.json")
     rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len

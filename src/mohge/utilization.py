@@ -53,7 +53,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .allocation import STRATEGIES, place
+from .allocation import PLACEMENTS, place
 from .experts import swiglu_params
 from .traces import (
     SKEWED_POPULARITY,
@@ -144,7 +144,7 @@ def imbalance(values: Sequence[float]) -> tuple[float, float]:
 
 def analyze(
     trace: Trace,
-    strategies: Sequence[str] = STRATEGIES,
+    strategies: Sequence[str] = PLACEMENTS,
     ep_sizes: Sequence[int] = (2, 4, 8, 16, 32),
     flop_mult: float = 6.0,
 ) -> tuple[list[dict], list[dict]]:
@@ -281,10 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategies",
         nargs="+",
-        default=list(STRATEGIES),
-        choices=STRATEGIES,
+        default=list(PLACEMENTS),
+        choices=PLACEMENTS,
         metavar="STRATEGY",
-        help=f"placements to compare (default: all of {', '.join(STRATEGIES)})",
+        help=f"placements to compare (default: all of {', '.join(PLACEMENTS)})",
     )
     p.add_argument("--ep", nargs="+", type=int, default=[2, 4, 8, 16, 32], help="EP sizes (default 2 4 8 16 32)")
     p.add_argument(

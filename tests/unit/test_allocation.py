@@ -6,7 +6,7 @@ import random
 import pytest
 
 from mohge.allocation import (
-    STRATEGIES,
+    PLACEMENTS,
     all_size_physical_of_router,
     check_placement,
     experts_of_rank,
@@ -130,7 +130,7 @@ def test_lpt_near_optimal_small_cases():
         assert got <= 4 / 3 * best + 1e-9  # Graham's bound (LPT with a cardinality limit stays close here)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", PLACEMENTS)
 def test_every_strategy_is_a_permutation_with_equal_counts(strategy):
     load = list(range(64))
     for ep in (1, 2, 4, 8, 16, 32):

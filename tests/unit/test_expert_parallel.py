@@ -13,7 +13,7 @@ import torch
 from conftest import tiny_run
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
 
-from mohge.allocation import STRATEGIES, place
+from mohge.allocation import PLACEMENTS, place
 from mohge.distributed.ep import local_layout
 from mohge.utilization import main as utilization_main
 
@@ -50,7 +50,7 @@ def reference(p):
 
 def test_ep_forward_and_backward_match_single_process(ep_check):
     p, results = ep_check["problem"], ep_check["results"]
-    assert ep_check["world"] == 2 and set(results) == set(STRATEGIES)
+    assert ep_check["world"] == 2 and set(results) == set(PLACEMENTS)
     y, dx, dgates, dw1s, dw2s = reference(p)
     torch.testing.assert_close(y, swiglu_loop(p["x"], p["idx"], p["gates"], p["w1s"], p["w2s"]))
     assert torch.bincount(p["idx"].reshape(-1), minlength=8)[5] == 0  # an expert without tokens
@@ -64,7 +64,7 @@ def test_ep_forward_and_backward_match_single_process(ep_check):
         torch.testing.assert_close(r["dgates"], dgates, msg=strategy)
         for got, want in zip(r["dw1s"] + r["dw2s"], dw1s + dw2s, strict=True):
             torch.testing.assert_close(got, want, msg=strategy)
-    assert len(placements) == len(STRATEGIES)  # four different layouts, all exercised across ranks
+    assert len(placements) == len(PLACEMENTS)  # four different layouts, all exercised across ranks
 
 
 def test_measure_end_to_end_two_ranks(tmp_path):
@@ -79,13 +79,13 @@ def test_measure_end_to_end_two_ranks(tmp_path):
         analytic = {(r["strategy"], r["rank"]): r for r in csv.DictReader(fh)}
     with open(out / "comparison.csv", newline="") as fh:
         comparison = list(csv.DictReader(fh))
-    assert {(r["strategy"], r["rank"]) for r in measured} == {(s, str(k)) for s in STRATEGIES for k in (0, 1)}
+    assert {(r["strategy"], r["rank"]) for r in measured} == {(s, str(k)) for s in PLACEMENTS for k in (0, 1)}
     for r in measured:
         a = analytic[r["strategy"], r["rank"]]
         assert r["tokens"] == a["tokens"] and float(r["flops"]) == pytest.approx(float(a["flops"]))
         assert float(r["seconds"]) > 0 and r["repeats"] == "2" and r["timing"] == "sequential"
         assert r["routing"] == "replay" and r["device"] == "cpu"
-    assert {r["strategy"] for r in comparison} == set(STRATEGIES)
+    assert {r["strategy"] for r in comparison} == set(PLACEMENTS)
 
 
 def test_measure_live_routing_with_the_run_configs_router(tmp_path):

@@ -29,7 +29,7 @@ FAMILIES = {
 @pytest.mark.parametrize("family", FAMILIES)
 def test_hf_model_gives_mohge_logits(family):
     model = LanguageModel(tiny_model_config(**FAMILIES[family])).eval()
-    hf = hf_export.to_hf_model(model, 16)
+    hf = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)
     x_BS = torch.randint(0, 97, (3, 16))
     with torch.no_grad():
         ref, got = model(x_BS).logits, hf(x_BS).logits
@@ -39,7 +39,7 @@ def test_hf_model_gives_mohge_logits(family):
 @pytest.mark.parametrize("family", ["mohge", "mla"])
 def test_kv_cache_and_left_padding_match_the_full_forward(family):
     model = LanguageModel(tiny_model_config(**FAMILIES[family])).eval()
-    hf = hf_export.to_hf_model(model, 16)
+    hf = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)
     x_S = torch.randint(1, 97, (12,))
     with torch.no_grad():
         full = hf(x_S[None]).logits[0]

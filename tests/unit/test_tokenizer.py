@@ -131,15 +131,26 @@ def test_save_and_load(tmp_path, tok):
     assert EOT_ID not in encode(loaded, text)
 
 
-def test_load_rejects_tokenizer_without_eot_at_zero(tmp_path):
+def test_check_refuses_a_tokenizer_without_the_eot_token_naming_the_key(tmp_path):
+    from mohge.config import ConfigError
+    from mohge.tokenizer import check_tokenizer, eot_id
+
     path = tmp_path / "t.json"
     train_tokenizer(corpus(50), 280, path)
     d = json.loads(path.read_text())
     d["added_tokens"][0]["content"] = "<pad>"
     d["model"]["vocab"]["<pad>"] = d["model"]["vocab"].pop(EOT)
     path.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match="expected <\\|endoftext\\|> at id 0"):
-        load_tokenizer(path)
+    assert eot_id(check_tokenizer(path, "<pad>"), "<pad>") == 0  # the end token is the one data.eot_token names
+    with pytest.raises(ConfigError, match=r"data.eot_token='<\|endoftext\|>': .*t.json has no such token"):
+        check_tokenizer(path, EOT)
+
+
+def test_trained_bpe_puts_the_configured_eot_token_at_zero(tmp_path):
+    from mohge.tokenizer import eot_id
+
+    tok = train_tokenizer(corpus(50), 280, tmp_path / "t.json", eot_token="</s>")
+    assert eot_id(tok, "</s>") == EOT_ID == 0 and tok.token_to_id(EOT) is None
 
 
 def test_check_tokenizer_round_trips_and_names_a_broken_file(tmp_path):

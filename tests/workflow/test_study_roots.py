@@ -206,3 +206,29 @@ def test_readme_commands_in_a_fresh_clone(tmp_path):
     assert seconds < 300  # 22 jobs; ~178 s measured with the 2 cores shared by 5 test sessions and a training run
     status = git("status", "--porcelain", "--untracked-files=all", cwd=clone)
     assert status == "", status  # nothing committed changed, and every output of the smoke study is ignored
+
+
+CHEAP = {"study_analysis", "tables", "study_tables_tex", "all"}  # plus fig_*: tables and figures from the CSVs
+
+
+def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
+    """git does not keep mtimes: after `python -m mohge.mtimes` a clone plans no training, evaluation or tracing for
+    the committed runs of the claims study (at most tables and figures from the committed CSVs)."""
+    clone = tmp_path / "mohge"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+    def plan(configfile: str) -> dict[str, int]:
+        out = subprocess.run(
+            [*SNAKEMAKE, "-n", "--configfile", configfile], cwd=clone, env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        return planned(out.stdout + out.stderr)
+
+    assert plan("configs/study.yaml").get("train") == 48  # what a bare clone would do: retrain everything
+    done = subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and "set the commit time of" in done.stdout, done.stderr
+    jobs = plan("configs/study.yaml")
+    assert set(jobs) <= CHEAP | {j for j in jobs if j.startswith("fig_")}, jobs
+    assert git("status", "--porcelain", cwd=clone).strip() == ""

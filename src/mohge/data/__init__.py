@@ -22,7 +22,8 @@ a complete preparation:
   tokenizer.json                  byte-level BPE (see mohge.tokenizer) trained on a bounded sample of the train
                                   split, or a given tokenizer.json / hub tokenizer of data.vocab_size tokens
   shards/{split}-{i:05d}.bin      token ids of shard i, uint16 (uint32 when vocab_size > 65536); each document
-                                  is followed by EOT_ID (`<|endoftext|>`); documents never straddle shards
+                                  is followed by meta["eot_id"], the tokenizer's id of data.eot_token
+                                  (`<|endoftext|>`: 0 with our BPE); documents never straddle shards
   shards/{split}-{i:05d}.levels.bin   graded only: int8 difficulty level per token, aligned with the .bin
   shards/part-{i:05d}.json        shard job i's manifest (tokens, documents, sha256 per file), read by gather
   shards/cand-{i:05d}.{bin,idx,jsonl}   data.val_tokens/test_tokens only: shard job i's hold-out candidates (ids,

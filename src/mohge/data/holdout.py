@@ -49,9 +49,9 @@ def _tie(text: str) -> int:
 class CandidateWriter:
     """Shard job side: the job's candidates, ids written as a shard (EOT appended there), plus index and records."""
 
-    def __init__(self, out: Path, cfg: DataConfig, index: int, dtype: np.dtype):
+    def __init__(self, out: Path, cfg: DataConfig, index: int, dtype: np.dtype, eot: int):
         self.cfg = cfg
-        self.ids = SplitShardWriter(out, cfg, CAND, index, dtype, with_levels=False)
+        self.ids = SplitShardWriter(out, cfg, CAND, index, dtype, with_levels=False, eot=eot)
         self.index_file = _HashedFile(out / shard_name(CAND, index, ".idx"))
         self.records = _HashedFile(out / shard_name(CAND, index, ".jsonl"))
         self.index = index

@@ -26,7 +26,6 @@ from mohge.config import SPLITS, DataConfig
 from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
 from mohge.data.sources import carved_by_tokens
 from mohge.graded import LEVEL_NAMES, LEVEL_SEP
-from mohge.tokenizer import EOT_ID
 
 log = logging.getLogger("mohge.data")
 FORMAT_VERSION = 2
@@ -110,7 +109,7 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         "tokenizer": {k: v for k, v in tok_info.items() if k != "vocab_size"},
         "vocab_size": tok_info["vocab_size"],
         "vocab_size_requested": cfg.vocab_size,
-        "eot_id": EOT_ID,
+        "eot_id": tok_info["eot_id"],  # the tokenizer job's id of data.eot_token
         "dtype": dtype.name,
         "tokens": {},
         "chars": {},

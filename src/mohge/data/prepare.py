@@ -31,7 +31,7 @@ from mohge.data.manifest import TOKENIZER_INFO, gather, load_meta
 from mohge.data.shards import MAX_META_DOC_NAMES, SHARDS, prepare_shard, token_dtype
 from mohge.data.sources import default_cache_dir, iter_tokenizer_sample, split_record
 from mohge.preflight import offline_variable
-from mohge.tokenizer import check_tokenizer, train_tokenizer
+from mohge.tokenizer import check_tokenizer, eot_id, train_tokenizer
 
 log = logging.getLogger("mohge.data")
 
@@ -51,7 +51,8 @@ def prepare_tokenizer(
     cfg: DataConfig, out_dir: str | os.PathLike, cache_dir: str | os.PathLike | None = None
 ) -> dict[str, Any]:
     """The tokenizer job: D/tokenizer.json trained on a bounded sample of train, copied from
-    data.tokenizer_file or fetched from data.tokenizer_hub; parsed and round-tripped before use."""
+    data.tokenizer_file or fetched from data.tokenizer_hub; parsed and round-tripped before use. Its record
+    (shards/tokenizer-info.json, meta["tokenizer"]) holds the id of data.eot_token (`eot_id`)."""
     out = Path(out_dir)
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
     target = out / "tokenizer.json"
@@ -67,7 +68,7 @@ def prepare_tokenizer(
                 counted["bytes"] += len(t.encode("utf-8"))
                 yield t
 
-        train_tokenizer(counting(), cfg.vocab_size, target)
+        train_tokenizer(counting(), cfg.vocab_size, target, eot_token=cfg.eot_token)
         info["sample"] = {
             **counted,
             "max_docs": cfg.tokenizer_train_docs or None,
@@ -76,7 +77,7 @@ def prepare_tokenizer(
         if counted["docs"] == 0:
             raise ValueError(f"data.source={cfg.source!r}: the train split is empty")
     elif cfg.tokenizer_kind == "file":
-        check_tokenizer(cfg.tokenizer_file)  # parse + round trip before anything is copied
+        check_tokenizer(cfg.tokenizer_file, cfg.eot_token)  # parse + round trip + end token before anything is copied
         with atomic_path(target) as tmp:
             shutil.copyfile(cfg.tokenizer_file, tmp)
         info["source"] = str(cfg.tokenizer_file)
@@ -89,12 +90,14 @@ def prepare_tokenizer(
             Tokenizer.from_pretrained(cfg.tokenizer_hub).save(str(tmp))
         info["source"] = cfg.tokenizer_hub
     tok = check_tokenizer(target)
+    eot = eot_id(tok, cfg.eot_token, f"the tokenizer {info.get('source', target)}")  # none: refused, naming the key
     n = tok.get_vocab_size()
     if cfg.tokenizer_kind != "trained":
         _check_vocab(cfg, str(info["source"]), n)
     elif n < cfg.vocab_size:
         log.warning("the BPE stopped at %d tokens (data.vocab_size=%d): its sample ran out of pairs", n, cfg.vocab_size)
-    info.update(vocab_size=n, sha256=sha256_file(target))
+    # The end-of-text id is the tokenizer's (ours: 0; GPT-2's: 50256): every reader takes it from meta["eot_id"].
+    info.update(vocab_size=n, eot_token=cfg.eot_token, eot_id=eot, sha256=sha256_file(target))
     write_json_atomic(out / TOKENIZER_INFO, info)
     return info
 

@@ -32,7 +32,7 @@ from mohge.atomic import sha256_file, write_json_atomic
 from mohge.config import SPLITS, DataConfig
 from mohge.data.sources import CANDIDATE, Doc, carved_by_tokens, iter_shard_docs
 from mohge.graded import LEVEL_SEP, token_levels
-from mohge.tokenizer import EOT_ID, load_tokenizer
+from mohge.tokenizer import eot_id, load_tokenizer
 
 log = logging.getLogger("mohge.data")
 MAX_META_DOC_NAMES = 10_000  # meta.json lists document names per split up to this many (else null)
@@ -95,8 +95,11 @@ class _HashedFile:
 class SplitShardWriter:
     """The shard of one split written by one job: ids (+ levels), counts, names and held-out documents."""
 
-    def __init__(self, out: Path, cfg: DataConfig, split: str, index: int, dtype: np.dtype, with_levels: bool):
+    def __init__(
+        self, out: Path, cfg: DataConfig, split: str, index: int, dtype: np.dtype, with_levels: bool, eot: int
+    ):
         self.out, self.cfg, self.split, self.index, self.dtype = out, cfg, split, index, dtype
+        self.eot = eot  # the tokenizer's id of data.eot_token (meta["eot_id"]), appended after every document
         self.ids = _HashedFile(out / shard_name(split, index))
         self.levels = _HashedFile(out / shard_name(split, index, ".levels.bin")) if with_levels else None
         self.eval: IO[str] | None = None
@@ -111,7 +114,7 @@ class SplitShardWriter:
         flat: list[int] = []
         for x in ids_per_doc:  # list.extend runs in C: cheaper than any per-token Python loop
             flat.extend(x)
-            flat.append(EOT_ID)
+            flat.append(self.eot)
         ids = np.array(flat, dtype=self.dtype)
         total = len(ids)
         self.ids.write(ids.tobytes())
@@ -201,18 +204,19 @@ def prepare_shard(
     if not tok_path.is_file():
         raise FileNotFoundError(f"{tok_path} is missing: run `python -m mohge.data tokenizer` for {out} first")
     tok = load_tokenizer(tok_path)
+    eot = eot_id(tok, cfg.eot_token, tok_path)  # the id the tokenizer job records in meta["eot_id"]
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
     (out / part_name(index)).unlink(missing_ok=True)  # the completion marker goes first and comes back last
     dtype = token_dtype(cfg.vocab_size)
     with_levels = cfg.source == "graded"
     carving = carved_by_tokens(cfg)  # val/test held out by token count: the gather writes them (mohge.data.holdout)
     writers: dict[str, Any] = {
-        s: SplitShardWriter(out, cfg, s, index, dtype, with_levels) for s in SPLITS if s not in carving
+        s: SplitShardWriter(out, cfg, s, index, dtype, with_levels, eot) for s in SPLITS if s not in carving
     }
     if carving:
         from mohge.data.holdout import CandidateWriter
 
-        writers[CANDIDATE] = CandidateWriter(out, cfg, index, dtype)
+        writers[CANDIDATE] = CandidateWriter(out, cfg, index, dtype, eot)
     try:
         pairs = iter_shard_docs(cfg, index, cfg.num_shards, cache_dir)
         with tqdm(unit="doc", desc=f"shard {index}", disable=None) as bar:

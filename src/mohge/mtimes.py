@@ -1,0 +1,73 @@
+"""Give every tracked file the time of the last commit that changed it (git does not keep modification times).
+
+A fresh clone writes its files in checkout order, so Snakemake may find a committed result older than the config
+or the code it was made from and plan to remake it; with no trained models in the clone that means retraining a
+whole committed study. After ``python -m mohge.mtimes``, a file is as new as its last commit: results committed
+after their inputs are up to date, and a figure whose script changed after it was drawn is redrawn, as it should be.
+
+    python -m mohge.mtimes [--repo DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from .cli import user_errors
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    if done.returncode:
+        raise ValueError(f"{repo}: git {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
+    return done.stdout
+
+
+def last_commit_times(repo: Path) -> dict[str, int]:
+    """Tracked path -> commit time (seconds) of the newest commit that touched it, from one walk of the history."""
+    tracked = set(_git(repo, "ls-files", "-z").split("\0")) - {""}
+    times: dict[str, int] = {}
+    stamp = 0
+    # newest first; "@<time>" lines start a commit, the names that follow are the files it changed
+    for line in _git(repo, "log", "--format=@%ct", "--name-only", "--no-renames", "-z", "HEAD").split("\0"):
+        for part in line.split("\n"):
+            if part.startswith("@") and part[1:].isdigit():
+                stamp = int(part[1:])
+            elif part in tracked and part not in times:
+                times[part] = stamp
+    return times
+
+
+def restore(repo: Path) -> int:
+    """Set each tracked file's mtime (and atime) to its last commit time; return how many files were set.
+    Files with uncommitted changes keep their own time (they are newer than any commit)."""
+    changed = set(_git(repo, "diff", "--name-only", "-z", "HEAD").split("\0")) - {""}
+    n = 0
+    for path, stamp in last_commit_times(repo).items():
+        target = repo / path
+        if path in changed or not target.is_file() or target.is_symlink():
+            continue
+        os.utime(target, (stamp, stamp))
+        n += 1
+    return n
+
+
+@user_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m mohge.mtimes",
+        description="Set every tracked file's modification time to its last commit's time, so that Snakemake "
+        "treats committed results as up to date in a fresh clone (and extends a committed study without retraining).",
+    )
+    ap.add_argument("--repo", default=".", help="the checkout (default: the current folder)")
+    args = ap.parse_args(argv)
+    repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel").strip())
+    print(f"set the commit time of {restore(repo)} files in {repo}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
