@@ -93,28 +93,20 @@ def split_record(cfg: DataConfig) -> dict[str, Any]:
     carved = carved_splits(cfg)
     if not carved:
         return {"method": "source", "source_splits": cfg.hf_split_map}
-    if by_tokens(cfg):
-        return {
-            "method": "doc_hash_tokens",
-            "hash": "sha256(f'{seed}\\0{key}')[:8] / 2**64",
-            "key": cfg.hf_id_field or cfg.hf_text_field,
-            "seed": cfg.seed,
-            "val_tokens": cfg.val_tokens if "val" in carved else None,
-            "test_tokens": cfg.test_tokens if "test" in carved else None,
-            "candidate_fraction": cfg.holdout_candidate_fraction,
-            "carved": carved,
-            "source_splits": cfg.hf_split_map,
-        }
-    return {
-        "method": "doc_hash",
+    record: dict[str, Any] = {
+        "method": "doc_hash_tokens" if by_tokens(cfg) else "doc_hash",
         "hash": "sha256(f'{seed}\\0{key}')[:8] / 2**64",
         "key": cfg.hf_id_field or cfg.hf_text_field,
         "seed": cfg.seed,
-        "val_fraction": cfg.val_fraction if "val" in carved else None,
-        "test_fraction": cfg.test_fraction if "test" in carved else None,
-        "carved": carved,
-        "source_splits": cfg.hf_split_map,
     }
+    if by_tokens(cfg):
+        record["val_tokens"] = cfg.val_tokens if "val" in carved else None
+        record["test_tokens"] = cfg.test_tokens if "test" in carved else None
+        record["candidate_fraction"] = cfg.holdout_candidate_fraction
+    else:
+        record["val_fraction"] = cfg.val_fraction if "val" in carved else None
+        record["test_fraction"] = cfg.test_fraction if "test" in carved else None
+    return {**record, "carved": carved, "source_splits": cfg.hf_split_map}
 
 
 def _open_split(cfg: DataConfig, theirs: str, ours: str) -> Any:

@@ -32,7 +32,7 @@ import numpy as np
 from mohge.config import ConfigError, DataConfig
 from mohge.data.hf import carved_splits, holdout_key, holdout_u
 from mohge.data.manifest import verify_shard
-from mohge.data.shards import MAX_META_DOC_NAMES, SplitShardWriter, _HashedFile, doc_record, shard_name
+from mohge.data.shards import MAX_META_DOC_NAMES, SplitShardWriter, _HashedFile, doc_record, shard_entry, shard_name
 from mohge.data.sources import Doc
 
 log = logging.getLogger("mohge.data")
@@ -115,15 +115,7 @@ class _CarvedShard:
                 f.abort()
 
     def finish(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "file": shard_name(self.split, self.index),
-            "tokens": self.tokens,
-            "docs": self.docs,
-            "sha256": self.ids.finish(),
-            "levels": None,
-            "chars": self.chars,
-            "names": self.names,
-        }
+        entry = shard_entry(self, self.ids.finish())
         if self.eval is not None:
             self.eval.finish()
             entry["eval_file"], entry["eval_docs"] = shard_name(self.split, self.index, ".eval.jsonl"), self.eval_docs

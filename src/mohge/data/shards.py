@@ -53,6 +53,20 @@ def part_name(index: int) -> str:
     return f"{SHARDS}/part-{index:05d}.json"
 
 
+def shard_entry(shard: Any, sha256: str) -> dict[str, Any]:
+    """The manifest entry of a finished shard (``shard`` has split, index, tokens, docs, chars, names); the levels
+    and eval-file keys are added by the writer that has them."""
+    return {
+        "file": shard_name(shard.split, shard.index),
+        "tokens": shard.tokens,
+        "docs": shard.docs,
+        "sha256": sha256,
+        "levels": None,
+        "chars": shard.chars,
+        "names": shard.names,
+    }
+
+
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (vocab_size <= 65536), else uint32."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
@@ -140,15 +154,7 @@ class SplitShardWriter:
                 self.eval_docs += 1
 
     def finish(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {
-            "file": shard_name(self.split, self.index),
-            "tokens": self.tokens,
-            "docs": self.docs,
-            "sha256": self.ids.finish(),
-            "levels": None,
-            "chars": self.chars,
-            "names": self.names,
-        }
+        entry = shard_entry(self, self.ids.finish())
         if self.levels is not None:
             entry["levels"] = {
                 "file": shard_name(self.split, self.index, ".levels.bin"),
