@@ -39,6 +39,7 @@ BACKENDS = ("auto", "triton", "torch", "loop")
 EXPERT_AUX_MODES = ("code", "per_group")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+DATA_ORDERS = ("random", "sequential")
 
 __all__ = [
     "DATA_SOURCES",
@@ -283,7 +284,7 @@ class TrainConfig(_Section):
         "random",
         "train batches: random windows (a pure function of seed, step, rank) or sequential (every window of the "
         "split once per epoch, shards in a seeded order per epoch, ranks disjoint; the position is checkpointed)",
-        choices=("random", "sequential"),
+        choices=DATA_ORDERS,
     )
     ckpt_every: int = knob(50, "steps between checkpoints", gt=0)
     keep_checkpoints: int = knob(2, "checkpoints kept in scratch", gt=0)

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mohge.config import DATA_ORDERS
 from mohge.data.loader import WindowOrder, check_size, concat, memmap_shard, split_shards, verify_split
 from mohge.data.prepare import load_meta
 
@@ -162,8 +163,8 @@ class TrainBatches:
         start_step: int = 0,
         start_window: int = 0,
     ):
-        if order not in ("random", "sequential"):
-            raise ValueError(f"train.data_order={order!r}: expected random or sequential")
+        if order not in DATA_ORDERS:
+            raise ValueError(f"train.data_order={order!r}: expected one of {DATA_ORDERS}")
         self.stream, self.order, self.B, self.S, self.seed = stream, order, batch_size, seq_len, seed
         self.rank, self.world, self.start_step, self.start_window = rank, world, start_step, start_window
         if order == "sequential":
