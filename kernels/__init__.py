@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from mohge.config import BACKENDS  # the config's vocabulary (absolute: the folder is also importable as `kernels`)
+from mohge.core.vocab import (
+    BACKENDS,  # mohge.kernels imports nothing else of mohge (absolute: also importable as `kernels`)
+)
 
 from .reference import check_contract, sort_slots, swiglu_grouped_torch, swiglu_loop
 

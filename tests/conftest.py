@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mohge.config import FFNConfig, ModelConfig, RouterConfig
-from mohge.routing import GroupedRouter
-from mohge.runs import merge_config
+from mohge.config.runs import merge_config
+from mohge.model.routing import GroupedRouter
 
 ROOT = Path(__file__).resolve().parents[1]
 # The release's 3B expert layout (docs/method.md §1.1): 8 groups of 8, widths 384..1280.

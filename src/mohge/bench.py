@@ -24,10 +24,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .atomic import write_json_atomic
+from mohge.core.atomic import write_json_atomic
+from mohge.model.experts import SwiGLU
+from mohge.model.moe import MoELayer
+
 from .config import FFNConfig, LossConfig, RouterConfig
-from .experts import SwiGLU
-from .moe import MoELayer
 
 
 def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:

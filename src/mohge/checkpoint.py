@@ -41,7 +41,8 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from .atomic import sha256_file, write_bytes_atomic, write_json_atomic
+from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
+
 from .config import ConfigError, RunConfig, load_run_config, to_dict
 
 log = logging.getLogger("mohge.checkpoint")

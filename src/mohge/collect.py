@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from .atomic import atomic_path
-from .experts import swiglu_params
-from .losses import group_aux_active
-from .params import COMPONENTS
+from mohge.core.atomic import atomic_path
+from mohge.model.experts import swiglu_params
+from mohge.model.losses import group_aux_active
+from mohge.model.params import COMPONENTS
 
 log = logging.getLogger("mohge.collect")
 # lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task

@@ -48,11 +48,12 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from .atomic import write_json_atomic, write_text_atomic
-from .cli import user_errors
+from mohge.core.atomic import write_json_atomic, write_text_atomic
+from mohge.core.cli import user_errors
+from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
+
 from .config import load_run_config
 from .data import TokenStream, load_meta
-from .graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 
 log = logging.getLogger("mohge.evaluate")
 

@@ -52,8 +52,8 @@ import torch
 import torch.distributed as dist
 
 from mohge import kernels
+from mohge.model.allocation import PLACEMENTS, place
 
-from .allocation import PLACEMENTS, place
 from .distributed.ep import ExpertParallelExperts
 from .distributed.ep_check import check
 from .utilization import (
@@ -258,7 +258,7 @@ def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world:
     D, E = args.d_model or trace.d_model, trace.num_experts
     g = torch.Generator().manual_seed(args.seed * 7919 + 31 * lay.layer + rank)
     if args.routing == "live":
-        from .routing import GroupedRouter, TopKRouter
+        from mohge.model.routing import GroupedRouter, TopKRouter
 
         T = (trace.tokens or args.tokens) // world
         x_TD = torch.randn(T, D, generator=g)

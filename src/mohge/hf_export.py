@@ -32,12 +32,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from mohge.core.cli import user_errors
+from mohge.data.tokenizer import eot_id, load_tokenizer
+
 from .checkpoint import load_trained
-from .cli import user_errors
 from .config import ModelConfig, RunConfig
 from .configuration_mohge import MoHGEConfig
 from .modeling_mohge import MoHGEForCausalLM
-from .tokenizer import eot_id, load_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .cli import user_errors
+from mohge.core.cli import user_errors
 
 
 @user_errors

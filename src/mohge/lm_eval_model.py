@@ -40,8 +40,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from mohge.data.tokenizer import decode, encode, eot_id, load_tokenizer
+
 from .checkpoint import load_trained
-from .tokenizer import decode, encode, eot_id, load_tokenizer
 
 log = logging.getLogger("mohge.lm_eval_model")
 

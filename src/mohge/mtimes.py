@@ -16,7 +16,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cli import user_errors
+from mohge.core.cli import user_errors
 
 
 def _git(repo: Path, *args: str) -> str:

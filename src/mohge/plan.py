@@ -35,15 +35,16 @@ from collections.abc import Sequence
 
 import torch
 
-from .atomic import write_json_atomic
-from .cli import user_errors
+from mohge.config.runs import merge_config
+from mohge.config.runs import plan as plan_runs
+from mohge.core.atomic import write_json_atomic
+from mohge.core.cli import user_errors
+
 from .config import ConfigError, ModelConfig, RunConfig, load_yaml_or_json
 from .distributed.flops import attention_dims, model_flops_per_token
 from .distributed.layout import Layout, check_layout
 from .distributed.parallelize import apply_ep, shard_plan
 from .model import LanguageModel
-from .runs import merge_config
-from .runs import plan as plan_runs
 
 GiB = 1024**3
 

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from .cli import user_errors
+from mohge.core.cli import user_errors
+
 from .traces import Trace, TraceLayer, load_trace
 from .utilization import analyze
 
@@ -288,7 +289,7 @@ def difficulty(groups: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05) ->
 
 def write_table(df: pd.DataFrame, stem: Path, floatfmt: str = ".4g") -> None:
     """``stem``.csv and ``stem``.md, both whole or not at all."""
-    from .atomic import write_text_atomic
+    from mohge.core.atomic import write_text_atomic
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(stem.with_suffix(".csv"), df.to_csv(index=False, float_format="%.6g"))
@@ -326,8 +327,9 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
+    from mohge.config.runs import merge_config
+
     from .config import load_yaml_or_json
-    from .runs import merge_config
 
     args = build_parser().parse_args(argv)
     config: dict = {}

@@ -50,12 +50,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .atomic import write_bytes_atomic, write_json_atomic
+from mohge.config import LEVEL_NAMES
+from mohge.core.atomic import write_bytes_atomic, write_json_atomic
+from mohge.core.cli import user_errors
+
 from .checkpoint import load_trained
-from .cli import user_errors
 from .config import load_run_config
 from .data import TokenStream
-from .graded import LEVEL_NAMES
 
 log = logging.getLogger("mohge.traces")
 
@@ -307,22 +308,6 @@ def synthetic_trace(
 
 # --------------------------------------------------------------------------------------------------------------
 # Tracing a trained model
-
-
-def routing_summary(
-    counts_LE: torch.Tensor, widths_E: Sequence[int], num_groups: int, topk: int
-) -> dict[str, list[Any]]:
-    """From routed slots per expert [L, E] (router order): per layer ``group_usage`` [G] = slots of each width
-    class / all slots, ``mean_expert_width`` = sum_e share_e * width_e (the mean width of one routed slot) and
-    ``activated_expert_width`` = topk * that (the routed FFN width a token activates)."""
-    counts_LE = counts_LE.double().cpu()
-    share_LE = counts_LE / counts_LE.sum(1, keepdim=True).clamp_min(1)
-    mean_L = (share_LE * torch.tensor(widths_E, dtype=torch.float64)).sum(1)
-    return {
-        "group_usage": share_LE.view(len(counts_LE), num_groups, -1).sum(2).tolist(),
-        "mean_expert_width": mean_L.tolist(),
-        "activated_expert_width": (mean_L * topk).tolist(),
-    }
 
 
 @torch.no_grad()

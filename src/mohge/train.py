@@ -54,19 +54,20 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from mohge.config import preflight
+from mohge.core.atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
+from mohge.data.tokenizer import check_tokenizer, eot_id
+from mohge.model.params import count_params
+
 from . import checkpoint as ckpt
-from . import preflight
-from .atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
-from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
 from .data.loader import verify_folder
 from .data.stream import TrainBatches
 from .evaluate import heldout_loss
 from .model import LanguageModel
-from .params import count_params
 from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
-from .tokenizer import check_tokenizer, eot_id
 from .training import (
     NonFiniteLossError,
     WindowMeter,

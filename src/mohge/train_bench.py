@@ -27,9 +27,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from .atomic import write_json_atomic
+from mohge.config.matched import derive
+from mohge.core.atomic import write_json_atomic
+
 from .config import FFNConfig, LossConfig, ModelConfig, RouterConfig, TrainConfig
-from .matched import derive
 from .model import LanguageModel
 from .train import build_optimizer
 

@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mohge.model.losses import group_aux_active, weighted_aux
+from mohge.model.moe import LayerStats, routing_summary
+
 from .config import RunConfig, TrainConfig
-from .losses import group_aux_active, weighted_aux
-from .moe import LayerStats
 from .runtime import Runtime
-from .traces import routing_summary
 
 log = logging.getLogger("mohge.train")
 

@@ -53,8 +53,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .allocation import PLACEMENTS, place
-from .experts import swiglu_params
+from mohge.model.allocation import PLACEMENTS, place
+from mohge.model.experts import swiglu_params
+
 from .traces import (
     SKEWED_POPULARITY,
     WIDTHS_3B,

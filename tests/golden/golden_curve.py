@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from mohge.config import RunConfig
-from mohge.losses import weighted_aux
 from mohge.model import LanguageModel
+from mohge.model.losses import weighted_aux
 from mohge.training import build_optimizer, compute_loss, lr_at
 
 GOLDEN = Path(__file__).resolve().parent / "tiny_mohge.json"

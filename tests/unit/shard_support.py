@@ -13,7 +13,7 @@ import numpy as np
 
 from mohge.config import SPLITS
 from mohge.data import TokenStream
-from mohge.tokenizer import EOT_ID
+from mohge.data.tokenizer import EOT_ID
 
 
 def _cuts(ids: np.ndarray, num_shards: int) -> list[int]:

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from mohge.allocation import (
+from mohge.model.allocation import (
     PLACEMENTS,
     all_size_physical_of_router,
     check_placement,

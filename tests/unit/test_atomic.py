@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from mohge.atomic import LOCK_NAME, STALE_AFTER_S, LockedError, append_line, output_lock
+from mohge.core.atomic import LOCK_NAME, STALE_AFTER_S, LockedError, append_line, output_lock
 
 
 def _append_rows(path: str, tag: str, n: int) -> None:
@@ -71,7 +71,7 @@ def test_a_lock_from_another_host_is_stale_only_without_heartbeat(tmp_path, capl
 
 
 def test_the_holder_keeps_its_lock_fresh(tmp_path, monkeypatch):
-    import mohge.atomic as atomic
+    import mohge.core.atomic as atomic
 
     monkeypatch.setattr(atomic, "HEARTBEAT_S", 0.05)
     with output_lock(tmp_path) as lock:

@@ -201,12 +201,11 @@ def test_broken_tokenizer_is_refused_before_training(data_dir, tmp_path):
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     from mohge.config import ConfigError
-    from mohge.data.loader import split_shards
-    from mohge.preflight import verify_token_files
+    from mohge.data.loader import split_shards, verify_folder
 
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)
-    verify_token_files(data, tmp_path / "verified.json")
+    verify_folder(data, tmp_path / "verified.json")
     # the first train shard: train.bin in format 1, shards/train-00000.bin in format 2
     shard = data / split_shards(data, json.loads((data / "meta.json").read_text()), "train")[0].file
     raw = bytearray(shard.read_bytes())
@@ -215,6 +214,6 @@ def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     else:
         raw = raw[: len(raw) - 3]
     shard.write_bytes(bytes(raw))
-    verify_token_files(data, tmp_path / "verified.json")  # once per run: the scratch remembers the check
+    verify_folder(data, tmp_path / "verified.json")  # once per run: the scratch remembers the check
     with pytest.raises(ConfigError, match=re.escape(f"{shard.name} was changed or truncated")):
         train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))

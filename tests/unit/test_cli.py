@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from mohge import data, evaluate, params, traces, utilization
+from mohge import data, evaluate, traces, utilization
+from mohge.model import params
 
 
 @pytest.mark.parametrize(
@@ -38,7 +39,7 @@ def test_missing_input_is_named_with_status_2(main, argv, tmp_path, monkeypatch,
     ],
 )
 def test_documented_exit_codes_and_debug_traceback(error, code, line, monkeypatch, caplog):
-    from mohge.cli import user_errors
+    from mohge.core.cli import user_errors
 
     @user_errors
     def main(argv=None) -> int:
@@ -53,7 +54,7 @@ def test_documented_exit_codes_and_debug_traceback(error, code, line, monkeypatc
 
 
 def test_an_unexpected_os_error_is_a_bug_and_keeps_its_traceback(monkeypatch):
-    from mohge.cli import user_errors
+    from mohge.core.cli import user_errors
 
     @user_errors
     def main(argv=None) -> int:

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mohge.data as data
-import mohge.graded as graded
-from mohge.atomic import atomic_path
+import mohge.data.graded as graded
+from mohge.core.atomic import atomic_path
 from mohge.data import (
     DataConfig,
     TokenStream,
@@ -29,8 +29,8 @@ from mohge.data import (
     split_plays,
     strip_gutenberg,
 )
-from mohge.graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, LEVEL_SEP, generate_graded, token_levels
-from mohge.tokenizer import EOT_ID, decode, encode, encode_with_offsets, load_tokenizer
+from mohge.data.graded import LEVEL_EASY, LEVEL_HARD, LEVEL_MEDIUM, LEVEL_SEP, generate_graded, token_levels
+from mohge.data.tokenizer import EOT_ID, decode, encode, encode_with_offsets, load_tokenizer
 
 # ------------------------------------------------------------------------------------------------
 # DataConfig

@@ -13,7 +13,7 @@ import pytest
 
 from mohge.data import DataConfig, prepare, read_split
 from mohge.data.hf import holdout_split, holdout_u
-from mohge.tokenizer import EOT_ID
+from mohge.data.tokenizer import EOT_ID
 
 datasets = pytest.importorskip("datasets")
 
@@ -101,7 +101,7 @@ def test_one_process_and_three_processes_write_identical_shards(fmt, tmp_path):
 
 def split_texts(out: Path) -> dict[str, list[str]]:
     """Every split's documents, decoded from the shards (EOT-separated) through the tokenizer."""
-    from mohge.tokenizer import decode, load_tokenizer
+    from mohge.data.tokenizer import decode, load_tokenizer
 
     tok = load_tokenizer(out / "tokenizer.json")
     texts = {}

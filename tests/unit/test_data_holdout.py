@@ -15,7 +15,7 @@ from test_data_hf import config, run_cli_steps, shard_bytes, write_corpus
 from mohge.config import ConfigError, DataConfig
 from mohge.data import main, prepare, read_split
 from mohge.data.hf import holdout_u
-from mohge.tokenizer import decode, load_tokenizer
+from mohge.data.tokenizer import decode, load_tokenizer
 
 pytest.importorskip("datasets")
 TARGETS = {"val_tokens": 500, "test_tokens": 300, "holdout_candidate_fraction": 0.3}

@@ -13,7 +13,7 @@ from mohge.config import ConfigError
 from mohge.data import DataConfig, default_cache_dir, prepare, read_split
 from mohge.data.manifest import gather
 from mohge.data.prepare import main
-from mohge.tokenizer import EOT_ID, train_tokenizer
+from mohge.data.tokenizer import EOT_ID, train_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,9 +16,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mohge.config import ConfigError, RunConfig
 from mohge.data import DataConfig, prepare
+from mohge.data.graded import LEVEL_SEP
 from mohge.data.prepare import main as data_main
-from mohge.graded import LEVEL_SEP
-from mohge.tokenizer import encode
+from mohge.data.tokenizer import encode
 
 TEXTS = [f"the dogs see a cat.\n{i}+{i % 7}={i + i % 7}\nbirds sang over quiet rivers {i * 13}" for i in range(300)]
 # name -> (special tokens trained first, tokens added after the merges, data.eot_token)

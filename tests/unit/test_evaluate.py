@@ -14,7 +14,7 @@ from conftest import tiny_run, train_tiny
 from mohge import evaluate as ev
 from mohge.checkpoint import write_manifest
 from mohge.data import DataConfig, prepare
-from mohge.tokenizer import EOT_ID, encode
+from mohge.data.tokenizer import EOT_ID, encode
 
 RUN = tiny_run(
     data={"seq_len": 24, "graded_num_docs": 200},

@@ -13,8 +13,8 @@ import torch
 from conftest import tiny_run
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
 
-from mohge.allocation import PLACEMENTS, place
 from mohge.distributed.ep import local_layout
+from mohge.model.allocation import PLACEMENTS, place
 from mohge.utilization import main as utilization_main
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]

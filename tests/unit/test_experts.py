@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mohge.experts import RoutedExperts, SwiGLU, swiglu_params
+from mohge.model.experts import RoutedExperts, SwiGLU, swiglu_params
 
 
 def test_swiglu_params_counts_the_modules():

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from mohge.data import DataConfig
+from mohge.data.graded import LEVEL_SEP, generate_sums
 from mohge.evaluate import graded_docs
-from mohge.graded import LEVEL_SEP, generate_sums
 
 
 def test_sum_ladder_levels_mark_only_the_answer_digits():

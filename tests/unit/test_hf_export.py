@@ -11,8 +11,8 @@ import torch
 from conftest import tiny_model_config, tiny_run, train_tiny
 
 from mohge import hf_export
+from mohge.data.tokenizer import EOT_ID, encode, load_tokenizer
 from mohge.model import LanguageModel
-from mohge.tokenizer import EOT_ID, encode, load_tokenizer
 
 MLA = {"attention": "mla", "mla_q_head_dim": 8, "mla_rope_head_dim": 4, "mla_v_head_dim": 6, "mla_kv_lora_rank": 12}
 FAMILIES = {

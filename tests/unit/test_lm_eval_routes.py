@@ -15,7 +15,7 @@ from conftest import ROOT, tiny_run, train_tiny
 
 from mohge import evaluate as ev
 from mohge import hf_export
-from mohge.tokenizer import EOT_ID, encode
+from mohge.data.tokenizer import EOT_ID, encode
 
 TASKS = ("mohge_ppl", "mohge_cloze", "mohge_graded_hard", "mohge_graded_medium")
 TASK_CONFIGS = ROOT / "configs" / "tasks"

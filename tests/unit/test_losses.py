@@ -7,7 +7,7 @@ import torch
 from conftest import RELEASE, release_router
 
 from mohge.config import LossConfig
-from mohge.losses import (
+from mohge.model.losses import (
     group_aux_active,
     group_aux_loss,
     group_cost_weights,

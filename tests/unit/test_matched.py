@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from conftest import ROOT
 
-from mohge import params
 from mohge.config import load_model_config
-from mohge.matched import all_families, default_moe_width, derive
+from mohge.config.matched import all_families, default_moe_width, derive
+from mohge.model import params
 
 PRESETS = ROOT / "configs" / "models"
 

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_model_config
 
-from mohge.losses import weighted_aux
 from mohge.model import LanguageModel
+from mohge.model.losses import weighted_aux
 
 
 @pytest.mark.parametrize("kind", ["mohge", "moe", "hmoe", "modse", "dense"])

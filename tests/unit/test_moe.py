@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
-from mohge.experts import SwiGLU
-from mohge.moe import MoELayer
+from mohge.model.experts import SwiGLU
+from mohge.model.moe import MoELayer
 
 
 def test_one_group_of_one_expert_equals_dense_ffn():

@@ -7,9 +7,8 @@ import json
 import pytest
 from conftest import ROOT, tiny_model_config
 
-from mohge import params
 from mohge.config import load_model_config
-from mohge.model import LanguageModel
+from mohge.model import LanguageModel, params
 
 PRESETS = ROOT / "configs" / "models"
 

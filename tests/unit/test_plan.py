@@ -8,7 +8,7 @@ from mohge.config import RunConfig
 from mohge.distributed import check_layout
 from mohge.distributed.parallelize import apply_ep, shard_plan
 from mohge.model import LanguageModel
-from mohge.params import count_params
+from mohge.model.params import count_params
 from mohge.plan import main, memory_per_gpu
 
 

@@ -8,7 +8,7 @@ import torch
 from conftest import release_router, tiny_model_config
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
-from mohge.routing import TopKRouter
+from mohge.model.routing import TopKRouter
 
 
 def test_combined_scores_are_a_distribution_on_selected_groups():  # docs/method.md §2 E4
@@ -70,7 +70,7 @@ def test_product_renorm_is_renormalized_combined_score():
 
 def test_gradients_reach_both_routers_through_lm_path_alone():
     cfg = tiny_model_config()
-    from mohge.moe import MoELayer
+    from mohge.model.moe import MoELayer
 
     layer = MoELayer(32, cfg.ffn, cfg.router, LossConfig(), 0.02, 0.02)
     y, _ = layer(torch.randn(2, 8, 32))

@@ -12,8 +12,8 @@ import yaml
 from conftest import ROOT
 
 from mohge.config import ConfigError
-from mohge.runs import main as runs_main
-from mohge.runs import merge_config, plan, workflow_schema
+from mohge.config.runs import main as runs_main
+from mohge.config.runs import merge_config, plan, workflow_schema
 
 BASE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 
@@ -250,7 +250,7 @@ def test_standard_tasks_plan_with_allow_hub():
 
 def test_triton_backend_on_a_cpu_run_is_refused(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.setattr("mohge.preflight.cuda_present", lambda: False)
+    monkeypatch.setattr("mohge.config.preflight.cuda_present", lambda: False)
     cfg = copy.deepcopy(BASE)
     cfg["model"]["ffn"]["backend"] = "triton"
     with pytest.raises(ConfigError, match=r"model\.ffn\.backend='triton': the Triton kernels need a GPU"):
@@ -261,8 +261,7 @@ def test_triton_backend_on_a_cpu_run_is_refused(monkeypatch):
 
 
 def test_hf_source_is_refused_fast_when_offline(monkeypatch):
-    from mohge import preflight
-    from mohge.config import DataConfig
+    from mohge.config import DataConfig, preflight
 
     cfg = copy.deepcopy(BASE)
     cfg["datasets"]["graded"] = {"source": "hf", "hf_name": "some/corpus", "vocab_size": 300, "seq_len": 32}

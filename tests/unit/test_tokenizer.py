@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from mohge.tokenizer import (
-    EOT,
+from mohge.config import EOT
+from mohge.data.tokenizer import (
     EOT_ID,
     decode,
     encode,
@@ -133,7 +133,7 @@ def test_save_and_load(tmp_path, tok):
 
 def test_check_refuses_a_tokenizer_without_the_eot_token_naming_the_key(tmp_path):
     from mohge.config import ConfigError
-    from mohge.tokenizer import check_tokenizer, eot_id
+    from mohge.data.tokenizer import check_tokenizer, eot_id
 
     path = tmp_path / "t.json"
     train_tokenizer(corpus(50), 280, path)
@@ -147,7 +147,7 @@ def test_check_refuses_a_tokenizer_without_the_eot_token_naming_the_key(tmp_path
 
 
 def test_trained_bpe_puts_the_configured_eot_token_at_zero(tmp_path):
-    from mohge.tokenizer import eot_id
+    from mohge.data.tokenizer import eot_id
 
     tok = train_tokenizer(corpus(50), 280, tmp_path / "t.json", eot_token="</s>")
     assert eot_id(tok, "</s>") == EOT_ID == 0 and tok.token_to_id(EOT) is None
@@ -155,7 +155,7 @@ def test_trained_bpe_puts_the_configured_eot_token_at_zero(tmp_path):
 
 def test_check_tokenizer_round_trips_and_names_a_broken_file(tmp_path):
     from mohge.config import ConfigError
-    from mohge.tokenizer import check_tokenizer, train_tokenizer
+    from mohge.data.tokenizer import check_tokenizer, train_tokenizer
 
     path = tmp_path / "tokenizer.json"
     train_tokenizer(["the cat sat on the mat\n"] * 50, 300, path)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mohge.allocation import place
+from mohge.model.allocation import place
 from mohge.traces import Trace, TraceLayer, synthetic_trace
 from mohge.utilization import ANALYTIC_COLUMNS, SUMMARY_COLUMNS, analyze, compare, imbalance, main, rank_loads
 

@@ -10,7 +10,7 @@ import sys
 import jsonschema
 
 from mohge.config import SPLITS, DataConfig, load_yaml_or_json, to_dict
-from mohge.runs import ClusterConfig, merge_config, plan
+from mohge.config.runs import ClusterConfig, merge_config, plan
 
 
 def refuse(message):

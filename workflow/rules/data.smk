@@ -8,7 +8,7 @@ rule dataset_config:
     params:
         data=lambda wc: digest(dataset_section(wc.dataset)),  # a changed data section reruns
     run:
-        from mohge.atomic import write_text_atomic
+        from mohge.core.atomic import write_text_atomic
 
         section = dataset_section(wildcards.dataset)
         write_text_atomic(output[0], json.dumps(section, sort_keys=True) + "\n")

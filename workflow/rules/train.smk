@@ -10,7 +10,7 @@ rule run_config:
         train=lambda wc: digest(train_section(wc.run)),
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
     run:
-        from mohge.atomic import write_text_atomic
+        from mohge.core.atomic import write_text_atomic
 
         write_text_atomic(output[0], run_config_json(wildcards.run))
         write_text_atomic(log[0], f"train {params.train} eval {params.eval}\n")
@@ -27,7 +27,7 @@ rule train_config:
     params:
         train=lambda wc: digest(train_section(wc.run)),
     run:
-        from mohge.atomic import write_text_atomic
+        from mohge.core.atomic import write_text_atomic
 
         section = train_section(wildcards.run)
         write_text_atomic(

@@ -43,10 +43,12 @@ separate pieces, so in practice almost every token covers characters of a single
 """
 
 from mohge.config import DATA_SOURCES, DataConfig
-from mohge.data.manifest import read_split, verify_shard
-from mohge.data.prepare import MAX_META_DOC_NAMES, load_data_config, load_meta, main, prepare, token_dtype
-from mohge.data.sources import (
-    Doc,
+
+from .docs import Doc
+from .manifest import read_split
+from .prepare import MAX_META_DOC_NAMES, load_data_config, load_meta, main, prepare, token_dtype
+from .shards import verify_shard
+from .sources import (
     build_docs,
     default_cache_dir,
     fetch_shakespeare,
@@ -63,7 +65,7 @@ def __getattr__(name: str):
     """The readers import torch (~1.4 s, ~250 MB): loaded on first use, so the preparation jobs
     (`python -m mohge.data ...`, which import this package first) start without it."""
     if name in ("TokenStream", "iter_eval_batches"):
-        from mohge.data import stream
+        from . import stream
 
         return getattr(stream, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """`python -m mohge.data`: prepare a data source (mohge.data.prepare.main)."""
 
-from mohge.data.prepare import main
+from .prepare import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from mohge.config import SPLITS, ConfigError, DataConfig
-from mohge.data.sources import CANDIDATE, Doc
-from mohge.preflight import check_hub, resolve_text_files
+from mohge.config.preflight import check_hub, resolve_text_files
+
+from .docs import CANDIDATE, Doc
 
 log = logging.getLogger("mohge.data")
 

@@ -30,10 +30,10 @@ from typing import Any
 import numpy as np
 
 from mohge.config import ConfigError, DataConfig
-from mohge.data.hf import carved_splits, holdout_key, holdout_u
-from mohge.data.manifest import verify_shard
-from mohge.data.shards import MAX_META_DOC_NAMES, SplitShardWriter, _HashedFile, doc_record, shard_entry, shard_name
-from mohge.data.sources import Doc
+
+from .docs import Doc
+from .hf import carved_splits, holdout_key, holdout_u
+from .shards import MAX_META_DOC_NAMES, SplitShardWriter, _HashedFile, doc_record, shard_entry, shard_name, verify_shard
 
 log = logging.getLogger("mohge.data")
 CAND = "cand"  # file stem of a job's candidates: shards/cand-{i:05d}.{bin,idx,jsonl}

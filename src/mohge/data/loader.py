@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mohge.atomic import write_json_atomic
 from mohge.config import SPLITS, ConfigError
+from mohge.core.atomic import write_json_atomic
 
 HASH_CHUNK = 1 << 24  # 16 MiB per read while hashing a shard: memory stays flat on shards of any size
 

@@ -21,11 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from mohge.atomic import atomic_path, sha256_file, write_text_atomic
-from mohge.config import SPLITS, DataConfig
-from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
-from mohge.data.sources import carved_by_tokens
-from mohge.graded import LEVEL_NAMES, LEVEL_SEP
+from mohge.config import LEVEL_NAMES, SPLITS, DataConfig
+from mohge.core.atomic import atomic_path, sha256_file, write_text_atomic
+
+from .graded import LEVEL_SEP
+from .holdout import carve
+from .shards import MAX_META_DOC_NAMES, part_name, token_dtype, verify_shard
+from .sources import carved_by_tokens
 
 log = logging.getLogger("mohge.data")
 FORMAT_VERSION = 2
@@ -38,19 +40,6 @@ def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
     return json.loads(path.read_text())
-
-
-def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: str) -> None:
-    """A shard file whose size or sha256 differs from its manifest entry is refused, named."""
-    path = Path(data_dir) / file
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: prepare the data again")
-    size = path.stat().st_size
-    if size != nbytes:
-        raise ValueError(f"{path}: {size} bytes, the manifest expects {nbytes} (truncated or changed?)")
-    actual = sha256_file(path)
-    if actual != sha256:
-        raise ValueError(f"{path}: sha256 {actual}, the manifest expects {sha256} (changed?); prepare the data again")
 
 
 def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]]:
@@ -98,8 +87,6 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
     dtype = token_dtype(cfg.vocab_size)
     carved: dict[str, list[dict[str, Any]]] = {}
     if carved_by_tokens(cfg):  # val/test by token count: cut from every job's candidates (mohge.data.holdout)
-        from mohge.data.holdout import carve
-
         carved, obtained = carve(cfg, out, parts, dtype)
         split_info = {**split_info, **obtained}
     meta: dict[str, Any] = {

@@ -3,10 +3,12 @@
     python -m mohge.data --config C --out D                    everything in this process (small data, tests)
     python -m mohge.data --config C --out D --procs 4          the same, shard jobs in 4 worker processes
     python -m mohge.data tokenizer --config C --out D          D/tokenizer.json (+ shards/tokenizer-info.json)
-    python -m mohge.data shard --index I --config C --out D    shard job I of data.num_shards (mohge.data.shards)
+    python -m mohge.data shard --index I --config C --out D    shard job I of data.num_shards (prepare_shard)
     python -m mohge.data gather --config C --out D             verify every shard, write meta.json last
 
 The workflow (workflow/rules/data.smk) runs the three steps as separate jobs, the N shard jobs in parallel.
+The jobs live here, above what they use: a shard job writes through mohge.data.shards (and, for a token-count
+hold-out, mohge.data.holdout's candidate writer); the gather is mohge.data.manifest.gather.
 The files are listed in the package docstring (mohge.data) and in mohge.data.manifest.
 """
 
@@ -20,18 +22,24 @@ import logging
 import multiprocessing
 import os
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mohge.atomic import atomic_path, sha256_file, write_json_atomic
-from mohge.cli import user_errors
-from mohge.config import ConfigError, DataConfig, load_yaml_or_json
-from mohge.data.manifest import TOKENIZER_INFO, gather, load_meta
-from mohge.data.shards import MAX_META_DOC_NAMES, SHARDS, prepare_shard, token_dtype
-from mohge.data.sources import default_cache_dir, iter_tokenizer_sample, split_record
-from mohge.preflight import offline_variable
-from mohge.tokenizer import check_tokenizer, eot_id, train_tokenizer
+from tokenizers import Tokenizer
+from tqdm import tqdm
+
+from mohge.config import SPLITS, ConfigError, DataConfig, load_yaml_or_json
+from mohge.config.preflight import offline_variable
+from mohge.core.atomic import atomic_path, sha256_file, write_json_atomic
+from mohge.core.cli import user_errors
+
+from .docs import CANDIDATE, Doc
+from .holdout import CandidateWriter
+from .manifest import TOKENIZER_INFO, gather, load_meta
+from .shards import MAX_META_DOC_NAMES, SHARDS, SplitShardWriter, part_name, token_dtype
+from .sources import carved_by_tokens, default_cache_dir, iter_shard_docs, iter_tokenizer_sample, split_record
+from .tokenizer import check_tokenizer, eot_id, load_tokenizer, train_tokenizer
 
 log = logging.getLogger("mohge.data")
 
@@ -84,8 +92,6 @@ def prepare_tokenizer(
     else:
         if var := offline_variable():
             raise ConfigError(f"data.tokenizer_hub={cfg.tokenizer_hub!r}: {var} is set, so the hub cannot be reached")
-        from tokenizers import Tokenizer
-
         with atomic_path(target) as tmp:
             Tokenizer.from_pretrained(cfg.tokenizer_hub).save(str(tmp))
         info["source"] = cfg.tokenizer_hub
@@ -100,6 +106,88 @@ def prepare_tokenizer(
     info.update(vocab_size=n, eot_token=cfg.eot_token, eot_id=eot, sha256=sha256_file(target))
     write_json_atomic(out / TOKENIZER_INFO, info)
     return info
+
+
+# An encode batch is data.encode_batch_docs documents or this many characters, whichever comes first: the
+# Encoding objects of a batch (ids, token strings, offsets) take ~50-100 bytes per token, so 8 M characters
+# (~2 M tokens) keep a job near 200 MB above its imports, whatever the corpus or document size.
+BATCH_MAX_CHARS = 8 << 20
+
+
+def _batches(pairs: Iterable[tuple[str, Doc]], max_docs: int, max_chars: int) -> Iterator[list[tuple[str, Doc]]]:
+    """Consecutive runs of (split, doc) of at most max_docs documents or about max_chars characters."""
+    batch: list[tuple[str, Doc]] = []
+    chars = 0
+    for pair in pairs:
+        batch.append(pair)
+        chars += len(pair[1].text)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def encode_docs(tok: Tokenizer, texts: list[str], with_offsets: bool) -> tuple[list[list[int]], list | None]:
+    """Ids (and offsets) of many texts, in parallel inside `tokenizers`; no special token is added."""
+    if with_offsets:
+        encs = tok.encode_batch(texts, add_special_tokens=False)
+        return [e.ids for e in encs], [e.offsets for e in encs]
+    # encode_batch_fast skips the offsets: the same ids, less work when no level needs them
+    return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)], None
+
+
+def prepare_shard(
+    cfg: DataConfig, out_dir: str | os.PathLike, index: int, cache_dir: str | os.PathLike | None = None
+) -> dict[str, Any]:
+    """Shard job `index` of cfg.num_shards: write its shard files and its manifest (part-IIIII.json, last).
+    The tokenizer is out_dir/tokenizer.json, written by the tokenizer job (mohge.data.prepare)."""
+    if not 0 <= index < cfg.num_shards:
+        raise ValueError(f"--index {index}: expected 0 <= index < data.num_shards={cfg.num_shards}")
+    out = Path(out_dir)
+    tok_path = out / "tokenizer.json"
+    if not tok_path.is_file():
+        raise FileNotFoundError(f"{tok_path} is missing: run `python -m mohge.data tokenizer` for {out} first")
+    tok = load_tokenizer(tok_path)
+    eot = eot_id(tok, cfg.eot_token, tok_path)  # the id the tokenizer job records in meta["eot_id"]
+    (out / SHARDS).mkdir(parents=True, exist_ok=True)
+    (out / part_name(index)).unlink(missing_ok=True)  # the completion marker goes first and comes back last
+    dtype = token_dtype(cfg.vocab_size)
+    with_levels = cfg.source == "graded"
+    carving = carved_by_tokens(cfg)  # val/test held out by token count: the gather writes them (mohge.data.holdout)
+    writers: dict[str, Any] = {
+        s: SplitShardWriter(out, cfg, s, index, dtype, with_levels, eot) for s in SPLITS if s not in carving
+    }
+    if carving:
+        writers[CANDIDATE] = CandidateWriter(out, cfg, index, dtype, eot)
+    try:
+        pairs = iter_shard_docs(cfg, index, cfg.num_shards, cache_dir)
+        with tqdm(unit="doc", desc=f"shard {index}", disable=None) as bar:
+            for batch in _batches(pairs, cfg.encode_batch_docs, BATCH_MAX_CHARS):
+                ids, offsets = encode_docs(tok, [d.text for _, d in batch], with_levels)
+                for split in writers:  # keep the stream order within each split
+                    pick = [k for k, (s, _) in enumerate(batch) if s == split]
+                    if pick:
+                        sub_offsets = [offsets[k] for k in pick] if offsets is not None else None
+                        writers[split].add([batch[k][1] for k in pick], [ids[k] for k in pick], sub_offsets)
+                bar.update(len(batch))
+    except BaseException:
+        for w in writers.values():
+            w.abort()
+        raise
+    part = {
+        "index": index,
+        "num_shards": cfg.num_shards,
+        "dtype": dtype.name,
+        "config": cfg.to_dict(),
+        "tokenizer_sha256": sha256_file(tok_path),
+        "splits": {s: w.finish() for s, w in writers.items() if s != CANDIDATE},
+    }
+    if carving:
+        part["candidates"] = writers[CANDIDATE].finish()
+    write_json_atomic(out / part_name(index), part)
+    log.info("shard %d/%d: tokens %s", index, cfg.num_shards, {s: e["tokens"] for s, e in part["splits"].items()})
+    return part
 
 
 def prepare_gather(

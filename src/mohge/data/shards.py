@@ -1,6 +1,7 @@
 """Shard files: one job's documents -> token ids (+ levels) written incrementally, with their manifest.
 
-A shard job (`prepare_shard`, `python -m mohge.data shard --index I`) streams its slice of every split
+The writers and names of the shard files, and their check (`verify_shard`). A shard job
+(`mohge.data.prepare.prepare_shard`, `python -m mohge.data shard --index I`) streams its slice of every split
 (mohge.data.sources.iter_shard_docs), encodes the documents in batches with `tokenizers`' `encode_batch`
 (parallel in Rust), and appends each batch to
 
@@ -20,27 +21,20 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
-from tokenizers import Tokenizer
-from tqdm import tqdm
 
-from mohge.atomic import sha256_file, write_json_atomic
-from mohge.config import SPLITS, DataConfig
-from mohge.data.sources import CANDIDATE, Doc, carved_by_tokens, iter_shard_docs
-from mohge.graded import LEVEL_SEP, token_levels
-from mohge.tokenizer import eot_id, load_tokenizer
+from mohge.config import DataConfig
+from mohge.core.atomic import sha256_file
+
+from .docs import Doc
+from .graded import LEVEL_SEP, token_levels
 
 log = logging.getLogger("mohge.data")
 MAX_META_DOC_NAMES = 10_000  # meta.json lists document names per split up to this many (else null)
 SHARDS = "shards"
-# An encode batch is data.encode_batch_docs documents or this many characters, whichever comes first: the
-# Encoding objects of a batch (ids, token strings, offsets) take ~50-100 bytes per token, so 8 M characters
-# (~2 M tokens) keep a job near 200 MB above its imports, whatever the corpus or document size.
-BATCH_MAX_CHARS = 8 << 20
 
 
 def shard_name(split: str, index: int, suffix: str = ".bin") -> str:
@@ -70,6 +64,19 @@ def shard_entry(shard: Any, sha256: str) -> dict[str, Any]:
 def token_dtype(vocab_size: int) -> np.dtype:
     """uint16 when every id fits (vocab_size <= 65536), else uint32."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: str) -> None:
+    """A shard file whose size or sha256 differs from its manifest entry is refused, named."""
+    path = Path(data_dir) / file
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: prepare the data again")
+    size = path.stat().st_size
+    if size != nbytes:
+        raise ValueError(f"{path}: {size} bytes, the manifest expects {nbytes} (truncated or changed?)")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ValueError(f"{path}: sha256 {actual}, the manifest expects {sha256} (changed?); prepare the data again")
 
 
 def doc_record(source: str, doc: Doc) -> dict[str, Any]:
@@ -173,81 +180,3 @@ class SplitShardWriter:
         if self.eval is not None:
             self.eval.close()
             self.eval_path.with_suffix(".tmp").unlink(missing_ok=True)
-
-
-def _batches(pairs: Iterable[tuple[str, Doc]], max_docs: int, max_chars: int) -> Iterator[list[tuple[str, Doc]]]:
-    """Consecutive runs of (split, doc) of at most max_docs documents or about max_chars characters."""
-    batch: list[tuple[str, Doc]] = []
-    chars = 0
-    for pair in pairs:
-        batch.append(pair)
-        chars += len(pair[1].text)
-        if len(batch) >= max_docs or chars >= max_chars:
-            yield batch
-            batch, chars = [], 0
-    if batch:
-        yield batch
-
-
-def encode_docs(tok: Tokenizer, texts: list[str], with_offsets: bool) -> tuple[list[list[int]], list | None]:
-    """Ids (and offsets) of many texts, in parallel inside `tokenizers`; no special token is added."""
-    if with_offsets:
-        encs = tok.encode_batch(texts, add_special_tokens=False)
-        return [e.ids for e in encs], [e.offsets for e in encs]
-    # encode_batch_fast skips the offsets: the same ids, less work when no level needs them
-    return [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)], None
-
-
-def prepare_shard(
-    cfg: DataConfig, out_dir: str | os.PathLike, index: int, cache_dir: str | os.PathLike | None = None
-) -> dict[str, Any]:
-    """Shard job `index` of cfg.num_shards: write its shard files and its manifest (part-IIIII.json, last).
-    The tokenizer is out_dir/tokenizer.json, written by the tokenizer job (mohge.data.prepare)."""
-    if not 0 <= index < cfg.num_shards:
-        raise ValueError(f"--index {index}: expected 0 <= index < data.num_shards={cfg.num_shards}")
-    out = Path(out_dir)
-    tok_path = out / "tokenizer.json"
-    if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path} is missing: run `python -m mohge.data tokenizer` for {out} first")
-    tok = load_tokenizer(tok_path)
-    eot = eot_id(tok, cfg.eot_token, tok_path)  # the id the tokenizer job records in meta["eot_id"]
-    (out / SHARDS).mkdir(parents=True, exist_ok=True)
-    (out / part_name(index)).unlink(missing_ok=True)  # the completion marker goes first and comes back last
-    dtype = token_dtype(cfg.vocab_size)
-    with_levels = cfg.source == "graded"
-    carving = carved_by_tokens(cfg)  # val/test held out by token count: the gather writes them (mohge.data.holdout)
-    writers: dict[str, Any] = {
-        s: SplitShardWriter(out, cfg, s, index, dtype, with_levels, eot) for s in SPLITS if s not in carving
-    }
-    if carving:
-        from mohge.data.holdout import CandidateWriter
-
-        writers[CANDIDATE] = CandidateWriter(out, cfg, index, dtype, eot)
-    try:
-        pairs = iter_shard_docs(cfg, index, cfg.num_shards, cache_dir)
-        with tqdm(unit="doc", desc=f"shard {index}", disable=None) as bar:
-            for batch in _batches(pairs, cfg.encode_batch_docs, BATCH_MAX_CHARS):
-                ids, offsets = encode_docs(tok, [d.text for _, d in batch], with_levels)
-                for split in writers:  # keep the stream order within each split
-                    pick = [k for k, (s, _) in enumerate(batch) if s == split]
-                    if pick:
-                        sub_offsets = [offsets[k] for k in pick] if offsets is not None else None
-                        writers[split].add([batch[k][1] for k in pick], [ids[k] for k in pick], sub_offsets)
-                bar.update(len(batch))
-    except BaseException:
-        for w in writers.values():
-            w.abort()
-        raise
-    part = {
-        "index": index,
-        "num_shards": cfg.num_shards,
-        "dtype": dtype.name,
-        "config": cfg.to_dict(),
-        "tokenizer_sha256": sha256_file(tok_path),
-        "splits": {s: w.finish() for s, w in writers.items() if s != CANDIDATE},
-    }
-    if carving:
-        part["candidates"] = writers[CANDIDATE].finish()
-    write_json_atomic(out / part_name(index), part)
-    log.info("shard %d/%d: tokens %s", index, cfg.num_shards, {s: e["tokens"] for s, e in part["splits"].items()})
-    return part

@@ -18,27 +18,22 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from mohge.atomic import sha256_file
 from mohge.config import SHAKESPEARE_SHA256, SPLITS, ConfigError, DataConfig
-from mohge.graded import generate_graded, generate_sums
-from mohge.preflight import check_hub, check_text_files, resolve_text_files  # noqa: F401 (re-exported)
+from mohge.config.preflight import check_text_files, resolve_text_files
+from mohge.core.atomic import sha256_file
+
+from .docs import Doc
+from .graded import generate_graded, generate_sums
+from .hf import by_tokens, carved_splits, hf_docs, iter_hf_docs
+from .hf import split_record as hf_split_record
 
 log = logging.getLogger("mohge.data")  # not __name__: that is "__main__" under python -m
-CANDIDATE = "candidate"  # pseudo-split of an hf document set aside for the token-count hold-out (§12.2)
 
 
 def _bad(key: str, value: Any, why: str) -> ConfigError:
     return ConfigError(f"data.{key}={value!r}: {why}")
-
-
-class Doc(NamedTuple):
-    """One document: a name (play, file, dataset row), its text and (graded corpus) its levels per char."""
-
-    name: str
-    text: str
-    levels: list[int] | None = None
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -253,8 +248,6 @@ def build_docs(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> d
         return _graded_docs(cfg)
     if cfg.source == "text":
         return _text_docs(cfg)
-    from mohge.data.hf import hf_docs
-
     return hf_docs(cfg)
 
 
@@ -273,8 +266,6 @@ def iter_shard_docs(
     runs in order, so the shards of a split, concatenated, are the split's stream of one shard.
     """
     if cfg.source == "hf":
-        from mohge.data.hf import iter_hf_docs
-
         yield from iter_hf_docs(cfg, index, num_shards)
         return
     docs = build_docs(cfg, cache_dir)
@@ -306,8 +297,6 @@ def carved_by_tokens(cfg: DataConfig) -> list[str]:
     splits go by fraction (or the dataset gives them). Their documents come as CANDIDATE from the shard jobs."""
     if cfg.source != "hf" or not (cfg.val_tokens or cfg.test_tokens):
         return []
-    from mohge.data.hf import by_tokens, carved_splits
-
     return carved_splits(cfg) if by_tokens(cfg) else []
 
 
@@ -326,6 +315,4 @@ def split_record(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) ->
         files = resolve_text_files(cfg.text_files)
         unit = "file" if _text_by_file(cfg, len(files)) else "chunk"
         return {"method": "index", "unit": unit, **fractions}
-    from mohge.data.hf import split_record as hf_split_record
-
     return hf_split_record(cfg)

@@ -18,8 +18,9 @@ import numpy as np
 import torch
 
 from mohge.config import DATA_ORDERS
-from mohge.data.loader import WindowOrder, check_size, concat, memmap_shard, split_shards, verify_split
-from mohge.data.prepare import load_meta
+
+from .loader import WindowOrder, check_size, concat, memmap_shard, split_shards, verify_split
+from .prepare import load_meta
 
 
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:

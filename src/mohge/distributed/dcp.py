@@ -44,8 +44,9 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from mohge.core.atomic import write_bytes_atomic, write_json_atomic
+
 from .. import checkpoint as ckpt
-from ..atomic import write_bytes_atomic, write_json_atomic
 from ..config import ModelConfig
 from .ep import ExpertParallelExperts
 from .layout import Layout

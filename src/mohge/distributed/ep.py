@@ -31,8 +31,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from mohge.model.allocation import experts_of_rank
+
 from .. import kernels
-from ..allocation import experts_of_rank
 
 Tensor = torch.Tensor
 

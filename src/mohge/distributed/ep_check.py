@@ -13,7 +13,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..allocation import place
+from mohge.model.allocation import place
+
 from .ep import ExpertParallelExperts
 
 CHECK_WIDTHS = (8, 12, 16, 20)  # G = 4 width classes, symmetric (8 + 20 = 12 + 16)

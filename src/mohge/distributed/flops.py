@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
+from mohge.model.params import count_params
+
 from ..config import ModelConfig
-from ..params import count_params
 
 
 def attention_dims(cfg: ModelConfig) -> tuple[int, int]:

@@ -35,9 +35,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ..atomic import write_json_atomic, write_text_atomic
+from mohge.core.atomic import write_json_atomic, write_text_atomic
+from mohge.model.losses import weighted_aux
+
 from ..config import FFNConfig, LossConfig, ModelConfig, RouterConfig
-from ..losses import weighted_aux
 from ..model import LanguageModel
 from .flops import model_flops_per_token
 from .layout import Layout

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..allocation import place
+from mohge.model.allocation import place
+
 from ..config import ConfigError, ParallelConfig, RunConfig
 
 

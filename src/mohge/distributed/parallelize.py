@@ -29,7 +29,8 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from ..experts import RoutedExperts
+from mohge.model.experts import RoutedExperts
+
 from ..model import LanguageModel
 from .ep import ExpertParallelExperts, from_routed
 from .layout import Layout

@@ -31,16 +31,17 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from mohge.core.atomic import write_json_atomic, write_text_atomic
+from mohge.model.moe import LayerStats
+
 from .. import train as base
 from .. import training
-from ..atomic import write_json_atomic, write_text_atomic
 from ..config import ConfigError, RunConfig
 from ..data import TokenStream
 from ..data.loader import verify_folder
 from ..data.stream import TrainBatches
 from ..evaluate import heldout_loss
 from ..model import LanguageModel
-from ..moe import LayerStats
 from . import dcp
 from .ep import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token

@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-LEVEL_NAMES = ("easy", "medium", "hard")
+from mohge.config import LEVEL_NAMES, SUM_DIGITS
+
 LEVEL_SEP, LEVEL_EASY, LEVEL_MEDIUM, LEVEL_HARD = -1, 0, 1, 2
 
 # Lexicon for the grammar lines. The word classes are disjoint, so a line can be parsed back.
@@ -129,10 +130,6 @@ def generate_graded(
         assert len(char_levels) == len(text)
         docs.append(GradedDoc(text, char_levels))
     return docs
-
-
-DESIGNS = ("mixed", "sums")
-SUM_DIGITS = ((1, 1), (2, 1), (2, 2))  # operand digit counts of the easy / medium / hard sums
 
 
 def sum_line(rng: random.Random, digits: tuple[int, int]) -> tuple[str, str]:

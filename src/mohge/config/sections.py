@@ -16,42 +16,29 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .dataconfig import DATA_SOURCES, SHAKESPEARE_SHA256, SPLITS, DataConfig
-from .strict import (
-    ConfigError,
+from mohge.core.strict import (
     _coerce,
     _fail,
     _Section,
     check_name,
-    from_dict,
     knob,
     load_yaml_or_json,
-    to_dict,
+)
+from mohge.core.vocab import (
+    AC_MODES,
+    ATTENTION_KINDS,
+    BACKENDS,
+    DATA_ORDERS,
+    DEVICES,
+    EXPERT_AUX_MODES,
+    FFN_KINDS,
+    GATE_MODES,
+    PLACEMENTS,
+    PRECISIONS,
+    SCORE_FUNCTIONS,
 )
 
-# The vocabularies, defined here once; every other module imports them from here.
-FFN_KINDS = ("dense", "moe", "mohge", "hmoe", "modse")
-GATE_MODES = ("code_exact", "product_renorm")
-SCORE_FUNCTIONS = ("sigmoid", "softmax")
-PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
-ATTENTION_KINDS = ("mha", "mla")
-BACKENDS = ("auto", "triton", "torch", "loop")
-EXPERT_AUX_MODES = ("code", "per_group")
-PRECISIONS = ("auto", "fp32", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
-DATA_ORDERS = ("random", "sequential")
-
-__all__ = [
-    "DATA_SOURCES",
-    "SHAKESPEARE_SHA256",
-    "SPLITS",
-    "ConfigError",
-    "DataConfig",
-    "check_name",
-    "from_dict",
-    "load_yaml_or_json",
-    "to_dict",
-]
+from .data import DataConfig
 
 
 @dataclass(frozen=True)
@@ -235,9 +222,6 @@ def load_model_config(path: str | Path) -> ModelConfig:
     if "model" in data:
         data = data["model"]
     return ModelConfig.from_dict(data, "model")
-
-
-AC_MODES = ("none", "block")
 
 
 @dataclass(frozen=True)

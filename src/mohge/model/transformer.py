@@ -17,7 +17,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import LossConfig, ModelConfig
+from mohge.config import LossConfig, ModelConfig
+
 from .experts import SwiGLU
 from .moe import LayerStats, MoELayer
 

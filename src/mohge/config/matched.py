@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .config import ModelConfig, RouterConfig
+from .sections import ModelConfig, RouterConfig
 
 FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
 RELEASE_WIDTH_RATIO = 832 / 1024  # mean MoHGE width / homogeneous baseline width in the release

@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import FFNConfig, RouterConfig
+from mohge.config import FFNConfig, RouterConfig
 
 Tensor = torch.Tensor
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import FFNConfig, LossConfig
+from mohge.config import FFNConfig, LossConfig
+
 from .routing import Routing
 
 Tensor = torch.Tensor

@@ -1,0 +1,367 @@
+"""The experiment plan: from the workflow config to one resolved, validated ``RunConfig`` per run.
+
+The Snakefile calls :func:`plan` at parse time, so every run's config is built and checked (strictly, by the
+dataclasses of :mod:`mohge.config`) before any job starts. A run is ``{dataset}-{family}-s{seed}``; its model
+is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.matched`,
+its vocabulary and context taken from the dataset.
+
+Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
+data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
+families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
+``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources). Names
+(datasets, variants, study) are identifiers (:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake
+in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.preflight`).
+
+    python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
+    python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from mohge.core.cli import user_errors
+from mohge.core.strict import (
+    NAME_PATTERN,
+    ConfigError,
+    _Section,
+    check_name,
+    knob,
+    load_yaml_or_json,
+    schema_of,
+    to_dict,
+)
+from mohge.core.vocab import PLACEMENTS
+
+from .data import DataConfig
+from .matched import FAMILIES, derive
+from .preflight import check_run
+from .sections import EvalConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class UtilizationConfig(_Section):
+    """The per-GPU utilization study: placement strategies and expert-parallel sizes it compares."""
+
+    strategies: tuple[str, ...] = knob(PLACEMENTS, "placement strategies compared", choices=PLACEMENTS, min_items=1)
+    ep_sizes: tuple[int, ...] = knob((2, 4), "expert-parallel sizes", ge=1, min_items=1)
+    measure_nproc: int = knob(0, "processes of the measured EP run (0: none)", ge=0)
+    measure_tokens: int = knob(256, "tokens per rank of the measured EP run", ge=1)
+    trace_all_seeds: bool = knob(False, "trace every seed of a model, not only its first")
+    _path: str = field(default="utilization", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class FiguresConfig(_Section):
+    """Inputs of the figures that are not produced by the workflow."""
+
+    bench_csv: str = knob("results/bench/kernels.csv", "kernel benchmark CSV (committed)")
+    _path: str = field(default="figures", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class ClusterConfig(_Section):
+    """SLURM resources of a training job and its launcher (srun + torchrun when nodes * gpus_per_node > 1)."""
+
+    nodes: int = knob(1, "nodes per training job", ge=1)
+    gpus_per_node: int = knob(0, "GPUs per node (0: train on CPUs)", ge=0)
+    cpus_per_task: int = knob(1, "CPU cores per task (1: two CPU runs share a 2-core machine)", ge=1)
+    mem_gb: int = knob(4, "memory per node in GB", ge=1)
+    runtime_min: int = knob(60, "wall-clock limit of a training job in minutes", ge=1)
+    _path: str = field(default="cluster", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class AnalysisConfig(_Section):
+    """A study's pre-declared statistical analysis (mohge.study; docs/study.md)."""
+
+    alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)
+    equivalence_margin: float = knob(0.03, "TOST margin on the perplexity ratio (0.03: +-3 %)", gt=0, lt=1)
+    primary_metric: str = knob("test_ppl", "primary endpoint (full split)", choices=("test_ppl", "val_ppl"))
+    reference_family: str = knob("moe", "Q1: the MoE that MoHGE should equal", choices=FAMILIES)
+    iso_family: str = knob("moe_equal", "Q1b: the iso-parameter MoE that MoHGE should beat", choices=FAMILIES)
+    _path: str = field(default="analysis", repr=False, compare=False)
+
+
+# Top-level keys of the workflow config (besides the sections above): see configs/README.md.
+TOP_LEVEL = (
+    "study",
+    "datasets",
+    "model",
+    "loss",
+    "train",
+    "eval",
+    "experiments",
+    "moe_width",
+    "utilization",
+    "analysis",
+    "figures",
+    "cluster",
+)
+EXPERIMENT_KEYS = ("dataset", "families", "seeds", "variants", "moe_width")
+SECTIONS = {
+    "utilization": UtilizationConfig,
+    "analysis": AnalysisConfig,
+    "figures": FiguresConfig,
+    "cluster": ClusterConfig,
+}
+
+
+def run_name(dataset: str, family: str, seed: int, variant: str = "") -> str:
+    return f"{dataset}-{family}-{variant}-s{seed}" if variant else f"{dataset}-{family}-s{seed}"
+
+
+def _section(config: dict, key: str) -> dict:
+    """A mapping section of the config; absent is {} but a key left empty (``model:``) is refused."""
+    if key not in config:
+        return {}
+    value = config[key]
+    if not isinstance(value, dict):
+        why = "an empty section: give its keys or remove the line" if value is None else "expected a mapping"
+        raise ConfigError(f"{key}={value!r}: {why}")
+    return value
+
+
+def merge_config(base: dict, over: dict) -> dict:
+    """Deep merge: mappings merge key by key, anything else in ``over`` replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+VARIANT_SECTIONS = ("model", "loss", "train", "eval")
+
+
+def _variants(exp: dict, where: str) -> dict[str, dict]:
+    """An experiment's variants: name -> overrides of the shared sections ({"": {}} when it has none).
+
+    A variant changes the MoHGE ``model`` (before each family is derived from it), ``loss``, ``train`` or
+    ``eval``; e.g. ``{release: {}, renorm: {model: {router: {gate_mode: product_renorm}}}}``.
+    """
+    variants = exp.get("variants")
+    if variants is None:
+        return {"": {}}
+    if not isinstance(variants, dict) or not variants:
+        raise ConfigError(f"{where}.variants={variants!r}: expected a non-empty mapping name -> overrides")
+    for name, over in variants.items():
+        check_name(name, f"{where}.variants")
+        if not isinstance(over or {}, dict):
+            raise ConfigError(f"{where}.variants.{name}={over!r}: expected a mapping of section overrides")
+        bad = sorted(set(over or {}) - set(VARIANT_SECTIONS))
+        if bad:
+            raise ConfigError(f"{where}.variants.{name}.{bad[0]}: unknown key (known: {', '.join(VARIANT_SECTIONS)})")
+        for key in VARIANT_SECTIONS:
+            _section(over or {}, key)  # an empty override (`model:`) is refused
+    return {name: over or {} for name, over in variants.items()}
+
+
+def _seeds(exp: dict, fam: str, where: str) -> list[int]:
+    """The seeds of one family: a list for every family, or a mapping family|default -> list."""
+    seeds = exp.get("seeds", [0])
+    if isinstance(seeds, dict):
+        bad = sorted(set(seeds) - {*FAMILIES, "default"})
+        if bad:
+            raise ConfigError(f"{where}.seeds.{bad[0]}: unknown key (known: {', '.join((*FAMILIES, 'default'))})")
+        key = fam if fam in seeds else "default"
+        where, seeds = f"{where}.seeds.{key}", seeds.get(key, [0])
+    else:
+        where = f"{where}.seeds"
+    if not isinstance(seeds, list) or not seeds:
+        raise ConfigError(f"{where}={seeds!r}: expected a non-empty list of seeds")
+    for i, seed in enumerate(seeds):
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"{where}[{i}]={seed!r}: a seed must be an integer >= 0")
+    return seeds
+
+
+def _moe_width(mapping: dict, key: str) -> int | None:
+    width = mapping.get("moe_width")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ConfigError(f"{key}={width!r}: expected an integer >= 1 or null")
+    return width
+
+
+def _check_top_level(config: dict) -> None:
+    """Top-level keys and the study-level sections (utilization, figures, cluster, study, moe_width)."""
+    unknown = sorted(set(config) - set(TOP_LEVEL))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown top-level key (known: {', '.join(TOP_LEVEL)})")
+    check_name(config.get("study", "default"), "study")
+    for key, cls in SECTIONS.items():
+        cls.from_dict(_section(config, key), key)
+    _moe_width(config, "moe_width")
+    for name in VARIANT_SECTIONS:
+        _section(config, name)
+
+
+def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -> dict[str, RunConfig]:
+    """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key.
+    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight), except
+    the inputs of the datasets named in ``prepared`` (their data is already prepared).
+
+    This is the validator of the workflow config: ``mohge.runs list``, the Snakefile and (through the run
+    configs it resolves) ``mohge.train`` share it, and the JSON schema is generated from the same sections.
+    """
+    if not isinstance(config, dict):
+        raise ConfigError(f"config={config!r}: expected a mapping")
+    _check_top_level(config)
+    datasets = _section(config, "datasets")
+    if not datasets:
+        raise ConfigError("datasets: at least one dataset is needed")
+    for ds in datasets:
+        check_name(ds, "datasets")
+        DataConfig.from_dict(_section(datasets, ds), f"datasets.{ds}")
+    experiments = config.get("experiments")
+    if not isinstance(experiments, list) or not experiments:
+        raise ConfigError(f"experiments={experiments!r}: at least one experiment is needed (a list)")
+    runs: dict[str, RunConfig] = {}
+    files_checked: set[str] = set()
+    for i, exp in enumerate(experiments):
+        where = f"experiments[{i}]"
+        if not isinstance(exp, dict):
+            raise ConfigError(f"{where}={exp!r}: expected a mapping with dataset, families, seeds, variants")
+        bad = sorted(set(exp) - set(EXPERIMENT_KEYS))
+        if bad:
+            raise ConfigError(f"{where}.{bad[0]}: unknown key (known: {', '.join(EXPERIMENT_KEYS)})")
+        ds = exp.get("dataset")
+        if ds not in datasets:
+            raise ConfigError(f"{where}.dataset={ds!r}: not one of the datasets {sorted(datasets)}")
+        families = exp.get("families")
+        if not isinstance(families, list) or not families:
+            raise ConfigError(f"{where}.families={families!r}: expected a non-empty list of {FAMILIES}")
+        data = datasets[ds]
+        for variant, over in _variants(exp, where).items():
+            shared = {k: merge_config(_section(config, k), over.get(k) or {}) for k in VARIANT_SECTIONS}
+            model_dict = {
+                **shared["model"],
+                "vocab_size": data.get("vocab_size", 2048),
+                "max_seq_len": data.get("seq_len", 256),
+            }
+            mohge_cfg = ModelConfig.from_dict(model_dict, "model")
+            for fam in families:
+                if fam not in FAMILIES:
+                    raise ConfigError(f"{where}.families: {fam!r} is not one of {FAMILIES}")
+                width = _moe_width(exp, f"{where}.moe_width") if "moe_width" in exp else config.get("moe_width")
+                model = derive(mohge_cfg, fam, width)
+                for seed in _seeds(exp, fam, where):
+                    name = run_name(ds, fam, seed, variant)
+                    if name in runs:
+                        raise ConfigError(f"{where}: run {name} is planned twice")
+                    runs[name] = cfg = RunConfig.from_dict(
+                        {
+                            "name": name,
+                            "family": fam,
+                            "variant": variant,
+                            "dataset": ds,
+                            "model": to_dict(model),
+                            "loss": shared["loss"],
+                            "train": {**shared["train"], "seed": seed},
+                            "data": data,
+                            "eval": shared["eval"],
+                        }
+                    )
+                    if preflight:
+                        inputs = ds not in files_checked and ds not in prepared
+                        check_run(cfg, config.get("cluster"), inputs=inputs)
+                        files_checked.add(ds)
+    return runs
+
+
+# ---------------------------------------------------------------- JSON schema, generated from the dataclasses
+
+
+def workflow_schema() -> dict:
+    """JSON schema of the workflow config; ``additionalProperties: false`` at every level. Snakemake's
+    ``validate`` and :func:`plan` refuse the same mistakes (plan also checks what a schema cannot say)."""
+    data = schema_of(DataConfig)
+    model = schema_of(ModelConfig)
+    for key in ("vocab_size", "max_seq_len"):  # taken from the dataset
+        model["properties"].pop(key)
+    loss, train, evalc = schema_of(LossConfig), schema_of(TrainConfig), schema_of(EvalConfig)
+    name = {"type": "string", "pattern": NAME_PATTERN.pattern}
+    seeds = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    overrides = {"type": "object", "additionalProperties": False}
+    overrides["properties"] = {"model": model, "loss": loss, "train": train, "eval": evalc}
+    experiment = {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "runs of one dataset: families x seeds x variants",
+        "required": ["dataset", "families"],
+        "properties": {
+            "dataset": {**name, "description": "a key of datasets"},
+            "moe_width": {
+                "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "description": "this experiment's homogeneous baseline width (overrides the top-level one)",
+            },
+            "families": {"type": "array", "items": {"enum": list(FAMILIES)}, "minItems": 1},
+            "variants": {
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": name,
+                "additionalProperties": {"anyOf": [{"type": "null"}, overrides]},
+                "description": "variant name -> overrides of model, loss, train, eval",
+            },
+            "seeds": {
+                "anyOf": [
+                    seeds,
+                    {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {k: seeds for k in (*FAMILIES, "default")},
+                    },
+                ],
+                "description": "seeds of every family, or per family (with a default)",
+            },
+        },
+    }
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "mohge workflow config (generated by `python -m mohge.runs schema`; do not edit by hand)",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["datasets", "experiments"],
+        "properties": {
+            "study": {**name, "description": "outputs go to results/<study>/, figures/<study>/, ..."},
+            "datasets": {
+                "type": "object",
+                "propertyNames": name,
+                "additionalProperties": data,
+                "minProperties": 1,
+                "description": "dataset name -> its data section",
+            },
+            "model": model,
+            "loss": loss,
+            "train": train,
+            "eval": evalc,
+            "experiments": {"type": "array", "items": experiment, "minItems": 1},
+            "moe_width": {
+                "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
+                "description": "width of the homogeneous baseline (null: the release's ratio)",
+            },
+            **{key: schema_of(cls) for key, cls in SECTIONS.items()},
+        },
+    }
+
+
+@user_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mohge.runs", description="Experiment plan and config schema.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("schema", help="print the workflow config's JSON schema")
+    ls = sub.add_parser("list", help="list the runs a workflow config plans")
+    ls.add_argument("configs", nargs="+", help="config files, merged in order as Snakemake does (--configfile)")
+    args = ap.parse_args(argv)
+    if args.cmd == "schema":
+        print(json.dumps(workflow_schema(), indent=2))
+        return 0
+    config: dict = {}
+    for path in args.configs:
+        config = merge_config(config, load_yaml_or_json(path))
+    runs = plan(config)
+    for name, cfg in runs.items():
+        print(f"{name:<32} {cfg.model.ffn.kind:<6} steps={cfg.train.steps}")
+    return 0

@@ -1,0 +1,11 @@
+"""Core: what every layer may use and that knows nothing of models, data or training.
+
+Owns:
+  `atomic`  atomic writes (a temporary sibling, then ``os.replace``), sha256 of files, the one-writer output lock
+  `strict`  strict loading of typed config sections (``knob``, ``from_dict``, ``ConfigError``) and their JSON schema
+  `cli`     the conventions of the ``python -m mohge.<command>`` entry points: one-line refusals, exit codes
+  `vocab`   the vocabularies several layers share (``BACKENDS``, ``PLACEMENTS``, ...)
+
+May import: nothing of mohge (this file imports nothing at all, so ``mohge.core.vocab`` stays free for
+``mohge.kernels``).
+"""

@@ -1,0 +1,18 @@
+"""The model: the MoHGE transformer and every baseline family, read like the paper (docs/method.md §1-§9).
+
+Owns, in reading order:
+  `experts`      the bias-free SwiGLU expert and the routed experts of several widths (dispatch: mohge.kernels)
+  `routing`      the two-level group router and the flat top-k router (§2)
+  `losses`       the Group-Wise and Intra-Group aux losses, the Switch and size-weighted balance losses (§5)
+  `moe`          the MoE layer of every family, and the routing summary of its routed slots (§1.3)
+  `transformer`  the decoder-only LM (:class:`LanguageModel`, re-exported here) (§1.4)
+  `allocation`   where the experts live: the placements of expert parallelism (§4)
+  `params`       total and activated parameter counts (§9; ``python -m mohge.params``)
+
+May import: :mod:`mohge.core`, :mod:`mohge.config` and :mod:`mohge.kernels`; never :mod:`mohge.data` (its
+sibling) or anything above (train, evaluate, analysis, bench).
+"""
+
+from .transformer import LanguageModel
+
+__all__ = ["LanguageModel"]
