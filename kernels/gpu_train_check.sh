@@ -8,7 +8,7 @@
 #
 # Needs torch, triton, numpy and pyyaml, not an install of mohge: the same throwaway import layout as
 # gpu_check.sh ($LAYOUT/mohge = a copy of src/mohge, $LAYOUT/mohge/kernels -> kernels/). Exit status: 0 when the
-# losses agree (python -m mohge.distributed.gpu_check), 1 otherwise.
+# losses agree (python -m mohge.train.distributed.gpu_check), 1 otherwise.
 set -euo pipefail
 
 OUT=${1:?usage: kernels/gpu_train_check.sh OUTDIR}
@@ -32,6 +32,6 @@ print("torch", torch.__version__, "triton", triton.__version__, "cuda", torch.cu
 } 2>&1 | tee "$OUT/env.log"
 
 status=0
-timeout 330 "$PY" -m mohge.distributed.gpu_check --out "$OUT" --steps 20 2>&1 | tee "$OUT/train_check.log" || status=1
+timeout 330 "$PY" -m mohge.train.distributed.gpu_check --out "$OUT" --steps 20 2>&1 | tee "$OUT/train_check.log" || status=1
 echo "gpu_train_check: exit status $status (logs, JSON and CSV in $OUT)"
 exit $status

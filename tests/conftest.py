@@ -101,7 +101,7 @@ def train_tiny(root: Path, run: dict) -> tuple[Path, Path]:
     """Prepare the run's data under ``root/data``, train into ``root/model``; return (model dir, data dir)."""
     from mohge.config import RunConfig
     from mohge.data import DataConfig, prepare
-    from mohge.train import train
+    from mohge.train.trainer import train
 
     prepare(DataConfig.from_dict(run["data"]), root / "data")
     n = torch.get_num_threads()
@@ -113,6 +113,6 @@ def train_tiny(root: Path, run: dict) -> tuple[Path, Path]:
 @pytest.fixture(autouse=True)
 def _hf_offline_unset(monkeypatch):
     """Every test starts with the HF offline variables unset: mohge.evaluate.go_offline sets them for the whole
-    process, and the plan-time hub check (mohge.preflight) would then refuse hf configs in later tests."""
+    process, and the plan-time hub check (mohge.config.preflight) would then refuse hf configs in later tests."""
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(var, raising=False)

@@ -1,7 +1,22 @@
 """mohge: Mixture of Heterogeneous Grouped Experts (arXiv 2604.23108), a reproducible artifact.
 
-``mohge.kernels`` lives in the top-level ``kernels/`` folder; the install maps it there (pyproject.toml's
-package-dir), so an installed or editable ``mohge`` imports it from any directory without PYTHONPATH.
+Subpackages, one per subsystem, lowest layer first:
+
+  core      atomic writes and locks, strict config loading, CLI conventions, shared vocabularies
+  config    the typed config sections, the run plan, the matched baselines, preflight checks
+  model     the MoHGE transformer and every baseline family (routing, losses, experts, placement, counts)
+  data      sources -> documents -> tokenizer -> token shards, and the batches read from them
+  train     the training loop and its step, checkpoints, and the parallel stack (train/distributed)
+  evaluate  lm-eval tasks and the adapter, held-out metrics, routing traces, the Hugging Face export
+  analysis  the utilization study and its timing harness, result tables, the claims, the planner
+  bench     benchmarks (python -m mohge.bench)
+
+The layer rule: a module imports only its own subpackage and the layers listed before it; ``model`` and ``data``
+are siblings and never import each other; no import circle, imports inside functions included
+(tests/unit/test_layout.py checks every import). ``mohge.kernels`` lives in the top-level ``kernels/`` folder
+(the install maps it there, pyproject.toml's package-dir), sits below ``model`` and imports nothing of mohge but
+``mohge.core.vocab``. The modules directly in this folder are the commands that keep their names
+(``python -m mohge.traces`` ...), each a few lines calling its subsystem's ``main``.
 """
 
 __version__ = "0.1.0"

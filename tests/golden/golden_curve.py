@@ -3,7 +3,7 @@
 Its per-step losses are recorded in ``tiny_mohge.json`` and checked (``test_golden.py``: exactly where the record's
 environment matches, else at a tolerance that a 1% change of lr, alpha_G or alpha_E still fails), so any change of
 the training math shows: the model, the router (docs/method.md §2), the losses and their coefficients and schedule
-(§5, §6), the optimizer and the learning-rate schedule. It runs the trainer's own pieces (``mohge.training.lr_at``,
+(§5, §6), the optimizer and the learning-rate schedule. It runs the trainer's own pieces (``mohge.train.step.lr_at``,
 ``build_optimizer``, ``compute_loss``) on synthetic tokens (a fixed seeded Markov chain), so it needs no prepared
 data and no file I/O. When a change is *meant* to alter the math, regenerate the record and commit it:
 
@@ -28,7 +28,7 @@ import torch
 from mohge.config import RunConfig
 from mohge.model import LanguageModel
 from mohge.model.losses import weighted_aux
-from mohge.training import build_optimizer, compute_loss, lr_at
+from mohge.train.step import build_optimizer, compute_loss, lr_at
 
 GOLDEN = Path(__file__).resolve().parent / "tiny_mohge.json"
 REGEN = "python tests/golden/regen.py"

@@ -2,7 +2,7 @@
 
 The reference trains one process the way a parallel layout of W data-parallel ranks must: at step s the
 gradient is the mean of every rank's mean micro-batch loss on that rank's disjoint part of the data
-(random order: :func:`mohge.distributed.trainer.rank_stream`; sequential order: the r-th ``batch_size`` of the
+(random order: :func:`mohge.train.distributed.trainer.rank_stream`; sequential order: the r-th ``batch_size`` of the
 next ``batch_size x W`` windows), clipped by the global norm, then one AdamW step.
 ``worlds[s]`` is W at step s, so a run resumed on another world size has a reference too.
 """
@@ -24,9 +24,9 @@ from conftest import tiny_run
 
 from mohge.config import RunConfig
 from mohge.data import TokenStream
-from mohge.distributed.trainer import rank_stream
 from mohge.model import LanguageModel
-from mohge.training import build_optimizer, compute_loss, lr_at
+from mohge.train.distributed.trainer import rank_stream
+from mohge.train.step import build_optimizer, compute_loss, lr_at
 
 DATA = {"source": "graded", "vocab_size": 300, "seq_len": 16, "graded_num_docs": 120}
 WORKER = Path(__file__).with_name("dist_worker.py")

@@ -14,15 +14,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from mohge import train as base
 from mohge.config import RunConfig, load_run_config
 from mohge.data import TokenStream
-from mohge.distributed.dcp import export_full
-from mohge.distributed.layout import check_layout
-from mohge.distributed.mesh import build_meshes
-from mohge.distributed.parallelize import parallelize, scale_expert_grads
-from mohge.distributed.trainer import rank_stream, train_parallel
 from mohge.model import LanguageModel
+from mohge.train import trainer as base
+from mohge.train.distributed.dcp import export_full
+from mohge.train.distributed.layout import check_layout
+from mohge.train.distributed.mesh import build_meshes
+from mohge.train.distributed.parallelize import parallelize, scale_expert_grads
+from mohge.train.distributed.trainer import rank_stream, train_parallel
 
 
 def step0_grads(cfg: RunConfig, data_dir: str, out: str) -> None:

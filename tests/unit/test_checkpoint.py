@@ -13,10 +13,10 @@ import torch
 from conftest import tiny_run
 from safetensors.torch import load_file
 
-from mohge import checkpoint as ckpt
 from mohge.config import RunConfig
 from mohge.data import DataConfig, prepare
-from mohge.train import train
+from mohge.train import checkpoint as ckpt
+from mohge.train.trainer import train
 
 RUN = tiny_run(
     model={"max_seq_len": 16, "ffn": {"dense_layers": 1}},
@@ -152,7 +152,7 @@ def trained(tmp_path_factory, data_dir) -> Path:
 
 
 def test_final_folder_has_a_manifest_that_load_trained_checks(trained, tmp_path):
-    from mohge.train import FINAL_FILES
+    from mohge.train.setup import FINAL_FILES
 
     manifest = json.loads((trained / "manifest.json").read_text())
     assert sorted(manifest["files"]) == sorted(FINAL_FILES)
@@ -173,7 +173,8 @@ def test_final_folder_has_a_manifest_that_load_trained_checks(trained, tmp_path)
 
 
 def test_evaluate_and_traces_refuse_a_tampered_model(trained, data_dir, tmp_path, caplog):
-    from mohge import evaluate, traces
+    from mohge.evaluate import metrics as evaluate
+    from mohge.evaluate import traces
 
     flipped = tmp_path / "flipped"
     shutil.copytree(trained, flipped)

@@ -6,7 +6,10 @@ import logging
 
 import pytest
 
-from mohge import data, evaluate, traces, utilization
+from mohge import data
+from mohge.analysis import utilization
+from mohge.evaluate import metrics as evaluate
+from mohge.evaluate import traces
 from mohge.model import params
 
 

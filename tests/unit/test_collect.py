@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mohge.collect import group_rows, measured_activated
+from mohge.analysis.collect import group_rows, measured_activated
 
 
 def test_measured_activated_replaces_the_uniform_routed_part(tmp_path):

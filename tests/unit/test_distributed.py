@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 
 from mohge.config import ConfigError, RunConfig
 from mohge.data import DataConfig, prepare
-from mohge.distributed import check_layout
+from mohge.train.distributed import check_layout
 
 STEPS = 5
 

@@ -11,10 +11,10 @@ import torch
 from dist_support import DATA, WORKER, log_rows, reference, rel, run_dict, torchrun, train_args, write
 from safetensors.torch import load_file
 
-from mohge.checkpoint import load_trained, verify_checkpoint
 from mohge.config import RunConfig
 from mohge.data import DataConfig, prepare
-from mohge.distributed.dcp import REQUIRED
+from mohge.train.checkpoint import load_trained, verify_checkpoint
+from mohge.train.distributed.dcp import REQUIRED
 
 STEPS = 4
 LOSS_RTOL = 1e-5  # fp32; what differs is only the order of sums (experts combined per rank, FSDP reductions)

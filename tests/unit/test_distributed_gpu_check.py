@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from mohge.distributed.gpu_check import main
+from mohge.train.distributed.gpu_check import main
 
 
 def test_cpu_smoke_run_writes_parity_and_throughput(tmp_path):

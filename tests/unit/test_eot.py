@@ -80,7 +80,7 @@ def test_shards_end_every_document_with_the_tokenizers_eot_id(trained):
 
 
 def test_lm_eval_adapter_uses_the_eot_id(trained):
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     lm = MoHGELM(str(trained["model"]), device="cpu", batch_size=3)
     eot = trained["eot"]
@@ -98,8 +98,8 @@ def test_lm_eval_adapter_uses_the_eot_id(trained):
 def test_hf_export_uses_the_eot_id(trained):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mohge import hf_export
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate import hf_export
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     out = trained["root"] / "hf"
     assert hf_export.main(["--ckpt", str(trained["model"]), "--out", str(out)]) == 0
@@ -126,7 +126,7 @@ def test_hf_export_uses_the_eot_id(trained):
 
 
 def test_evaluate_runs_on_the_given_tokenizer(trained, tmp_path):
-    from mohge import evaluate as ev
+    from mohge.evaluate import metrics as ev
 
     out = tmp_path / "metrics.json"
     args = ["--ckpt", str(trained["model"]), "--data", str(trained["data"]), "--out", str(out)]
@@ -137,7 +137,7 @@ def test_evaluate_runs_on_the_given_tokenizer(trained, tmp_path):
 
 
 def test_training_refuses_data_whose_eot_id_disagrees_with_its_tokenizer(trained, tmp_path):
-    from mohge.train import train
+    from mohge.train.trainer import train
 
     data = tmp_path / "data"
     shutil.copytree(trained["data"], data)

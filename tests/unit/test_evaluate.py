@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 from conftest import tiny_run, train_tiny
 
-from mohge import evaluate as ev
-from mohge.checkpoint import write_manifest
 from mohge.data import DataConfig, prepare
 from mohge.data.tokenizer import EOT_ID, encode
+from mohge.evaluate import metrics as ev
+from mohge.train.checkpoint import write_manifest
 
 RUN = tiny_run(
     data={"seq_len": 24, "graded_num_docs": 200},
@@ -37,7 +37,7 @@ def run(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def lm(run):
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     return MoHGELM(str(run[0]), device="cpu", batch_size=3)
 

@@ -13,9 +13,9 @@ import torch
 from conftest import tiny_run
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
 
-from mohge.distributed.ep import local_layout
+from mohge.analysis.utilization import main as utilization_main
 from mohge.model.allocation import PLACEMENTS, place
-from mohge.utilization import main as utilization_main
+from mohge.train.distributed.ep_layer import local_layout
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 
@@ -32,7 +32,7 @@ def test_local_layout_class_major_by_width():
 @pytest.fixture(scope="module")
 def ep_check(tmp_path_factory):
     out = tmp_path_factory.mktemp("ep") / "check.pt"
-    cmd = [*TORCHRUN, "-m", "mohge.expert_parallel", "check", "--out", str(out)]
+    cmd = [*TORCHRUN, "-m", "mohge.train.distributed.ep_equivalence", "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=out.parent)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return torch.load(out, weights_only=False)
@@ -94,7 +94,7 @@ def test_measure_live_routing_with_the_run_configs_router(tmp_path):
     trace = {"model": "tiny", "d_model": 32, "expert_widths": [16, 32, 48, 64], "num_experts": 8}
     trace.update(experts_per_group=2, tokens=64, topk=2, layers=[{"layer": 0, "counts": [16] * 8}])
     (tmp_path / "trace.json").write_text(json.dumps(trace))
-    cmd = [*TORCHRUN, "-m", "mohge.expert_parallel", "measure", "--trace", "trace.json", "--out", "m"]
+    cmd = [*TORCHRUN, "-m", "mohge.analysis.ep_timing", "measure", "--trace", "trace.json", "--out", "m"]
     cmd += ["--routing", "live", "--config", "run.json", "--repeats", "1", "--strategies", "contiguous", "all_size"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -1,4 +1,4 @@
-"""The graded corpus's sum ladder (mohge.graded.generate_sums) and its multiple-choice tasks."""
+"""The graded corpus's sum ladder (mohge.data.graded.generate_sums) and its multiple-choice tasks."""
 
 import json
 import re
@@ -7,7 +7,7 @@ import pytest
 
 from mohge.data import DataConfig
 from mohge.data.graded import LEVEL_SEP, generate_sums
-from mohge.evaluate import graded_docs
+from mohge.evaluate.metrics import graded_docs
 
 
 def test_sum_ladder_levels_mark_only_the_answer_digits():

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import tiny_model_config, tiny_run, train_tiny
 
-from mohge import hf_export
 from mohge.data.tokenizer import EOT_ID, encode, load_tokenizer
+from mohge.evaluate import hf_export
 from mohge.model import LanguageModel
 
 MLA = {"attention": "mla", "mla_q_head_dim": 8, "mla_rope_head_dim": 4, "mla_v_head_dim": 6, "mla_kv_lora_rank": 12}
@@ -112,7 +112,7 @@ print(json.dumps({{"ids": ids, "logits": logits.tolist(),
     text = "a cat.\n12+5=17 <|endoftext|>  x"
     assert got["ids"] == encode(tok, text)
     assert got["bos"] == got["eos"] == got["pad"] == EOT_ID and got["decoded"] == text
-    from mohge.checkpoint import load_trained
+    from mohge.train.checkpoint import load_trained
 
     _, model = load_trained(model_dir)
     with torch.no_grad():
@@ -140,7 +140,7 @@ def test_transformers_generate_equals_the_adapter(exported):
     """transformers' own generate (left padding, its cache) on the export = the mohge adapter's greedy batches."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     model_dir, out = exported
     hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True).eval()

@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import ROOT, tiny_run, train_tiny
 
-from mohge import evaluate as ev
-from mohge import hf_export
 from mohge.data.tokenizer import EOT_ID, encode
+from mohge.evaluate import hf_export
+from mohge.evaluate import metrics as ev
 
 TASKS = ("mohge_ppl", "mohge_cloze", "mohge_graded_hard", "mohge_graded_medium")
 TASK_CONFIGS = ROOT / "configs" / "tasks"
@@ -40,7 +40,7 @@ def trained(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def lm(trained):
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     return MoHGELM(str(trained["model"]), device="cpu", batch_size=4, max_gen_toks=6)
 
@@ -103,7 +103,7 @@ def test_hf_route_and_mohge_route_give_equal_scores(trained):
 
 
 def test_unknown_model_args_are_refused(trained):
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     for arg in ("dtype=bfloat16", "max_lenght=16"):
         with pytest.raises(ValueError, match=arg.split("=")[0]):
@@ -115,7 +115,7 @@ def test_unknown_model_args_are_refused(trained):
 
 
 def test_a_cuda_device_falls_back_to_the_cpu_without_cuda(trained, monkeypatch, caplog):
-    from mohge.lm_eval_model import MoHGELM
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     lm = MoHGELM.create_from_arg_string(f"pretrained={trained['model']}", {"device": "cuda:0", "batch_size": 1})

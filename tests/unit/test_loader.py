@@ -13,16 +13,16 @@ from conftest import tiny_run
 from safetensors.torch import load_file
 from shard_support import reshard, write_shards
 
-from mohge import train as train_mod
-from mohge.checkpoint import load_checkpoint
 from mohge.config import ConfigError, RunConfig
 from mohge.data import DataConfig, TokenStream, prepare
 from mohge.data.loader import ShardedArray, WindowOrder, verify_folder
 from mohge.data.stream import TrainBatches
-from mohge.distributed.trainer import rank_stream
-from mohge.evaluate import heldout_loss
 from mohge.model import LanguageModel
-from mohge.train import train
+from mohge.train import trainer as train_mod
+from mohge.train.checkpoint import load_checkpoint
+from mohge.train.distributed.trainer import rank_stream
+from mohge.train.heldout import heldout_loss
+from mohge.train.trainer import train
 
 DATA = {"source": "graded", "vocab_size": 300, "seq_len": 32, "graded_num_docs": 200}
 S = DATA["seq_len"]
@@ -185,7 +185,7 @@ def test_random_order_checkpoint_keeps_the_step_and_old_checkpoints_resume(folde
     # a checkpoint written before train.data_order existed resumes as random order
     saved = json.loads((out / ".scratch" / "step_00000004" / "config.json").read_text())
     del saved["train"]["data_order"]
-    from mohge.checkpoint import check_same_run, resolved_config
+    from mohge.train.checkpoint import check_same_run, resolved_config
 
     check_same_run(saved, resolved_config(RunConfig.from_dict(run)), out)
     with pytest.raises(ConfigError, match="train.data_order"):
@@ -247,7 +247,7 @@ def test_meta_that_does_not_add_up_is_refused(folders, tmp_path):
 
 
 def test_traces_read_every_test_shard(folders):
-    from mohge.traces import collect_trace
+    from mohge.evaluate.traces import collect_trace
 
     cfg = RunConfig.from_dict(run_config())
     torch.manual_seed(0)

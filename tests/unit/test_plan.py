@@ -4,12 +4,12 @@ import json
 
 from dist_support import run_dict
 
+from mohge.analysis.plan import main, memory_per_gpu
 from mohge.config import RunConfig
-from mohge.distributed import check_layout
-from mohge.distributed.parallelize import apply_ep, shard_plan
 from mohge.model import LanguageModel
 from mohge.model.params import count_params
-from mohge.plan import main, memory_per_gpu
+from mohge.train.distributed import check_layout
+from mohge.train.distributed.parallelize import apply_ep, shard_plan
 
 
 def test_shard_plan_covers_every_parameter_once_with_experts_apart():

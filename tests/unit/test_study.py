@@ -1,4 +1,4 @@
-"""The claims study's analysis (mohge.study): paired tests on known data, balance and difficulty summaries."""
+"""The claims study's analysis (mohge.analysis.study): paired tests on known data, balance and difficulty summaries."""
 
 import math
 from pathlib import Path
@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from mohge import study
+from mohge.analysis import study
 
 
 def _runs(ppl: dict[str, list[float]], dataset: str = "shakespeare") -> pd.DataFrame:
@@ -132,7 +132,7 @@ def test_reportable_tasks_leave_chance_and_ceiling():
 
 
 def test_even_within_groups_keeps_group_totals_and_evens_experts():
-    from mohge.traces import Trace, TraceLayer
+    from mohge.evaluate.traces import Trace, TraceLayer
 
     trace = Trace("m", 8, [16, 32], 6, 3, [TraceLayer(0, [10, 0, 0, 1, 2, 4])])
     even = study.even_within_groups(trace)

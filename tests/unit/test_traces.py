@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import tiny_run, train_tiny
 
-from mohge import traces
 from mohge.data import DataConfig, TokenStream, prepare
-from mohge.evaluate import main as evaluate_main
-from mohge.traces import (
+from mohge.evaluate import traces
+from mohge.evaluate.metrics import main as evaluate_main
+from mohge.evaluate.traces import (
     TraceError,
     load_replay,
     load_trace,
@@ -89,7 +89,7 @@ def test_trace_without_levels_and_max_batches(run, tmp_path):
         {"source": "text", "text_files": [str(tmp_path / "t.txt")], "vocab_size": 300, "seq_len": 16}
     )
     prepare(plain, tmp_path / "plain")
-    from mohge.checkpoint import load_trained
+    from mohge.train.checkpoint import load_trained
 
     cfg, net = load_trained(model)
     trace, raw = traces.collect_trace(net, cfg, tmp_path / "plain", batch_size=4, max_batches=1, keep_batches=0)
@@ -177,7 +177,7 @@ def test_missing_and_malformed_trace_files(tmp_path):
 
 
 def test_reader_accepts_extra_keys_and_int32_replay(tmp_path):
-    # mohge.traces writes more than the reader needs (family, split, group_counts, counts_by_level, levels).
+    # mohge.evaluate.traces writes more than the reader needs (family, split, group_counts, counts_by_level, levels).
     trace, replay = synthetic_trace([1, 1], tokens=10, topk=1, expert_widths=[4, 8], experts_per_group=2)
     data = trace.to_json() | {"family": "mohge", "split": "test"}
     data["layers"][0] |= {"group_counts": [5, 5], "counts_by_level": {}}

@@ -15,11 +15,11 @@ import torch
 from conftest import tiny_run
 from safetensors.torch import load_file
 
-from mohge import train as train_mod
-from mohge.checkpoint import find_latest_valid, list_checkpoints
 from mohge.config import ConfigError, RunConfig, TrainConfig, load_run_config
 from mohge.data import DataConfig, prepare
-from mohge.train import NonFiniteLossError, lr_at, train
+from mohge.train import trainer as train_mod
+from mohge.train.checkpoint import find_latest_valid, list_checkpoints
+from mohge.train.trainer import NonFiniteLossError, lr_at, train
 
 DATA = {"source": "graded", "vocab_size": 300, "seq_len": 32, "graded_num_docs": 200}
 
@@ -265,7 +265,7 @@ def test_log_rebuilt_exactly_on_resume_with_whole_windows(tmp_path, data_dir, mo
 def test_disk_full_mid_checkpoint_exits_4_and_keeps_the_previous_checkpoint(tmp_path, data_dir, monkeypatch, caplog):
     import errno
 
-    from mohge import checkpoint as ckpt
+    from mohge.train import checkpoint as ckpt
 
     real = ckpt.write_bytes_atomic
 

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
+from mohge.analysis.utilization import ANALYTIC_COLUMNS, SUMMARY_COLUMNS, analyze, compare, imbalance, main, rank_loads
+from mohge.evaluate.traces import Trace, TraceLayer, synthetic_trace
 from mohge.model.allocation import place
-from mohge.traces import Trace, TraceLayer, synthetic_trace
-from mohge.utilization import ANALYTIC_COLUMNS, SUMMARY_COLUMNS, analyze, compare, imbalance, main, rank_loads
 
 WIDTHS = [384, 512, 640, 768, 896, 1024, 1152, 1280]
 WIDTHS_E = [w for w in WIDTHS for _ in range(8)]

@@ -389,7 +389,7 @@ rule t3:
     assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()
 
 
-# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge.study ----------------------
+# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge.analysis.study -----------------
 STUDY_MODELS = {  # model: (seeds, total params, mean test ppl)
     "mohge": (8, 8.96e6, 80.0),
     "moe": (8, 10.7e6, 80.5),
@@ -404,8 +404,8 @@ GRADED_MODELS = {"mohge+ag1e5": 30.0, "mohge+ag1e4": 30.3, "mohge+ag1e3": 31.0}
 
 
 def write_study(d: Path) -> dict[str, Path]:
-    """A synthetic study (the models and seeds of configs/study.yaml) collected and analysed by mohge.study."""
-    from mohge import study
+    """A synthetic study (the models and seeds of configs/study.yaml) collected and analysed by mohge.analysis.study."""
+    from mohge.analysis import study
 
     rnd = random.Random(1)
     runs, util, groups = [], [], []
@@ -506,7 +506,7 @@ def study(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def default_study(tmp_path_factory) -> dict[str, Path]:
     """The study tables of the committed default-config results (few models, mostly one seed)."""
-    from mohge import study
+    from mohge.analysis import study
 
     out = tmp_path_factory.mktemp("default_study")
     config = Path(__file__).resolve().parents[2] / "configs" / "config.yaml"

@@ -20,7 +20,7 @@ def refuse(message):
 
 
 def checked_plan(config):
-    """The schema (generated from mohge.config), then every run resolved by mohge.runs.plan."""
+    """The schema (generated from mohge.config), then every run resolved by mohge.config.runs.plan."""
     with open(workflow.source_path("../schemas/config.schema.json")) as fh:
         schema = json.load(fh)
     errors = jsonschema.Draft202012Validator(schema).iter_errors(config)

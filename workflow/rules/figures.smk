@@ -18,7 +18,7 @@ rule tables:
         "logs/{study}/tables.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge.study (scipy)
+        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge.analysis.study (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
         source=lambda wc: study_settings(wc.study)["source"],

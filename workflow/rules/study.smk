@@ -4,7 +4,7 @@
 
 
 rule study_analysis:
-    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge.study).
+    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge.analysis.study).
     input:
         runs="results/{study}/runs.csv",
         util="results/{study}/utilization_summary.csv",
@@ -42,7 +42,7 @@ rule study_tables_tex:
         "logs/{study}/study_tables_tex.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables imports mohge.study (scipy)
+        "../envs/train.yaml"  # make_tables imports mohge.analysis.study (scipy)
     script:
         "../scripts/study_tables.py"
 

@@ -8,7 +8,7 @@ model, one row block each), task_docs (T1: documents per lm-eval task, an int fo
 used where runs.csv has no task:<task>:n_samples column), alpha (default 0.05).
 Reporting rules (issue 12): means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
 parameters are reported beside every comparison, one definition per column; a task is reported only where its
-declared metric leaves both chance and ceiling (mohge.study.reportable_tasks), the others are listed in a note
+declared metric leaves both chance and ceiling (mohge.analysis.study.reportable_tasks), the others are listed in a note
 with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from every other row).
 """
 
@@ -24,7 +24,7 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
-from mohge.study import TASK_METRIC, reportable_tasks  # noqa: E402
+from mohge.analysis.study import TASK_METRIC, reportable_tasks  # noqa: E402
 
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts")
 COMPONENTS += ("dense_ffn", "total", "non_embedding")

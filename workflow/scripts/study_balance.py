@@ -1,7 +1,7 @@
 """F9: per-GPU balance in the claims study: max/mean expert-FLOP load per placement strategy at each EP size,
 mean and 95% CI over the seeds' routing traces, MoHGE (filled) against the homogeneous MoE reference (open).
 
-Inputs: s3 (S3_balance.csv of mohge.study). Outputs: png, pdf.
+Inputs: s3 (S3_balance.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: dataset (default "shakespeare", else the first in S3), models (default ["mohge", "moe"]),
 ep_sizes (default: those in S3 up to 8). One panel per trace kind when S3 has a ``trace`` column
 (trained | balanced_within_groups), else one panel. Models or strategies absent from S3 are skipped.

@@ -2,7 +2,7 @@
 medium / hard) for each alpha_G variant, mean and 95% CI over seeds; and the activated-parameter saving against
 the perplexity cost, both relative to the weakest alpha_G.
 
-Inputs: s4 (S4_difficulty.csv of mohge.study). Outputs: png, pdf.
+Inputs: s4 (S4_difficulty.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: alpha_g (model -> alpha_G; default mohge+ag1e5 1e-5, mohge+ag1e4 1e-4, mohge+ag1e3 1e-3),
 dataset (default "graded", else the first in S4). Without any alpha_G variant in S4, the left panel shows every
 model of S4 and the right panel says that there is no sweep. The cost's error bar is the CI of the variant's

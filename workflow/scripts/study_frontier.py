@@ -2,7 +2,7 @@
 expert FLOPs at one EP size), one point per alpha_E with 95% CIs on both axes; contiguous placement of the same
 models as a second series.
 
-Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge.study. Outputs: png, pdf.
+Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge.analysis.study. Outputs: png, pdf.
 Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1), ep (default 8),
 dataset (default "shakespeare"), metric (default "test_ppl"). Models absent from either table are skipped.
 """

@@ -1,4 +1,4 @@
-"""The claims study's tables S1-S4 (written as CSV and Markdown by mohge.study) also as LaTeX tabulars.
+"""The claims study's tables S1-S4 (written as CSV and Markdown by mohge.analysis.study) also as LaTeX tabulars.
 
 Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv); each optional.
 Outputs: keys starting with the table and ending in _tex (s1_tex, S2_tests_tex, ...); _md also works.

@@ -2,7 +2,7 @@
 seeds) and its 95% CI for every S2_tests row of one metric, the ±margin equivalence band shaded, each row's
 test, n, p-value and decision written beside it.
 
-Inputs: s2 (S2_tests.csv of mohge.study). Outputs: png, pdf.
+Inputs: s2 (S2_tests.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: metric (default "test_ppl", the pre-declared primary metric), margin (default 0.03: the TOST margin).
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.
 """
@@ -34,7 +34,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         return
     fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_2COL, 0.45 * len(s2) + 1.3))
     y = list(range(len(s2)))[::-1]  # the first test on top
-    lo_band, hi_band = 1 / (1 + margin), 1 + margin  # |mean log ratio| < log(1+m) (mohge.study.compare)
+    lo_band, hi_band = 1 / (1 + margin), 1 + margin  # |mean log ratio| < log(1+m) (mohge.analysis.study.compare)
     ax.axvspan(lo_band, hi_band, color="#009E73", alpha=0.15, lw=0)
     ax.axvline(1, color="#444444", lw=0.8, ls=":")
     for yi, r in zip(y, s2.itertuples(index=False), strict=True):

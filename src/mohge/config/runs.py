@@ -2,15 +2,15 @@
 
 The Snakefile calls :func:`plan` at parse time, so every run's config is built and checked (strictly, by the
 dataclasses of :mod:`mohge.config`) before any job starts. A run is ``{dataset}-{family}-s{seed}``; its model
-is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.matched`,
+is the workflow's MoHGE ``model`` section with the family's matched baseline derived by :mod:`mohge.config.matched`,
 its vocabulary and context taken from the dataset.
 
 Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
 data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
 families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
 ``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources). Names
-(datasets, variants, study) are identifiers (:func:`mohge.strict.check_name`); :func:`plan` refuses every mistake
-in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.preflight`).
+(datasets, variants, study) are identifiers (:func:`mohge.core.strict.check_name`); :func:`plan` refuses every mistake
+in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.config.preflight`).
 
     python -m mohge.runs schema          # the JSON schema of the workflow config (workflow/schemas/)
     python -m mohge.runs list CONFIG...  # the runs a config plans (several files merge, as with --configfile)
@@ -76,7 +76,7 @@ class ClusterConfig(_Section):
 
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
-    """A study's pre-declared statistical analysis (mohge.study; docs/study.md)."""
+    """A study's pre-declared statistical analysis (mohge.analysis.study; docs/study.md)."""
 
     alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)
     equivalence_margin: float = knob(0.03, "TOST margin on the perplexity ratio (0.03: +-3 %)", gt=0, lt=1)
@@ -200,10 +200,10 @@ def _check_top_level(config: dict) -> None:
 
 def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -> dict[str, RunConfig]:
     """All runs of a workflow config, resolved and validated; raises ConfigError naming the bad key.
-    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.preflight), except
+    ``preflight``: also check what the runs need from the world (files, tasks, device; mohge.config.preflight), except
     the inputs of the datasets named in ``prepared`` (their data is already prepared).
 
-    This is the validator of the workflow config: ``mohge.runs list``, the Snakefile and (through the run
+    This is the validator of the workflow config: ``python -m mohge.runs list``, the Snakefile and (through the run
     configs it resolves) ``mohge.train`` share it, and the JSON schema is generated from the same sections.
     """
     if not isinstance(config, dict):

@@ -1,6 +1,6 @@
 """Typed, strictly loaded configuration: one dataclass per component, one resolved file per run.
 
-Every section is a frozen dataclass whose fields are declared once with :func:`mohge.strict.knob` (default,
+Every section is a frozen dataclass whose fields are declared once with :func:`mohge.core.strict.knob` (default,
 description, allowed values), so a bad config fails before anything is built, with a one-line message that
 names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
 workflow (``python -m mohge.runs schema``) says the same. Each constructor receives only its own section
@@ -226,7 +226,7 @@ def load_model_config(path: str | Path) -> ModelConfig:
 
 @dataclass(frozen=True)
 class ParallelConfig(_Section):
-    """The multi-process layout of ``mohge.distributed`` (checked against the world by ``check_layout`` there).
+    """The multi-process layout of ``mohge.train.distributed`` (checked against the world by ``check_layout`` there).
 
     ``dp_shard``: FSDP2 degree (-1: the whole world; a divisor of the world gives HSDP, replicated over the
     rest). ``ep``: expert-parallel degree, borrowed from ``dp_shard`` as torchtitan does (0: ``model.ffn.ep_size``).
@@ -312,7 +312,7 @@ class RunConfig(_Section):
     """One run, resolved: what ``results/<run>/config.json`` holds and ``python -m mohge.train`` reads."""
 
     name: str = knob("run", "run name, {dataset}-{family}[-{variant}]-s{seed}")
-    family: str = knob("mohge", "model family (mohge.matched.FAMILIES)")
+    family: str = knob("mohge", "model family (mohge.config.matched.FAMILIES)")
     variant: str = knob("", "variant name ('' for none)")
     dataset: str = knob("data", "dataset name")
     model: ModelConfig = knob(doc="the model", factory=ModelConfig)

@@ -19,7 +19,7 @@ Modules, in reading order:
 Files written under the data folder D (docs/method.md §12), every one atomically (a temporary sibling, then
 `os.replace`), so a killed job leaves no half file; `meta.json` is removed first and written last, so it marks
 a complete preparation:
-  tokenizer.json                  byte-level BPE (see mohge.tokenizer) trained on a bounded sample of the train
+  tokenizer.json                  byte-level BPE (see mohge.data.tokenizer) trained on a bounded sample of the train
                                   split, or a given tokenizer.json / hub tokenizer of data.vocab_size tokens
   shards/{split}-{i:05d}.bin      token ids of shard i, uint16 (uint32 when vocab_size > 65536); each document
                                   is followed by meta["eot_id"], the tokenizer's id of data.eot_token

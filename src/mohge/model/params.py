@@ -3,7 +3,7 @@
 The model is instantiated on the ``meta`` device (no memory, so the 3B preset counts in milliseconds) and
 every parameter is classified by its module path, so the counts are those of the code that trains, not of
 a separate formula. Activated parameters count the experts a token reaches: for each MoE layer,
-K x sum_e share_e x 3*D*h_e (:func:`mohge.experts.swiglu_params`), where share_e is the fraction of routed
+K x sum_e share_e x 3*D*h_e (:func:`mohge.model.experts.swiglu_params`), where share_e is the fraction of routed
 slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
 docs/method.md §9.
 

@@ -41,11 +41,10 @@ import numpy as np
 import safetensors.torch
 import torch
 
+from mohge.config import ConfigError, RunConfig, load_run_config, to_dict
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
 
-from .config import ConfigError, RunConfig, load_run_config, to_dict
-
-log = logging.getLogger("mohge.checkpoint")
+log = logging.getLogger("mohge.train.checkpoint")
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "state.pt", "data.json", "config.json")
@@ -343,7 +342,7 @@ def resume_point(
 def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     """(RunConfig, LanguageModel in eval mode) from a folder with ``model.safetensors`` + ``config.json``
     (the final output of ``mohge.train`` or a ``step_*`` checkpoint)."""
-    from .model import LanguageModel
+    from mohge.model import LanguageModel
 
     path = Path(path)
     for name in ("model.safetensors", "config.json"):

@@ -1,9 +1,10 @@
-"""The torchrun harness that times each rank's expert compute, and the EP correctness check of the tests.
+"""The utilization study's timing harness: under torchrun, each rank's expert compute timed per placement.
 
 The expert-parallel layer itself (dispatch and combine with ``all_to_all_single``, autograd, placement) is
-:class:`mohge.distributed.ep.ExpertParallelExperts`, the one the trainer uses; this module only drives it.
+:class:`mohge.train.distributed.ep_layer.ExpertParallelExperts`, the one the trainer uses; this module only
+drives it. Its correctness check against the single-process experts is :mod:`mohge.train.distributed.ep_equivalence`.
 
-MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.expert_parallel
+MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.analysis.ep_timing
 measure --trace TRACE --out DIR``; usually launched by ``python -m mohge.utilization --measure``). For each
 layer of the trace, the recorded routing (``.npz`` beside the trace), a routing rebuilt with exactly the
 trace's counts (``--routing counts``) or a live router on random inputs (``--routing live``) is split over
@@ -26,10 +27,7 @@ optional: the columns stay empty without it) is sampled on each rank's GPU durin
 ``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
 seconds, seconds_min, times_ms, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
 the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
-those rows (:func:`mohge.utilization.rank_loads`), ``seconds`` the median local compute time.
-
-``check`` (``... -m mohge.expert_parallel check --out FILE.pt``): :mod:`mohge.distributed.ep_check`, the
-layer under every strategy against the single-process experts (used by the tests).
+those rows (:func:`mohge.analysis.utilization.rank_loads`), ``seconds`` the median local compute time.
 
 Legend: T tokens (of this rank), K experts per token, A = T*K routed slots, R rows received by this rank,
 D model width, E experts, W ranks (= EP size), H intermediate width of one class.
@@ -52,22 +50,14 @@ import torch
 import torch.distributed as dist
 
 from mohge import kernels
+from mohge.evaluate.traces import Trace, TraceError, load_replay, load_trace, routing_from_counts
 from mohge.model.allocation import PLACEMENTS, place
+from mohge.train.distributed.ep_layer import ExpertParallelExperts
 
-from .distributed.ep import ExpertParallelExperts
-from .distributed.ep_check import check
-from .utilization import (
-    Trace,
-    TraceError,
-    load_replay,
-    load_trace,
-    rank_loads,
-    routing_from_counts,
-    write_csv,
-)
+from .utilization import rank_loads, write_csv
 
 Tensor = torch.Tensor
-log = logging.getLogger("mohge.expert_parallel")
+log = logging.getLogger("mohge.analysis.ep_timing")
 
 MEASURED_COLUMNS = (
     "model",
@@ -237,7 +227,7 @@ def time_entries(entries: list[dict], repeats: int, warmup: int, train: bool, se
 def _router_configs(args, trace: Trace):
     """The live router's sections: the run config's (``--config``), or, for a trace without a run (synthetic),
     a router over the trace's widths."""
-    from .config import FFNConfig, RouterConfig, load_run_config
+    from mohge.config import FFNConfig, RouterConfig, load_run_config
 
     if args.config is not None:
         model = load_run_config(args.config).model
@@ -405,12 +395,12 @@ def measure(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="torchrun ... -m mohge.expert_parallel",
-        description="Expert-parallel expert layer: per-rank timing (measure) and a correctness check (check).",
+        prog="torchrun ... -m mohge.analysis.ep_timing",
+        description="Per-rank timing of the expert-parallel expert layer for the utilization study (measure).",
     )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="time each rank's expert compute for every strategy (measured.csv)")
-    m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.utilization)")
+    m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.evaluate.traces)")
     m.add_argument("--out", type=Path, required=True, help="folder for measured.csv")
     m.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
     m.add_argument("--layers", nargs="+", type=int, help="layer ids to measure (default: all)")
@@ -434,17 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--group-topk", type=int, default=4, help="live routing: groups per token")
     m.add_argument("--config", type=Path, help="live routing: the run config whose router to use (widths checked)")
     m.add_argument("--seed", type=int, default=0)
-    c = sub.add_parser("check", help="EP forward/backward on a small fixed problem, saved for the tests")
-    c.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")
-    c.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
-    c.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
-    c.add_argument("--seed", type=int, default=0)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return measure(args) if args.command == "measure" else check(args)
+    return measure(args)
 
 
 if __name__ == "__main__":

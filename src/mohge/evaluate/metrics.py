@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import random
 import re
@@ -44,20 +43,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
 import yaml
 
+from mohge.config import load_run_config
 from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.core.cli import user_errors
+from mohge.data import load_meta
 from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
-
-from .config import load_run_config
-from .data import TokenStream, load_meta
+from mohge.train.heldout import heldout_loss
 
 log = logging.getLogger("mohge.evaluate")
 
-TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
+TASK_TEMPLATES = Path(__file__).resolve().parents[3] / "configs" / "tasks"
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
 LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS)
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
@@ -190,33 +187,6 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
     return counts
 
 
-@torch.no_grad()
-def heldout_loss(
-    model: torch.nn.Module,
-    data_dir: str | Path,
-    split: str,
-    batch_size: int,
-    seq_len: int,
-    max_batches: int = 0,
-    autocast: torch.dtype | None = None,
-) -> dict[str, float]:
-    """Mean next-token loss and perplexity over the first ``max_batches`` (0 = all) sequential batches."""
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    nll, n = 0.0, 0
-    for i, (x, y) in enumerate(TokenStream.open(data_dir, split, verify=True).iter_eval_batches(batch_size, seq_len)):
-        if max_batches and i >= max_batches:
-            break
-        with torch.autocast(device.type, dtype=autocast, enabled=autocast is not None):
-            logits = model(x.to(device)).logits
-        nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
-        n += y.numel()
-    model.train(was_training)
-    loss = nll / max(n, 1)
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": n}
-
-
 # ----------------------------------------------------------------------------------------------------
 # Running lm-eval
 # ----------------------------------------------------------------------------------------------------
@@ -301,7 +271,7 @@ def evaluate(
     defaults of tasks, limit and batch size."""
     if not allow_hub:
         go_offline()
-    from .lm_eval_model import MoHGELM
+    from .lm_eval_adapter import MoHGELM
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
     # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
@@ -363,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = _parser()
     args, rest = ap.parse_known_args(sys.argv[1:] if argv is None else argv)
-    if args.command == "trace":  # everything after `trace` is for mohge.traces
+    if args.command == "trace":  # everything after `trace` is for mohge.evaluate.traces
         from .traces import main as trace_main
 
         return trace_main(rest)
@@ -392,7 +362,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json_atomic(args.out, metrics)
     print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """lm-eval adapter: a trained model folder as an lm-eval model registered under the name ``mohge``.
 
     python -m mohge.lm_eval --model mohge --model_args pretrained=results/<run>/model --tasks ...   (lm-eval's CLI)
-    from mohge.lm_eval_model import MoHGELM; lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)
+    from mohge.evaluate.lm_eval_adapter import MoHGELM; lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)
 
 The folder holds ``model.safetensors``, ``config.json`` and ``tokenizer.json`` (what ``mohge.train`` writes).
 The model is mohge's own ``LanguageModel`` (any expert backend, Triton included); the exported Hugging Face model
-(``mohge.hf_export``) run by lm-eval's ``hf`` model gives the same scores, because both are ``TemplateLM``s:
+(``mohge.evaluate.hf_export``) run by lm-eval's ``hf`` model gives the same scores, because both are ``TemplateLM``s:
 
 * text becomes tokens as in lm-eval's HF model: a (context, continuation) pair is encoded whole and split at the
   context's length, trailing whitespace of the context moved to the continuation; no token is added before a
@@ -41,10 +41,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from mohge.data.tokenizer import decode, encode, eot_id, load_tokenizer
+from mohge.train.checkpoint import load_trained
 
-from .checkpoint import load_trained
-
-log = logging.getLogger("mohge.lm_eval_model")
+log = logging.getLogger("mohge.evaluate.lm_eval_adapter")
 
 PRECISIONS = ("auto", "fp32", "bf16")
 # lm-eval passes these with every model (CLI --batch_size, --max_batch_size, --device; --trust_remote_code)

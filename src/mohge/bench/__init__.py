@@ -10,6 +10,12 @@ the MoHGE layer through the grouped torch path, the same layer through the per-e
 release runs, and a dense SwiGLU whose width is the MoHGE layer's activated width under uniform routing
 (top-k x mean expert width + shared width), i.e. the same activated FLOPs. Median of ``--reps`` runs after
 one warm-up run.
+
+Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
+tokens/s of MoHGE against a homogeneous MoE) and `data` (the data preparation against ``encode_batch``).
+``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
+May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
+nothing imports mohge.bench.
 """
 
 from __future__ import annotations
@@ -18,17 +24,15 @@ import argparse
 import dataclasses
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
+from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
 from mohge.model.experts import SwiGLU
 from mohge.model.moe import MoELayer
-
-from .config import FFNConfig, LossConfig, RouterConfig
 
 
 def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:
@@ -111,15 +115,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
-        from .kernels.bench import main as kernels_main
+        from mohge.kernels.bench import main as kernels_main
 
         return kernels_main(rest)
     if args.what == "train":
-        from .train_bench import main as train_main
+        from .train import main as train_main
 
         return train_main(rest)
     if args.what == "data":
-        from .data.bench import main as data_main
+        from .data import main as data_main
 
         return data_main(rest)
     if rest:
@@ -129,7 +133,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json_atomic(args.json, out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """Apply a layout to a model: expert parallelism, activation checkpointing, compile, then FSDP2, in
 torchtitan's order (``parallelize_llama`` / ``apply_fsdp``).
 
-1. EP (ep > 1): every MoE layer's :class:`mohge.experts.RoutedExperts` is replaced by this rank's share,
+1. EP (ep > 1): every MoE layer's :class:`mohge.model.experts.RoutedExperts` is replaced by this rank's share,
    :class:`.ep.ExpertParallelExperts` (experts chosen by the configured placement).
 2. Activation checkpointing (``block``): each transformer block recomputes its forward in the backward
    (``torch.distributed._composable.checkpoint``, which keeps the parameter names).
@@ -29,10 +29,10 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from mohge.model import LanguageModel
 from mohge.model.experts import RoutedExperts
 
-from ..model import LanguageModel
-from .ep import ExpertParallelExperts, from_routed
+from .ep_layer import ExpertParallelExperts, from_routed
 from .layout import Layout
 from .mesh import Meshes
 

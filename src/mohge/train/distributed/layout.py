@@ -4,7 +4,7 @@ Every rank is a data-parallel rank: it reads its own disjoint part of the data. 
 FSDP2 over ``dp_shard`` ranks and replicated over ``dp_replicate = world / dp_shard`` (HSDP when > 1).
 Expert parallelism borrows its ``ep`` ranks from the ``dp_shard`` dimension (as torchtitan does): the
 ``ep`` ranks of a group exchange tokens with ``all_to_all_single`` and each holds ``E / ep`` experts of every
-MoE layer, chosen by ``model.ffn.placement`` (:mod:`mohge.allocation`); the expert weights are then sharded
+MoE layer, chosen by ``model.ffn.placement`` (:mod:`mohge.model.allocation`); the expert weights are then sharded
 by FSDP only over the orthogonal ``dp_shard_mod_ep = dp_shard / ep`` ranks. Mesh, rank r at coordinates::
 
     (dp_replicate, dp_shard_mod_ep, ep),   r = (rep * dp_shard_mod_ep + d) * ep + e
@@ -12,16 +12,15 @@ by FSDP only over the orthogonal ``dp_shard_mod_ep = dp_shard / ep`` ranks. Mesh
 so an EP group is ``ep`` consecutive ranks (inside one node whenever ep <= GPUs per node).
 
 :func:`check_layout` refuses a layout that cannot run, before anything starts, with one line naming the key.
-It needs no process group: the trainer and the planner (:mod:`mohge.plan`) call the same function.
+It needs no process group: the trainer and the planner (:mod:`mohge.analysis.plan`) call the same function.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mohge.config import ConfigError, ParallelConfig, RunConfig
 from mohge.model.allocation import place
-
-from ..config import ConfigError, ParallelConfig, RunConfig
 
 
 @dataclass(frozen=True)

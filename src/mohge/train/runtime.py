@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .config import TrainConfig
+from mohge.config import TrainConfig
 
 log = logging.getLogger("mohge.train")
 

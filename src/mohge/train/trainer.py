@@ -16,14 +16,14 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   ``batch_size`` of them, each window once per epoch; the global window position is checkpointed.
   ``grad_accum`` splits a batch into equal micro-batches.
 * Precision: fp32 on a CPU; bf16 autocast on CUDA (``train.precision``); weights and optimizer stay fp32.
-* Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.checkpoint`) is loaded; on a CPU the run
+* Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.train.checkpoint`) is loaded; on a CPU the run
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
-* Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
-  the run passes mohge.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
+* Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.core.atomic.output_lock),
+  the run passes mohge.config.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
   (:func:`mohge.data.loader.verify_folder`, once per run) and their sizes (on every open).
-* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.cli's (docs/errors.md).
+* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.core.cli's (docs/errors.md).
 
 Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
 to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
@@ -54,63 +54,22 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from mohge.config import preflight
-from mohge.core.atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.config import ConfigError, RunConfig, load_run_config, preflight
+from mohge.core.atomic import append_line, output_lock, write_json_atomic, write_text_atomic
 from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
+from mohge.data import TokenStream, load_meta
+from mohge.data.loader import verify_folder
+from mohge.data.stream import TrainBatches
 from mohge.data.tokenizer import check_tokenizer, eot_id
-from mohge.model.params import count_params
+from mohge.model import LanguageModel
 
 from . import checkpoint as ckpt
-from .config import ConfigError, RunConfig, load_run_config
-from .data import TokenStream, load_meta, prepare
-from .data.loader import verify_folder
-from .data.stream import TrainBatches
-from .evaluate import heldout_loss
-from .model import LanguageModel
+from .heldout import heldout_loss
 from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
-from .training import (
-    NonFiniteLossError,
-    WindowMeter,
-    build_optimizer,
-    compute_loss,
-    lr_at,
-    optimizer_step,
-    read_log,
-)
+from .setup import FINAL_FILES, finish, resolve_data
+from .step import NonFiniteLossError, WindowMeter, build_optimizer, compute_loss, lr_at, optimizer_step, read_log
 
 log = logging.getLogger("mohge.train")
-
-# The final output folder; manifest.json (sha256 of each) is written after all of them.
-FINAL_FILES = ("model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl", "summary.json")
-
-
-# ----------------------------------------------------------------------------------------------------
-# Data and config checks
-# ----------------------------------------------------------------------------------------------------
-
-
-def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtime) -> Path:
-    """The prepared data folder: ``--data`` or, without it, SCRATCH/data prepared from the config."""
-    want = json.loads(json.dumps(cfg.data_config.to_dict()))
-    if data_arg is not None:
-        data_dir = Path(data_arg)
-    else:
-        data_dir = scratch / "data"
-        fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
-        if rt.main and not fresh:
-            log.info("preparing the data of the config into %s", data_dir)
-            prepare(cfg.data_config, data_dir)
-        rt.barrier()
-    meta = load_meta(data_dir)
-    have = meta.get("config", {})
-    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-    if diff:
-        detail = ", ".join(f"{k}: prepared {have.get(k)!r}, config {want.get(k)!r}" for k in diff[:5])
-        raise ConfigError(f"data folder {data_dir} was prepared with another data config ({detail})")
-    if meta["vocab_size"] > cfg.model.vocab_size:
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's {meta['vocab_size']}")
-    return data_dir
-
 
 # ----------------------------------------------------------------------------------------------------
 # The loop
@@ -137,7 +96,7 @@ def train(
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
         run = _train
-        if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.distributed
+        if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.train.distributed
             from .distributed.trainer import train_parallel as run
         with contextlib.ExitStack() as locks:
             if rt.main:  # one writer per output: a second training on the same folders is refused
@@ -277,7 +236,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
 
     summary: dict[str, Any] = {}
     if rt.main:
-        summary = _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
+        summary = finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
         summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
@@ -285,39 +244,6 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
-
-
-def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
-    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
-    tc = cfg.train
-    (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
-    ckpt.write_model(out / "model.safetensors", model.state_dict())
-    write_json_atomic(out / "config.json", resolved)
-    write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
-    write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
-    last = next((r for r in reversed(rows) if "loss" in r), {})
-    params = count_params(cfg.model)
-    return {
-        "name": cfg.name,
-        "family": cfg.family,
-        "steps": tc.steps,
-        "resumed_from_step": start,
-        "tokens_trained": tc.steps * tc.batch_size * cfg.data_config.seq_len * rt.world,
-        "final_train_loss": last.get("loss"),
-        "final_lm_loss": last.get("lm_loss"),
-        "val_loss": val["loss"],
-        "val_ppl": val["ppl"],
-        "val_tokens": val["tokens"],
-        "tokens_per_s": trained_tokens / train_time if train_time > 0 else None,
-        "device": str(rt.device),
-        "world_size": rt.world,
-        "precision": "bf16" if rt.autocast is not None else "fp32",
-        "params_total": params["total_sum"],
-        "params_activated": params["activated_sum"],
-        "params_total_non_embedding": params["total_non_embedding"],
-        "params_activated_non_embedding": params["activated_non_embedding"],
-    }
 
 
 @user_errors
@@ -366,7 +292,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", err)
         return EXIT_NONFINITE if isinstance(err, NonFiniteLossError) else EXIT_USER
     return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """The expert-parallel expert layer: experts spread over the EP ranks, tokens exchanged with ``all_to_all_single``.
 
-Each of the ``ep`` ranks of a group holds the experts that a placement (:mod:`mohge.allocation`) gives it, of
+Each of the ``ep`` ranks of a group holds the experts that a placement (:mod:`mohge.model.allocation`) gives it, of
 several widths, and its own share of the tokens. One forward (docs/method.md, dispatch ``alltoall``):
 
     dispatch:  every routed slot (t, k) goes to the rank of expert idx[t, k]: slots sorted by destination,
@@ -14,7 +14,7 @@ Only ``all_to_all_single`` is used: gloo handles unequal and zero splits with it
 ``all_to_all`` fails on gloo with unequal sizes. The row exchanges go through a small autograd Function,
 so gradients reach the inputs, the gates and every rank's expert weights.
 
-:class:`ExpertParallelExperts` is a drop-in for :class:`mohge.experts.RoutedExperts` (same ``forward``). It
+:class:`ExpertParallelExperts` is a drop-in for :class:`mohge.model.experts.RoutedExperts` (same ``forward``). It
 keeps one ``w1 [2H, D]`` / ``w2 [D, H]`` pair per local expert under its router id
 (``local.<e>.w1``), so a sharded checkpoint names every expert the same way whatever the EP size or the
 placement, and ``torch.distributed.checkpoint`` can reshard it; the forward stacks them per width class.
@@ -31,9 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from mohge import kernels
 from mohge.model.allocation import experts_of_rank
-
-from .. import kernels
 
 Tensor = torch.Tensor
 
@@ -169,7 +168,7 @@ class ExpertParallelExperts(nn.Module):
 
 
 def from_routed(routed: nn.Module, rank_of_expert: Sequence[int], ep_rank: int, group=None) -> ExpertParallelExperts:
-    """This rank's share of a :class:`mohge.experts.RoutedExperts` (router ids e = class * per_class + j)."""
+    """This rank's share of a :class:`mohge.model.experts.RoutedExperts` (router ids e = class * per_class + j)."""
     per_class, widths = routed.per_class, routed.widths
     widths_E = [h for h in widths for _ in range(per_class)]
     mine = [e for e, r in enumerate(rank_of_expert) if r == ep_rank]

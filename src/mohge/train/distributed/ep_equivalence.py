@@ -2,20 +2,24 @@
 forward and backward, on CPU ranks (gloo); rank 0 saves the inputs, the weights and the gathered outputs and
 gradients, which the tests compare with ``swiglu_grouped_torch``.
 
-    torchrun --standalone --nproc-per-node 2 -m mohge.expert_parallel check --out FILE.pt
+    torchrun --standalone --nproc-per-node 2 -m mohge.train.distributed.ep_equivalence --out FILE.pt
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from mohge.model.allocation import place
+from mohge import kernels
+from mohge.model.allocation import PLACEMENTS, place
 
-from .ep import ExpertParallelExperts
+from .ep_layer import ExpertParallelExperts
 
 CHECK_WIDTHS = (8, 12, 16, 20)  # G = 4 width classes, symmetric (8 + 20 = 12 + 16)
 CHECK_N, CHECK_D, CHECK_T, CHECK_K = 2, 16, 75, 3
@@ -83,3 +87,23 @@ def check(args: argparse.Namespace) -> int:
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="torchrun ... -m mohge.train.distributed.ep_equivalence",
+        description="EP forward/backward on a small fixed problem, saved for the tests.",
+    )
+    p.add_argument("--out", type=Path, required=True, help="file (.pt) for the gathered results")
+    p.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
+    p.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return check(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -31,25 +31,27 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from mohge.config import ConfigError, RunConfig
 from mohge.core.atomic import write_json_atomic, write_text_atomic
+from mohge.data import TokenStream
+from mohge.data.loader import verify_folder
+from mohge.data.stream import TrainBatches
+from mohge.model import LanguageModel
 from mohge.model.moe import LayerStats
 
-from .. import train as base
-from .. import training
-from ..config import ConfigError, RunConfig
-from ..data import TokenStream
-from ..data.loader import verify_folder
-from ..data.stream import TrainBatches
-from ..evaluate import heldout_loss
-from ..model import LanguageModel
+from .. import checkpoint as ckpt
+from .. import step as training
+from ..heldout import heldout_loss
+from ..runtime import Runtime
+from ..setup import FINAL_FILES, finish, resolve_data
 from . import dcp
-from .ep import ExpertParallelExperts
+from .ep_layer import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
 from .layout import Layout, check_layout
 from .mesh import build_meshes
 from .parallelize import clip_grad_norm, parallelize, scale_expert_grads
 
-log = logging.getLogger("mohge.distributed")
+log = logging.getLogger("mohge.train.distributed")
 
 
 def rank_stream(stream: TokenStream, rank: int, world: int, seq_len: int) -> TokenStream:
@@ -81,7 +83,7 @@ def step_expert_flops(model: LanguageModel, layers: list[LayerStats]) -> torch.T
 
 
 def train_parallel(
-    cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: base.Runtime
+    cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: Runtime
 ) -> dict[str, Any]:
     """Train ``cfg`` on the layout ``cfg.train.parallel`` over the world of ``rt``; returns the summary."""
     layout = check_layout(cfg, rt.world)
@@ -89,7 +91,7 @@ def train_parallel(
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
-    data_dir = base.resolve_data(cfg, data, scratch, rt)
+    data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step, as one process does: a changed shard is named, not trained on
         verify_folder(data_dir, scratch / "data_verified.json")
     rt.barrier()
@@ -97,7 +99,7 @@ def train_parallel(
     stream = TokenStream.open(data_dir, "train")
     if tc.data_order == "random":
         stream = rank_stream(stream, rt.rank, rt.world, S)
-    resolved = base.ckpt.resolved_config(cfg)
+    resolved = ckpt.resolved_config(cfg)
     random.seed(tc.seed)
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
@@ -108,7 +110,7 @@ def train_parallel(
     start, last_good, position = dcp.resume(dcp_root, resolved, model, opt, require_resume)
     if last_good is not None:
         log.info("resuming from %s (step %d of %d, data %s)", last_good, start, tc.steps, position)
-    window0 = base.ckpt.start_window(position, tc.data_order, last_good)
+    window0 = ckpt.start_window(position, tc.data_order, last_good)
     batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, start, window0)
     log_path = scratch / "train_log.jsonl"
     rows = training.read_log(log_path, start)
@@ -181,9 +183,7 @@ def train_parallel(
         plain = LanguageModel(cfg.model, cfg.loss)
         plain.load_state_dict(full)
         plain.to(rt.device)
-        summary = base._finish(
-            cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time
-        )
+        summary = finish(cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
         summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         tps = summary["tokens_per_s"]
         mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
@@ -194,7 +194,7 @@ def train_parallel(
         )
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
-        base.ckpt.write_manifest(out, list(base.FINAL_FILES))  # last: the folder is complete and sealed
+        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary

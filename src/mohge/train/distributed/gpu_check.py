@@ -1,14 +1,14 @@
 """GPU check of training: bf16 steps of a small MoHGE with the Triton and the torch expert backends, and through
 FSDP2 (a world of one: NCCL, bf16 parameters, fp32 reduction); loss parity, tokens/s and MFU.
 
-    python -m mohge.distributed.gpu_check --out DIR [--steps 20] [--peak-tflops X]   (kernels/gpu_train_check.sh)
+    python -m mohge.train.distributed.gpu_check --out DIR [--steps 20] [--peak-tflops X]   (kernels/gpu_train_check.sh)
 
 Variants, each from the same initial weights on the same batches (sequences that count up by a per-sequence
 stride modulo V, so the loss falls steeply and parity is tested along a real descent):
 
 * ``torch``:  one process, bf16 autocast, grouped-torch experts (the reference);
 * ``triton``: one process, bf16 autocast, Triton expert kernels;
-* ``fsdp2``:  Triton experts under :func:`mohge.distributed.parallelize.parallelize` (FSDP2 with
+* ``fsdp2``:  Triton experts under :func:`mohge.train.distributed.parallelize.parallelize` (FSDP2 with
   ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, no autocast), a one-rank process group.
 
 Parity: every step's loss of ``triton`` and ``fsdp2`` within ``--rtol`` (default 3e-2) of ``torch``'s (bf16
@@ -35,11 +35,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mohge.config import FFNConfig, LossConfig, ModelConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic, write_text_atomic
+from mohge.model import LanguageModel
 from mohge.model.losses import weighted_aux
 
-from ..config import FFNConfig, LossConfig, ModelConfig, RouterConfig
-from ..model import LanguageModel
 from .flops import model_flops_per_token
 from .layout import Layout
 from .mesh import build_meshes
@@ -147,7 +147,7 @@ def _one_rank_group(device: torch.device) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.distributed.gpu_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m mohge.train.distributed.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5, help="untimed first steps (Triton compiles there)")

@@ -111,7 +111,7 @@ def _batches(folder: Path, size: int) -> Iterator[list[str]]:
 
 def reference(tokenizer_json: Path, corpus: Path, batch_docs: int) -> dict[str, float]:
     """tokenizers' encode_batch (and encode_batch_fast) on the same documents; seconds of the calls alone."""
-    from .tokenizer import load_tokenizer
+    from mohge.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_json)
     out: dict[str, float] = {"tokens": 0, "encode_batch_s": 0.0, "encode_batch_fast_s": 0.0}

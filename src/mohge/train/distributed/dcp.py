@@ -1,10 +1,10 @@
-"""Sharded checkpoints through ``torch.distributed.checkpoint``, with the guarantees of :mod:`mohge.checkpoint`.
+"""Sharded checkpoints through ``torch.distributed.checkpoint``, with the guarantees of :mod:`mohge.train.checkpoint`.
 
 Layout of ``SCRATCH/dcp`` (the single-process checkpoints of ``SCRATCH/step_*`` are untouched)::
 
     step_00000050/        the state after 50 optimizer steps
       .metadata, *.distcp   DCP: model and AdamW state, sharded as trained, keyed by parameter name
-      rng_00000.pt ...      each rank's RNG states (mohge.checkpoint.capture_rng)
+      rng_00000.pt ...      each rank's RNG states (mohge.train.checkpoint.capture_rng)
       data.json             the data position {"step": 50, "world_size": W, "order": ...}: random batches are a
                             pure function of (seed, step, rank, world); sequential ones add the global "window"
                             to read next ("epoch", "shard", "offset" say where), which any world size resumes
@@ -14,12 +14,12 @@ Layout of ``SCRATCH/dcp`` (the single-process checkpoints of ``SCRATCH/step_*`` 
 
 So a save is atomic and checksummed, and the previous ``keep_checkpoints`` are kept, exactly as a
 single-process save (the folder listing, verification, pruning and stale-temp removal are
-:mod:`mohge.checkpoint`'s own functions). DCP keys are parameter names, and the experts of an EP layer are
+:mod:`mohge.train.checkpoint`'s own functions). DCP keys are parameter names, and the experts of an EP layer are
 named by their router id (:mod:`.ep`), so a checkpoint loads into another world size, FSDP degree or EP size:
 DCP reads whichever saved chunks overlap each rank's new shards.
 
 :func:`export_full` gathers the model into the single-process names (``model.safetensors`` of
-:func:`mohge.checkpoint.load_trained`): EP experts are stacked back into their width classes.
+:func:`mohge.train.checkpoint.load_trained`): EP experts are stacked back into their width classes.
 """
 
 from __future__ import annotations
@@ -44,14 +44,14 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
+from mohge.config import ModelConfig
 from mohge.core.atomic import write_bytes_atomic, write_json_atomic
 
 from .. import checkpoint as ckpt
-from ..config import ModelConfig
-from .ep import ExpertParallelExperts
+from .ep_layer import ExpertParallelExperts
 from .layout import Layout
 
-log = logging.getLogger("mohge.distributed.dcp")
+log = logging.getLogger("mohge.train.distributed.dcp")
 
 REQUIRED = (".metadata", "data.json", "config.json")
 

@@ -1,5 +1,5 @@
 """The pieces of one training step, shared by the single-process trainer (mohge.train) and the parallel one
-(mohge.distributed.trainer): the learning-rate schedule, the optimizer, the loss with its auxiliary terms, the
+(mohge.train.distributed.trainer): the learning-rate schedule, the optimizer, the loss with its auxiliary terms, the
 finite check and optimizer step, the window meter of the log and the reading of an existing log on resume.
 The formulas are in mohge.train's docstring (docs/method.md §5.4, §6).
 
@@ -18,10 +18,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from mohge.config import RunConfig, TrainConfig
 from mohge.model.losses import group_aux_active, weighted_aux
 from mohge.model.moe import LayerStats, routing_summary
 
-from .config import RunConfig, TrainConfig
 from .runtime import Runtime
 
 log = logging.getLogger("mohge.train")

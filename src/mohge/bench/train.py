@@ -2,7 +2,7 @@
 
     python -m mohge.bench train [--steps 10] [--json out.json]     (mohge.bench dispatches to main() here)
 
-The MoE is ``mohge.matched.derive(cfg, "moe_equal")``: the same experts count and top-k, every expert at
+The MoE is ``mohge.config.matched.derive(cfg, "moe_equal")``: the same experts count and top-k, every expert at
 MoHGE's mean width, so under uniform routing both activate the same FFN FLOPs per token; differences come
 from the two-level router and from experts of unequal widths (one GEMM per expert either way). Both models
 train (forward, backward, AdamW) on the same random tokens, fp32, in one process; after ``warmup`` steps each,
@@ -27,12 +27,11 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from mohge.config import FFNConfig, LossConfig, ModelConfig, RouterConfig, TrainConfig
 from mohge.config.matched import derive
 from mohge.core.atomic import write_json_atomic
-
-from .config import FFNConfig, LossConfig, ModelConfig, RouterConfig, TrainConfig
-from .model import LanguageModel
-from .train import build_optimizer
+from mohge.model import LanguageModel
+from mohge.train.step import build_optimizer
 
 
 def bench_config(d_model: int = 256, n_layers: int = 4, groups: int = 8, per_group: int = 4) -> ModelConfig:

@@ -1,0 +1,11 @@
+"""Analysis of trained runs and traces: the per-GPU utilization study, the result tables, the claims, the planner.
+
+Owns:
+  `utilization`  expert placement -> per-rank load, analytic and measured (``python -m mohge.utilization``)
+  `ep_timing`    the torchrun harness that times each rank's expert compute for the utilization study
+  `collect`      the per-run summaries gathered into the study's tables (``python -m mohge.collect``)
+  `study`        the paired tests and the claims of docs/study.md (``python -m mohge.study``)
+  `plan`         memory and throughput of a cluster config before it runs (``python -m mohge.plan``)
+
+May import: core, config, model, data, train, evaluate and mohge.kernels; never bench.
+"""

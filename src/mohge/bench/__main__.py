@@ -1,0 +1,7 @@
+"""``python -m mohge.bench {layer,kernels,train,data}``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

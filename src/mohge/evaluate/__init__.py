@@ -1,0 +1,15 @@
+"""Evaluation of a trained model: lm-eval tasks, held-out loss, routing traces, and the Hugging Face export.
+
+Owns:
+  `metrics`              the local lm-eval tasks from held-out data, the evaluation run and its CLI
+                         (``python -m mohge.evaluate``)
+  `harness`              lm-eval's own command line with our model registered (``python -m mohge.lm_eval``)
+  `lm_eval_adapter`      the adapter: our trained folder as an lm-eval model (``--model mohge``)
+  `traces`               routing traces of a trained model on held-out data, and synthetic ones
+                         (``python -m mohge.traces``)
+  `hf_export`            a trained folder as a Hugging Face model folder (``python -m mohge.hf_export``)
+  `modeling_mohge`, `configuration_mohge`   the model code copied into every exported folder (``auto_map``
+                         names them); they import nothing of mohge
+
+May import: core, config, model, data, train and mohge.kernels; never analysis or bench.
+"""

@@ -1,0 +1,82 @@
+"""What the single-process loop and the parallel one share: the data folder of a run and the final outputs.
+
+:mod:`mohge.train.trainer` (one process, or DDP) and :mod:`mohge.train.distributed.trainer` (FSDP2 / expert
+parallelism) both import this module and neither imports the other: ``mohge.train.trainer.train`` chooses the
+loop, the parallel one does not call back into it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from mohge.config import ConfigError, RunConfig
+from mohge.core.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.data import load_meta, prepare
+from mohge.model.params import count_params
+
+from . import checkpoint as ckpt
+from .heldout import heldout_loss
+from .runtime import Runtime
+
+log = logging.getLogger("mohge.train")
+
+# The final output folder; manifest.json (sha256 of each) is written after all of them.
+FINAL_FILES = ("model.safetensors", "config.json", "tokenizer.json", "train_log.jsonl", "summary.json")
+
+
+def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtime) -> Path:
+    """The prepared data folder: ``--data`` or, without it, SCRATCH/data prepared from the config."""
+    want = json.loads(json.dumps(cfg.data_config.to_dict()))
+    if data_arg is not None:
+        data_dir = Path(data_arg)
+    else:
+        data_dir = scratch / "data"
+        fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        if rt.main and not fresh:
+            log.info("preparing the data of the config into %s", data_dir)
+            prepare(cfg.data_config, data_dir)
+        rt.barrier()
+    meta = load_meta(data_dir)
+    have = meta.get("config", {})
+    diff = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: prepared {have.get(k)!r}, config {want.get(k)!r}" for k in diff[:5])
+        raise ConfigError(f"data folder {data_dir} was prepared with another data config ({detail})")
+    if meta["vocab_size"] > cfg.model.vocab_size:
+        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's {meta['vocab_size']}")
+    return data_dir
+
+
+def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
+    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
+    tc = cfg.train
+    (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
+    ckpt.write_model(out / "model.safetensors", model.state_dict())
+    write_json_atomic(out / "config.json", resolved)
+    write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
+    write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
+    last = next((r for r in reversed(rows) if "loss" in r), {})
+    params = count_params(cfg.model)
+    return {
+        "name": cfg.name,
+        "family": cfg.family,
+        "steps": tc.steps,
+        "resumed_from_step": start,
+        "tokens_trained": tc.steps * tc.batch_size * cfg.data_config.seq_len * rt.world,
+        "final_train_loss": last.get("loss"),
+        "final_lm_loss": last.get("lm_loss"),
+        "val_loss": val["loss"],
+        "val_ppl": val["ppl"],
+        "val_tokens": val["tokens"],
+        "tokens_per_s": trained_tokens / train_time if train_time > 0 else None,
+        "device": str(rt.device),
+        "world_size": rt.world,
+        "precision": "bf16" if rt.autocast is not None else "fp32",
+        "params_total": params["total_sum"],
+        "params_activated": params["activated_sum"],
+        "params_total_non_embedding": params["total_non_embedding"],
+        "params_activated_non_embedding": params["activated_non_embedding"],
+    }
