@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from mohge.config import BACKENDS  # the config's vocabulary (absolute: the folder is also importable as `kernels`)
+# The config's vocabulary from its dependency-free module (absolute: the folder is also importable as `kernels`);
+# mohge.kernels imports nothing else of mohge, so it needs only torch, triton and numpy.
+from mohge.vocab import BACKENDS
 
 from .reference import check_contract, sort_slots, swiglu_grouped_torch, swiglu_loop
 

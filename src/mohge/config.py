@@ -28,14 +28,15 @@ from .strict import (
     load_yaml_or_json,
     to_dict,
 )
+from .vocab import BACKENDS  # dependency-free, so mohge.kernels can import it
 
-# The vocabularies, defined here once; every other module imports them from here.
+# The vocabularies, defined here once (BACKENDS in mohge.vocab, which mohge.kernels imports); every other module
+# imports them from here.
 FFN_KINDS = ("dense", "moe", "mohge", "hmoe", "modse")
 GATE_MODES = ("code_exact", "product_renorm")
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
 PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 ATTENTION_KINDS = ("mha", "mla")
-BACKENDS = ("auto", "triton", "torch", "loop")
 EXPERT_AUX_MODES = ("code", "per_group")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")

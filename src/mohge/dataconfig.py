@@ -9,7 +9,7 @@ from typing import Any
 
 from .graded import DESIGNS, LEVEL_NAMES, SUM_DIGITS
 from .strict import _fail, _Section, from_dict, knob, to_dict
-from .tokenizer import EOT, MIN_VOCAB_SIZE
+from .vocab import EOT, MIN_VOCAB_SIZE  # not from .tokenizer: that imports tokenizers
 
 DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
 SPLITS = ("train", "val", "test")

@@ -26,10 +26,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from mohge.atomic import atomic_path
 from mohge.strict import ConfigError
-
-EOT = "<|endoftext|>"
-EOT_ID = 0  # the id our trained BPE gives EOT; a prepared folder's own id is meta["eot_id"]
-MIN_VOCAB_SIZE = 257  # 256 byte tokens + EOT
+from mohge.vocab import EOT, EOT_ID, MIN_VOCAB_SIZE  # the data config reads them without importing tokenizers
 
 __all__ = [
     "EOT",
