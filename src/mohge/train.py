@@ -57,15 +57,15 @@ from tqdm import tqdm
 from . import checkpoint as ckpt
 from . import preflight
 from .atomic import append_line, output_lock, write_bytes_atomic, write_json_atomic, write_text_atomic
-from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
-from .config import ConfigError, RunConfig, load_run_config
+from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, user_errors
+from .config import ConfigError, ParallelConfig, RunConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
 from .data.loader import verify_folder
 from .data.stream import TrainBatches
 from .evaluate import heldout_loss
 from .model import LanguageModel
 from .params import count_params
-from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
+from .runtime import LaunchError, PeerLostError, Runtime, peer_failure, set_deterministic, setup_runtime, wrap_ddp
 from .tokenizer import check_tokenizer, eot_id
 from .training import (
     NonFiniteLossError,
@@ -131,6 +131,7 @@ def train(
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    peer_lost = False
     try:
         preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
@@ -142,10 +143,22 @@ def train(
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
-            return run(cfg, out, scratch, data, require_resume, rt)
+            try:
+                return run(cfg, out, scratch, data, require_resume, rt)
+            except RuntimeError as err:
+                if rt.world == 1 or not peer_failure(err):
+                    raise
+                peer_lost = True
+                timeout = (cfg.train.parallel or ParallelConfig()).timeout_s
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise PeerLostError(
+                    f"rank {rt.rank} of {rt.world}: a collective failed, another rank died or stalled past "
+                    f"train.parallel.timeout_s={timeout:g} ({first[:200]}); the newest checkpoint in {scratch} "
+                    "resumes the run"
+                ) from err
     finally:
         set_deterministic(deterministic)
-        if dist.is_initialized():
+        if dist.is_initialized() and not peer_lost:  # the teardown of a broken group waits on the lost peer
             dist.destroy_process_group()
 
 
@@ -326,8 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
-        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH "
-        "(see docs/errors.md).",
+        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "
+        "6 another rank died or stalled past train.parallel.timeout_s (see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -359,6 +372,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
+    except PeerLostError as err:
+        if os.environ.get("MOHGE_DEBUG"):
+            raise
+        log.error("%s", err)
+        logging.shutdown()
+        os._exit(EXIT_PEER)  # not sys.exit: the broken process group's destructors would wait on the lost peer
     except (NonFiniteLossError, LaunchError) as err:
         if os.environ.get("MOHGE_DEBUG"):
             raise
