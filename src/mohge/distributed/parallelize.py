@@ -76,7 +76,8 @@ def shard_plan(model: LanguageModel) -> list[ShardUnit]:
 def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: torch.device) -> list[ShardUnit]:
     """Apply EP, activation checkpointing, compile and FSDP2 to ``model`` in place; returns the FSDP units."""
     apply_ep(model, layout, meshes.ep.get_local_rank(), meshes.ep.get_group())
-    model.to(device)  # this rank's share only: the experts of other EP ranks are gone
+    if not any(p.is_meta for p in model.parameters()):  # a meta model is materialised after sharding (.meta_init)
+        model.to(device)  # this rank's share only: the experts of other EP ranks are gone
     for block in model.blocks:
         if layout.activation_checkpointing == "block":
             from torch.distributed._composable import checkpoint
