@@ -57,6 +57,28 @@ class _AllToAll(torch.autograd.Function):
         return g_ND, None, None, None
 
 
+class _CombineSlots(torch.autograd.Function):
+    """y[t] = sum_k g[t, k] * rows[t, k], fp32 accumulation in k order; saves only the rows (their own dtype)
+    and the gates, not an fp32 copy of the rows."""
+
+    @staticmethod
+    def forward(ctx, rows_TKD: Tensor, gates_TK: Tensor) -> Tensor:
+        ctx.save_for_backward(rows_TKD, gates_TK)
+        g_TK = gates_TK.float()
+        y_TD = rows_TKD[:, 0].float() * g_TK[:, 0, None]
+        for k in range(1, rows_TKD.shape[1]):
+            y_TD += rows_TKD[:, k].float() * g_TK[:, k, None]
+        return y_TD.to(rows_TKD.dtype)
+
+    @staticmethod
+    def backward(ctx, dy_TD: Tensor):
+        rows_TKD, gates_TK = ctx.saved_tensors
+        dy_TD = dy_TD.float()
+        drows_TKD = (dy_TD[:, None, :] * gates_TK.float()[:, :, None]).to(rows_TKD.dtype)
+        dgates_TK = torch.einsum("tkd,td->tk", rows_TKD.float(), dy_TD).to(gates_TK.dtype)
+        return drows_TKD, dgates_TK
+
+
 def combine_slots(back_AD: Tensor, order_A: Tensor, gates_TK: Tensor) -> Tensor:
     """y[t] = sum_k gates[t, k] * back[pos(t, k)], accumulated in fp32 in the fixed order k = 0 .. K-1, rounded
     once to ``back_AD``'s dtype. ``back_AD`` holds the slots' expert outputs in the order ``order_A`` (slot
@@ -64,12 +86,7 @@ def combine_slots(back_AD: Tensor, order_A: Tensor, gates_TK: Tensor) -> Tensor:
     T, K = gates_TK.shape
     inv_A = torch.empty_like(order_A)
     inv_A[order_A] = torch.arange(order_A.numel(), device=order_A.device)  # slot -> its row in back_AD
-    rows_TKD = back_AD[inv_A].view(T, K, -1).float()
-    g_TK = gates_TK.float()
-    y_TD = rows_TKD[:, 0] * g_TK[:, 0, None]
-    for k in range(1, K):
-        y_TD = y_TD + rows_TKD[:, k] * g_TK[:, k, None]
-    return y_TD.to(back_AD.dtype)
+    return _CombineSlots.apply(back_AD[inv_A].view(T, K, -1), gates_TK)
 
 
 def local_layout(widths_E: Sequence[int], rank_of_expert: Sequence[int], ep_size: int) -> list[list[list[int]]]:

@@ -50,7 +50,7 @@ from .flops import expert_flops, model_flops_per_token
 from .layout import Layout, check_layout
 from .mesh import build_meshes
 from .meta_init import build_on_meta, materialize
-from .parallelize import clip_grad_norm, parallelize, scale_expert_grads
+from .parallelize import clip_grad_norm, parallelize, scale_expert_grads, sync_gradients_on
 
 log = logging.getLogger("mohge.distributed")
 
@@ -137,6 +137,7 @@ def train_parallel(
             x_BS, y_BS = batches.batch(s)
             sums = torch.zeros(3, device=rt.device)
             for m in range(tc.grad_accum):
+                sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter per step, after the last micro-batch
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
                 with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
                     total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
