@@ -104,7 +104,7 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
                 "grads": 4.0 * sharded,
                 "optimizer": 8.0 * sharded,
                 "fsdp_buffers": (2 * 2 + 4) * biggest,
-                "ep_weight_copies": ep_weight_copies(local_experts, cfg.model.moe_layers),
+                "ep_weight_copies": ep_weight_copies(local_experts),
             }
     micro = cfg.train.batch_size // cfg.train.grad_accum
     tokens = micro * cfg.data_config.seq_len

@@ -21,7 +21,8 @@ from mohge.config import RunConfig
 from mohge.model import LanguageModel
 
 
-def saved_bytes(model: LanguageModel, tokens_BS: torch.Tensor) -> int:
+def saved_bytes(model: LanguageModel, tokens_BS: torch.Tensor, shapes: list | None = None) -> int:
+    """Bytes saved for the backward of one forward; ``shapes`` (when given) gets (shape, dtype) of each storage."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
@@ -29,6 +30,8 @@ def saved_bytes(model: LanguageModel, tokens_BS: torch.Tensor) -> int:
         key = t.untyped_storage().data_ptr()
         if key not in params and key not in seen:
             seen[key] = t.untyped_storage().nbytes()
+            if shapes is not None:
+                shapes.append((tuple(t.shape), t.dtype, seen[key]))
 
     def pack(t):
         note(t)
@@ -53,6 +56,14 @@ def saved_bytes(model: LanguageModel, tokens_BS: torch.Tensor) -> int:
 
 
 def per_token(cfg: RunConfig, ep: bool = False) -> float:
+    model = build(cfg, ep)
+    S, V = cfg.data_config.seq_len, cfg.model.vocab_size
+    g = torch.Generator().manual_seed(0)
+    small, large = (saved_bytes(model, torch.randint(0, V, (b, S + 1), generator=g)) for b in (2, 6))
+    return (large - small) / (4 * S)
+
+
+def build(cfg: RunConfig, ep: bool = False) -> LanguageModel:
     torch.manual_seed(0)
     model = LanguageModel(cfg.model, cfg.loss)
     if ep:  # every expert behind the EP layer on a one-rank group: dispatch, all_to_all and combine all run
@@ -66,10 +77,7 @@ def per_token(cfg: RunConfig, ep: bool = False) -> float:
             dist.init_process_group("gloo", rank=0, world_size=1)
         for layer in model.moe_layers():
             layer.experts = from_routed(layer.experts, [0] * cfg.model.ffn.num_experts, 0, dist.group.WORLD)
-    S, V = cfg.data_config.seq_len, cfg.model.vocab_size
-    g = torch.Generator().manual_seed(0)
-    small, large = (saved_bytes(model, torch.randint(0, V, (b, S + 1), generator=g)) for b in (2, 6))
-    return (large - small) / (4 * S)
+    return model
 
 
 if __name__ == "__main__":

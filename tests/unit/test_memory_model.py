@@ -14,7 +14,7 @@ import pytest
 from conftest import tiny_run
 
 from mohge.config import RunConfig
-from mohge.distributed.memory import activation_bytes_per_token
+from mohge.distributed.memory import activation_bytes_per_token, ep_weight_copies
 from mohge.plan import activation_bytes
 
 SUPPORT = Path(__file__).with_name("memory_support.py")
@@ -70,3 +70,20 @@ def test_planner_activations_triton_experts_within_10_percent(tmp_path):
 def test_the_planner_uses_the_measured_model():
     cfg = RunConfig.from_dict(config(attention="mla")).model
     assert activation_bytes(cfg, 1000, False) == 1000 * activation_bytes_per_token(cfg, cfg.ffn.backend)
+
+
+def test_ep_weight_copies_are_the_saved_bf16_expert_stacks():
+    import torch
+    from memory_support import build, saved_bytes
+
+    from mohge.distributed.ep import ExpertParallelExperts
+
+    cfg = RunConfig.from_dict(config())
+    model = build(cfg, ep=True)
+    shapes: list = []
+    saved_bytes(model, torch.randint(0, 512, (2, 65)), shapes)
+    local = [m for m in model.modules() if isinstance(m, ExpertParallelExperts)]
+    n = cfg.model.ffn.experts_per_group
+    stacks = {(n, 2 * h, 64) for h in cfg.model.ffn.expert_widths} | {(n, 64, h) for h in cfg.model.ffn.expert_widths}
+    kept = sum(b for shape, dtype, b in shapes if shape in stacks and dtype == torch.bfloat16)
+    assert kept == ep_weight_copies(sum(p.numel() for m in local for p in m.parameters())) > 0

@@ -95,6 +95,7 @@ def activation_bytes_per_token(
     return body + head
 
 
-def ep_weight_copies(local_expert_params: int, moe_layers: int) -> float:
-    """Bytes of the bf16 stacks of an EP rank's experts that every MoE layer keeps for the backward."""
-    return B * float(local_expert_params) * moe_layers
+def ep_weight_copies(local_expert_params: int) -> float:
+    """Bytes of the bf16 stacks of an EP rank's experts that the MoE layers keep for the backward, from the
+    rank's expert parameters summed over all its MoE layers."""
+    return B * float(local_expert_params)
