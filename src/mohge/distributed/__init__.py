@@ -8,8 +8,9 @@
 * :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
 * :mod:`.trainer`  the training loop that ``python -m mohge.train`` enters under torchrun with a layout
 * :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
+* :mod:`.memory`   activation bytes saved for the backward per token, for the planner
 
-Only :mod:`.layout` and :mod:`.flops` are imported here: they need no process group (the planner uses them).
+Only :mod:`.layout` is imported here (:mod:`.flops` and :mod:`.memory` need no process group either): they need no process group (the planner uses them).
 """
 
 from .layout import Layout, check_layout
