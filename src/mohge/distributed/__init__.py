@@ -10,7 +10,7 @@
 * :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
 * :mod:`.memory`   activation bytes saved for the backward per token, for the planner
 
-Only :mod:`.layout` is imported here (:mod:`.flops` and :mod:`.memory` need no process group either): they need no process group (the planner uses them).
+Only :mod:`.layout` is imported here; it, :mod:`.flops` and :mod:`.memory` need no process group (the planner uses them).
 """
 
 from .layout import Layout, check_layout
