@@ -12,7 +12,9 @@ multiple of the mesh size as FSDP2 pads it. Per GPU, the largest over the EP ran
 
 * params, grads: fp32 shards, 4 + 4 bytes per parameter; optimizer: AdamW's two fp32 moments, 8 bytes;
 * fsdp buffers: the largest unit gathered unsharded in bf16 twice (the one running and the one prefetched)
-  plus its unsharded fp32 gradient before the reduce-scatter;
+  plus its unsharded fp32 gradient before the reduce-scatter; under gradient accumulation (``grad_accum`` > 1)
+  also every unit's unsharded fp32 gradient, held from the first micro-batch to the step's one reduce-scatter
+  (:func:`mohge.distributed.parallelize.sync_gradients_on`);
 * activations: the bytes saved for the backward per token of a micro-batch, tensor by tensor
   (:mod:`mohge.distributed.memory`, within 10% of a saved-tensor-hook measurement; ``block`` recompute keeps
   only each block's fp32 input plus one block's activations), for the config's expert backend, with EP's
@@ -94,6 +96,9 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
         apply_ep(model, layout, ep_rank)
         sharded, biggest = 0, 0
         local_experts = sum(p.numel() for n, p in model.named_parameters() if ".experts.local." in n)
+        # under accumulation FSDP2 reduce-scatters once per step: until then every unit keeps its unsharded
+        # gradient, accumulated in fp32 (reduce_dtype) over the micro-batches
+        held = 4.0 * sum(p.numel() for p in model.parameters()) if cfg.train.grad_accum > 1 else 0.0
         for unit in shard_plan(model):
             size = layout.dp_shard if unit.mesh == "dense" else layout.dp_shard_mod_ep
             sharded += sum(_shard_numel(p, size) for _, p in unit.params)
@@ -103,7 +108,7 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
                 "params": 4.0 * sharded,
                 "grads": 4.0 * sharded,
                 "optimizer": 8.0 * sharded,
-                "fsdp_buffers": (2 * 2 + 4) * biggest,
+                "fsdp_buffers": (2 * 2 + 4) * biggest + held,
                 "ep_weight_copies": ep_weight_copies(local_experts),
             }
     micro = cfg.train.batch_size // cfg.train.grad_accum
