@@ -6,6 +6,7 @@ train the same config with the parallel training loop in the same process group.
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ from mohge.train import trainer as base
 from mohge.train.distributed.dcp import export_full
 from mohge.train.distributed.layout import check_layout
 from mohge.train.distributed.mesh import build_meshes
-from mohge.train.distributed.parallelize import parallelize, scale_expert_grads
+from mohge.train.distributed.parallelize import parallelize, scale_expert_grads, sync_gradients_on
 from mohge.train.distributed.trainer import rank_stream, train_parallel
 
 
@@ -37,15 +38,21 @@ def step0_grads(cfg: RunConfig, data_dir: str, out: str) -> None:
     stream = rank_stream(TokenStream.open(data_dir, "train"), rank, world, S)
     x_BS, y_BS = stream.get_batch(0, tc.batch_size, S, tc.seed * 1000 + rank)
     micro = tc.batch_size // tc.grad_accum
+    reduced_early = torch.zeros(())
     for m in range(tc.grad_accum):
+        sync_gradients_on(model, m, tc.grad_accum)
         total, *_ = base.compute_loss(
             model, x_BS[m * micro : (m + 1) * micro], y_BS[m * micro : (m + 1) * micro], cfg, 0
         )
         (total / tc.grad_accum).backward()
+        if m < tc.grad_accum - 1:  # no reduce-scatter yet: no sharded gradient anywhere
+            reduced_early += sum(p.grad is not None for p in model.parameters())
+    dist.all_reduce(reduced_early)
     scale_expert_grads(model, layout)
     grads = export_full(model, cfg.model, layout, grads=True)
     if rank == 0:
         torch.save(grads, out)
+        Path(out).with_suffix(".sync.json").write_text(json.dumps({"reduced_before_last_micro": int(reduced_early)}))
     dist.barrier()
 
 

@@ -4,6 +4,7 @@ One 4-process launch (about 25 s on 2 cores) computes the step-0 gradients and t
 sharded checkpoints at steps 2 and 4; one 2-process launch resumes the step-2 checkpoint.
 """
 
+import json
 import shutil
 
 import pytest
@@ -45,6 +46,8 @@ def test_ep2_dp2_losses_and_gradients_match_one_process(ep_run):
         assert rel(r["loss"], want) < LOSS_RTOL, (r["step"], r["loss"], want)
         assert rel(r["grad_norm"], gn) < 1e-4, (r["step"], r["grad_norm"], gn)
     grads = ep_run["grads"]
+    # gradient accumulation (2 micro-batches): no rank reduce-scattered a gradient before the last one
+    assert json.loads((root / "grads.sync.json").read_text()) == {"reduced_before_last_micro": 0}
     assert grads.keys() == ref["grads0"].keys()
     for name, want in ref["grads0"].items():
         torch.testing.assert_close(grads[name], want, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)

@@ -67,6 +67,15 @@ def test_ep_forward_and_backward_match_single_process(ep_check):
     assert len(placements) == len(PLACEMENTS)  # four different layouts, all exercised across ranks
 
 
+def test_ep_second_run_is_bitwise_equal(ep_check):
+    for strategy, r in ep_check["results"].items():
+        again = ep_check["repeats"][strategy]
+        for key in ("y", "dx", "dgates"):
+            assert torch.equal(r[key], again[key]), (strategy, key)
+        for got, want in zip(r["dw1s"] + r["dw2s"], again["dw1s"] + again["dw2s"], strict=True):
+            assert torch.equal(got, want), strategy
+
+
 def test_measure_end_to_end_two_ranks(tmp_path):
     out = tmp_path / "u"
     args = ["--synthetic", "--out", str(out), "--widths", "16", "24", "32", "40", "--experts-per-group", "2"]

@@ -12,12 +12,14 @@ multiple of the mesh size as FSDP2 pads it. Per GPU, the largest over the EP ran
 
 * params, grads: fp32 shards, 4 + 4 bytes per parameter; optimizer: AdamW's two fp32 moments, 8 bytes;
 * fsdp buffers: the largest unit gathered unsharded in bf16 twice (the one running and the one prefetched)
-  plus its unsharded fp32 gradient before the reduce-scatter;
-* activations, an estimate in bf16 per token of a micro-batch (no recompute; ``block`` keeps only each
-  block's input plus one block's activations): per layer 2 bytes x (4D for norms and residual, H (2 d_qk +
-  2 d_v) for q, k, v and the attention output, and for the FFN D + 3F per SwiGLU of width F: the dense
-  FFN, or K routed slots of the mean expert width plus the shared expert), plus the logits (bf16, and fp32
-  in the loss: 6V bytes per token).
+  plus its unsharded fp32 gradient before the reduce-scatter; under gradient accumulation (``grad_accum`` > 1)
+  also every unit's unsharded fp32 gradient, held from the first micro-batch to the step's one reduce-scatter
+  (:func:`mohge.train.distributed.parallelize.sync_gradients_on`);
+* activations: the bytes saved for the backward per token of a micro-batch, tensor by tensor
+  (:mod:`mohge.train.distributed.memory`, within 10% of a saved-tensor-hook measurement; ``block`` recompute keeps
+  only each block's fp32 input plus one block's activations), for the config's expert backend, with EP's
+  all_to_all buffers that outlive the forward, plus the bf16 copies of an EP rank's experts that every MoE
+  layer keeps for the backward.
 
 Fits: the sum is at most 90% of ``--gpu-mem`` (the rest for the CUDA context, NCCL and fragmentation).
 Days: model FLOPs per token (:mod:`mohge.train.distributed.flops`) x tokens / (GPUs x peak x MFU). Tokens are
@@ -40,8 +42,9 @@ from mohge.config.runs import plan as plan_runs
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.model import LanguageModel
-from mohge.train.distributed.flops import attention_dims, model_flops_per_token
+from mohge.train.distributed.flops import model_flops_per_token
 from mohge.train.distributed.layout import Layout, check_layout
+from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies
 from mohge.train.distributed.parallelize import apply_ep, shard_plan
 
 GiB = 1024**3
@@ -77,23 +80,10 @@ def _shard_numel(p: torch.Tensor, mesh_size: int) -> int:
     return rows * (p.numel() // max(p.shape[0], 1) if p.ndim else 1)
 
 
-def activation_bytes(cfg: ModelConfig, tokens: int, block_recompute: bool) -> float:
-    """Estimated bf16 activations of a micro-batch of ``tokens`` tokens (module docstring)."""
-    D, ffn = cfg.d_model, cfg.ffn
-    d_qk, d_v = attention_dims(cfg)
-    attn = 4 * D + cfg.n_heads * (2 * d_qk + 2 * d_v)
-
-    def swiglu(width: float) -> float:
-        return D + 3 * width
-
-    moe = cfg.router.topk * swiglu(sum(ffn.per_expert_widths) / ffn.num_experts) + ffn.num_experts
-    moe += swiglu(ffn.shared_expert_width) if ffn.shared_expert_width else 0
-    per_layer = [
-        2 * (attn + (moe if i >= cfg.n_layers - cfg.moe_layers else swiglu(ffn.dense_width)))
-        for i in range(cfg.n_layers)
-    ]
-    layers = cfg.n_layers * 2 * D + max(per_layer) if block_recompute else sum(per_layer)
-    return tokens * (layers + 6 * cfg.vocab_size)
+def activation_bytes(cfg: ModelConfig, tokens: int, block_recompute: bool, ep: bool = False) -> float:
+    """Activations of a micro-batch of ``tokens`` tokens: the bytes saved for the backward per token of
+    :mod:`mohge.train.distributed.memory` (checked against a measurement), for the config's expert backend."""
+    return tokens * activation_bytes_per_token(cfg, cfg.ffn.backend, ep=ep, block_recompute=block_recompute)
 
 
 def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
@@ -104,6 +94,10 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
             model = LanguageModel(cfg.model, cfg.loss)
         apply_ep(model, layout, ep_rank)
         sharded, biggest = 0, 0
+        local_experts = sum(p.numel() for n, p in model.named_parameters() if ".experts.local." in n)
+        # under accumulation FSDP2 reduce-scatters once per step: until then every unit keeps its unsharded
+        # gradient, accumulated in fp32 (reduce_dtype) over the micro-batches
+        held = 4.0 * sum(p.numel() for p in model.parameters()) if cfg.train.grad_accum > 1 else 0.0
         for unit in shard_plan(model):
             size = layout.dp_shard if unit.mesh == "dense" else layout.dp_shard_mod_ep
             sharded += sum(_shard_numel(p, size) for _, p in unit.params)
@@ -113,11 +107,16 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
                 "params": 4.0 * sharded,
                 "grads": 4.0 * sharded,
                 "optimizer": 8.0 * sharded,
-                "fsdp_buffers": (2 * 2 + 4) * biggest,
+                "fsdp_buffers": (2 * 2 + 4) * biggest + held,
+                "ep_weight_copies": ep_weight_copies(local_experts),
             }
     micro = cfg.train.batch_size // cfg.train.grad_accum
     tokens = micro * cfg.data_config.seq_len
-    worst["activations"] = activation_bytes(cfg.model, tokens, layout.activation_checkpointing == "block")
+    recompute = layout.activation_checkpointing == "block"
+    # EP's stacked bf16 expert copies are kept for the backward beside the activations
+    worst["activations"] = activation_bytes(cfg.model, tokens, recompute, ep=layout.ep > 1) + worst.pop(
+        "ep_weight_copies"
+    )
     worst["total"] = sum(worst.values())
     return worst
 

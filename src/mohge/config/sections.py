@@ -231,13 +231,19 @@ class ParallelConfig(_Section):
     ``dp_shard``: FSDP2 degree (-1: the whole world; a divisor of the world gives HSDP, replicated over the
     rest). ``ep``: expert-parallel degree, borrowed from ``dp_shard`` as torchtitan does (0: ``model.ffn.ep_size``).
     ``peak_tflops``: one device's peak, for the MFU column of the log (0: no MFU).
+    ``timeout_s``: how long a collective waits for a peer that died or stalls before the run stops with exit 6
+    (docs/errors.md); also the process group's timeout of a DDP run (no ``parallel`` section: the default).
+    Rank 0's lone phases (preparing data without ``--data``, the final evaluation) must fit in it.
     """
 
     dp_shard: int = knob(-1, "FSDP2 degree (-1: the whole world; a divisor of it gives HSDP)", ge=-1)
     ep: int = knob(0, "expert-parallel degree, taken from dp_shard (0: model.ffn.ep_size)", ge=0)
     activation_checkpointing: str = knob("none", "recompute activations per block", choices=AC_MODES)
-    compile: bool = knob(False, "torch.compile each block")
+    compile: bool = knob(False, "torch.compile each block (refused by check_layout until it is tested)")
     peak_tflops: float = knob(0.0, "one device's peak TFLOP/s, for the MFU column (0: no MFU)", ge=0)
+    timeout_s: float = knob(
+        600.0, "seconds a collective waits for the other ranks; then every rank stops (exit 6)", gt=0
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     def check(self) -> None:

@@ -17,6 +17,7 @@ EXIT_USER = 2  # a bad config, a missing or malformed input file, a corrupted ch
 EXIT_NONFINITE = 3  # training stopped at a NaN/inf loss or gradient norm (mohge.train)
 EXIT_IO = 4  # the system refused a read or write: disk full, permission denied, read-only or failing disk
 EXIT_BUSY = 5  # another process writes the same output folder (its lock names it)
+EXIT_PEER = 6  # a collective failed: another rank died or stalled past train.parallel.timeout_s (mohge.train)
 
 # A user mistake: a bad config, a missing or malformed file, a value out of range.
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)

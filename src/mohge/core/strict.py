@@ -22,8 +22,6 @@ from dataclasses import MISSING, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 
 class ConfigError(ValueError):
     """A user mistake in a config: the message names the key and the offending value."""
@@ -240,6 +238,8 @@ def load_yaml_or_json(path: str | Path) -> dict:
         text = p.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {err.start})") from err
+    import yaml  # here, not at the top: building a config in code (the GPU checks) needs no pyyaml
+
     try:
         data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as err:

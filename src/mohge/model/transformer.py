@@ -10,7 +10,9 @@ Legend: B batch, S sequence, D model width, H heads, Dh head dim, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -116,23 +118,49 @@ class LMOutput:
     layers: list[LayerStats]  # one per MoE layer, in depth order
 
 
+def _embedding(vocab: int, d_model: int, std: float) -> nn.Embedding:
+    emb = nn.Embedding(vocab, d_model)
+    nn.init.normal_(emb.weight, 0.0, std)
+    return emb
+
+
+def model_parts(cfg: ModelConfig, loss: LossConfig) -> list[tuple[str, Callable[[], nn.Module | None]]]:
+    """The top-level parts of :class:`LanguageModel` (embed, blocks.i, norm, head), each with the function that
+    builds it, in construction order: the order in which their initialisations draw from torch's RNG. Building
+    them one at a time in this order gives the weights of the whole model built at once (the meta-device path,
+    :mod:`mohge.distributed.meta_init`, holds one part at a time)."""
+    std = cfg.init_std
+    out_std = std / math.sqrt(2 * cfg.n_layers)  # Megatron's scaled init of output projections
+    dense_first = cfg.n_layers if cfg.ffn.kind == "dense" else cfg.ffn.dense_layers
+    blocks = [
+        (f"blocks.{i}", functools.partial(Block, cfg, loss, i >= dense_first, std, out_std))
+        for i in range(cfg.n_layers)
+    ]
+    return [
+        ("embed", functools.partial(_embedding, cfg.vocab_size, cfg.d_model, std)),
+        *blocks,
+        ("norm", functools.partial(nn.RMSNorm, cfg.d_model, eps=cfg.norm_eps)),
+        ("head", lambda: None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, std)),
+    ]
+
+
+def model_rope_tables(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:
+    """The model's RoPE buffers (cos, sin [max_seq_len, rope_dim / 2])."""
+    rope_dim = cfg.mla_rope_head_dim if cfg.attention == "mla" else cfg.d_model // cfg.n_heads
+    return rope_tables(cfg.max_seq_len, rope_dim, cfg.rope_base, device)
+
+
 class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None) -> None:
         super().__init__()
         self.cfg, self.loss_cfg = cfg, loss or LossConfig()
         self.loss_cfg.check_against(cfg.ffn)
-        std = cfg.init_std
-        out_std = std / math.sqrt(2 * cfg.n_layers)  # Megatron's scaled init of output projections
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        nn.init.normal_(self.embed.weight, 0.0, std)
-        dense_first = cfg.n_layers if cfg.ffn.kind == "dense" else cfg.ffn.dense_layers
-        self.blocks = nn.ModuleList(
-            Block(cfg, self.loss_cfg, moe=i >= dense_first, std=std, out_std=out_std) for i in range(cfg.n_layers)
-        )
-        self.norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-        self.head = None if cfg.tie_embeddings else _linear(cfg.d_model, cfg.vocab_size, std)
-        rope_dim = cfg.mla_rope_head_dim if cfg.attention == "mla" else cfg.d_model // cfg.n_heads
-        cos, sin = rope_tables(cfg.max_seq_len, rope_dim, cfg.rope_base)
+        parts = {name: make() for name, make in model_parts(cfg, self.loss_cfg)}
+        self.embed = parts["embed"]
+        self.blocks = nn.ModuleList(parts[f"blocks.{i}"] for i in range(cfg.n_layers))
+        self.norm = parts["norm"]
+        self.head = parts["head"]
+        cos, sin = model_rope_tables(cfg)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 

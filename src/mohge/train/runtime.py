@@ -4,10 +4,19 @@ run asked for (``--gpus``) before anything is built.
 ``setup_runtime`` picks the device (``train.device``; ``auto``: CUDA when visible and ``--gpus`` is not 0), starts
 the process group under torchrun (nccl on CUDA, gloo on CPU) and chooses the autocast dtype (``train.precision``;
 ``auto``: bf16 on CUDA, fp32 on a CPU). ``wrap_ddp`` wraps the model for data parallelism.
+
+A lost peer. The process group waits ``train.parallel.timeout_s`` (default 600 s) for the other ranks, and on
+CUDA is bound to this rank's device (``device_id``: NCCL's communicator is created at once, on that GPU).
+A collective that fails raises in every surviving rank: at once when the peer's process is gone (gloo: the
+connection is reset), after the timeout when it stalls. :func:`peer_failure` recognises it; ``mohge.train``
+then ends the rank with one line and ``EXIT_PEER`` (6), without the teardown that would wait on the lost peer.
+On NCCL a collective that never completes is ended by PyTorch's watchdog after the same timeout (it aborts the
+process; torchrun names the rank), and torchrun ends the ranks of a node whose worker died.
 """
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import os
@@ -16,13 +25,35 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from mohge.config import TrainConfig
+from mohge.config import ParallelConfig, TrainConfig
 
 log = logging.getLogger("mohge.train")
 
 
 class LaunchError(RuntimeError):
     """The processes or devices do not match what the run asked for."""
+
+
+class PeerLostError(RuntimeError):
+    """A collective failed: another rank died or stalled past the process group's timeout."""
+
+
+# What gloo's errors say when the other end of a collective is gone or silent (they are plain RuntimeErrors).
+_GLOO_PEER = ("Connection reset by peer", "Connection closed by peer", "Timed out waiting", "Broken pipe")
+
+
+def peer_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a failed collective (a lost or stalled peer) rather than a bug of this rank."""
+    if isinstance(err, dist.DistError):  # NCCL's DistBackendError, the store's DistNetworkError / DistStoreError
+        return True
+    return isinstance(err, RuntimeError) and any(m in str(err) for m in _GLOO_PEER)
+
+
+def init_process_group(kind: str, device: torch.device, timeout_s: float) -> None:
+    """The default process group from torchrun's env:// (nccl on CUDA, bound to ``device``; gloo on a CPU)."""
+    extra = {"device_id": device} if kind == "cuda" else {}
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("nccl" if kind == "cuda" else "gloo", timeout=timeout, **extra)
 
 
 @dataclass
@@ -77,7 +108,7 @@ def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
             raise LaunchError(f"--gpus {gpus} given but train.device resolves to cpu")
         device = torch.device("cpu")
     if world > 1:
-        dist.init_process_group("nccl" if kind == "cuda" else "gloo")  # env:// from torchrun
+        init_process_group(kind, device, (tc.parallel or ParallelConfig()).timeout_s)
     precision = tc.precision if tc.precision != "auto" else ("bf16" if kind == "cuda" else "fp32")
     if precision == "bf16" and kind == "cpu" and rank == 0:
         log.warning("bf16 autocast on a CPU is ~20x slower than fp32 here")

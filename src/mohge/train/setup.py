@@ -49,15 +49,19 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
     return data_dir
 
 
-def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time) -> dict:
-    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary."""
+def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time, val=None) -> dict:
+    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary. With
+    ``val`` (the validation loss, computed by the caller) and no ``model``, the caller has written the weights
+    (the sharded path: :func:`mohge.train.distributed.dcp.write_safetensors`)."""
     tc = cfg.train
-    (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
-    ckpt.write_model(out / "model.safetensors", model.state_dict())
+    if model is not None:
+        (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
+        ckpt.write_model(out / "model.safetensors", model.state_dict())
     write_json_atomic(out / "config.json", resolved)
     write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
     write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
+    if val is None:
+        val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
     last = next((r for r in reversed(rows) if "loss" in r), {})
     params = count_params(cfg.model)
     return {

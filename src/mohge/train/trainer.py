@@ -54,9 +54,9 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from mohge.config import ConfigError, RunConfig, load_run_config, preflight
+from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight
 from mohge.core.atomic import append_line, output_lock, write_json_atomic, write_text_atomic
-from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
+from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, user_errors
 from mohge.data import TokenStream, load_meta
 from mohge.data.loader import verify_folder
 from mohge.data.stream import TrainBatches
@@ -65,7 +65,7 @@ from mohge.model import LanguageModel
 
 from . import checkpoint as ckpt
 from .heldout import heldout_loss
-from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
+from .runtime import LaunchError, PeerLostError, Runtime, peer_failure, set_deterministic, setup_runtime, wrap_ddp
 from .setup import FINAL_FILES, finish, resolve_data
 from .step import NonFiniteLossError, WindowMeter, build_optimizer, compute_loss, lr_at, optimizer_step, read_log
 
@@ -91,6 +91,7 @@ def train(
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
+    peer_lost = False
     try:
         preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
@@ -102,10 +103,22 @@ def train(
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
-            return run(cfg, out, scratch, data, require_resume, rt)
+            try:
+                return run(cfg, out, scratch, data, require_resume, rt)
+            except RuntimeError as err:
+                if rt.world == 1 or not peer_failure(err):
+                    raise
+                peer_lost = True
+                timeout = (cfg.train.parallel or ParallelConfig()).timeout_s
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise PeerLostError(
+                    f"rank {rt.rank} of {rt.world}: a collective failed, another rank died or stalled past "
+                    f"train.parallel.timeout_s={timeout:g} ({first[:200]}); the newest checkpoint in {scratch} "
+                    "resumes the run"
+                ) from err
     finally:
         set_deterministic(deterministic)
-        if dist.is_initialized():
+        if dist.is_initialized() and not peer_lost:  # the teardown of a broken group waits on the lost peer
             dist.destroy_process_group()
 
 
@@ -253,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
-        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH "
-        "(see docs/errors.md).",
+        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "
+        "6 another rank died or stalled past train.parallel.timeout_s (see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -286,6 +299,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
+    except PeerLostError as err:
+        if os.environ.get("MOHGE_DEBUG"):
+            raise
+        log.error("%s", err)
+        logging.shutdown()
+        os._exit(EXIT_PEER)  # not sys.exit: the broken process group's destructors would wait on the lost peer
     except (NonFiniteLossError, LaunchError) as err:
         if os.environ.get("MOHGE_DEBUG"):
             raise

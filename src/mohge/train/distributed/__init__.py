@@ -5,13 +5,17 @@
 * :mod:`.ep_layer`  the expert-parallel expert layer (``all_to_all_single`` dispatch and combine, autograd)
 * :mod:`.ep_equivalence`  that layer against the single-process experts, under torchrun (used by the tests)
 * :mod:`.parallelize`  expert parallelism, activation checkpointing, compile and FSDP2 applied to a model
+* :mod:`.meta_init`  the model built on the meta device and materialised per rank after sharding
 * :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
 * :mod:`.trainer`  the training loop that ``python -m mohge.train`` enters under torchrun with a layout
 * :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
+* :mod:`.memory`   activation bytes saved for the backward per token, for the planner
+
 * :mod:`.gpu_check` the losses of the parallel stack against one process on GPUs
   (``python -m mohge.train.distributed.gpu_check``)
 
-Only :mod:`.layout` is imported here: it needs no process group (the planner uses it).
+Only :mod:`.layout` is imported here; it, :mod:`.flops` and :mod:`.memory` need no process group (the planner uses
+them).
 Part of the training layer (mohge.train): may import core, config, model, data, mohge.kernels and mohge.train.
 """
 

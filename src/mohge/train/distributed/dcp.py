@@ -18,8 +18,10 @@ single-process save (the folder listing, verification, pruning and stale-temp re
 named by their router id (:mod:`.ep`), so a checkpoint loads into another world size, FSDP degree or EP size:
 DCP reads whichever saved chunks overlap each rank's new shards.
 
-:func:`export_full` gathers the model into the single-process names (``model.safetensors`` of
-:func:`mohge.train.checkpoint.load_trained`): EP experts are stacked back into their width classes.
+:func:`write_safetensors` writes the final ``model.safetensors`` in the single-process names (that of
+:func:`mohge.train.checkpoint.load_trained`, EP experts stacked back into their width classes), streamed from the
+shards one parameter at a time to rank 0 (:func:`iter_full`): no rank ever holds the whole model, and no
+``gather_object`` (which on NCCL stages world x the largest object on rank 0's GPU).
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ from __future__ import annotations
 import io
 import json
 import logging
+import math
 import os
 import shutil
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +50,8 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from mohge.config import ModelConfig
-from mohge.core.atomic import write_bytes_atomic, write_json_atomic
+from mohge.core.atomic import atomic_path, write_bytes_atomic, write_json_atomic
+from mohge.model import LanguageModel
 
 from .. import checkpoint as ckpt
 from .ep_layer import ExpertParallelExperts
@@ -144,29 +150,103 @@ def resume(
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:
-    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def single_process_shapes(cfg: ModelConfig) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Name -> (shape, dtype) of every entry of the single-process state dict (a meta model: no storage)."""
+    with torch.device("meta"):
+        plain = LanguageModel(cfg)
+    return {k: (v.shape, v.dtype) for k, v in plain.state_dict().items()}
+
+
+def iter_full(
+    model: nn.Module, cfg: ModelConfig, layout: Layout, grads: bool = False
+) -> Iterator[tuple[str, int, torch.Tensor | None]]:
+    """The model's parameters (or gradients) under single-process names, one piece at a time, as
+    (name, j, tensor): j = -1 for a whole tensor; an EP layer's ``w1.<c>`` / ``w2.<c>`` [n, ...] comes as its n
+    experts in order, j = 0 .. n-1. The tensor (on the model's device) is rank 0's only, None on the others.
+    A collective: every rank iterates it to the end. Names in sorted order (that of the safetensors file).
+
+    Dense parameters are all-gathered from their shards (each rank holds one whole parameter for a moment);
+    an expert is gathered over its EP rank's expert mesh, then its holder (coordinates (0, 0, rho): rank rho)
+    sends it to rank 0 (point to point, no ``gather_object``), so rank 0 never holds more than one parameter
+    of the model beside its own shards."""
+    rank = dist.get_rank()
+    ep = {n: m for n, m in model.named_modules() if isinstance(m, ExpertParallelExperts)}
+    params = dict(model.named_parameters())
+    n = cfg.ffn.experts_per_group
+    for name, (shape, dtype) in sorted(single_process_shapes(cfg).items()):
+        prefix, _, c = name.rpartition(".")
+        owner, _, w = prefix.rpartition(".")
+        if owner not in ep or w not in ("w1", "w2"):
+            t = params[name].grad if grads else params[name]
+            full = _full(t)
+            yield name, -1, full if rank == 0 else None
+            continue
+        for j in range(n):
+            e = int(c) * n + j
+            holder = layout.rank_of_expert[e]  # the EP rank of expert e, at dp_replicate = dp_shard_mod_ep = 0
+            local = params.get(f"{owner}.local.{e}.{w}")
+            piece = None
+            if local is not None:  # this rank holds a shard of expert e: gather it over the expert mesh
+                piece = _full(local.grad if grads else local)
+                if rank == holder and holder != 0:
+                    dist.send(piece.contiguous(), dst=0)
+            if rank == 0 and holder != 0:
+                piece = torch.empty(shape[1:], dtype=dtype, device=next(iter(params.values())).device)
+                dist.recv(piece, src=holder)
+            yield name, j, piece if rank == 0 else None
 
 
 def export_full(
     model: nn.Module, cfg: ModelConfig, layout: Layout, grads: bool = False
 ) -> dict[str, torch.Tensor] | None:
     """The whole model (or, with ``grads``, its gradients) under single-process names on rank 0, None on the
-    other ranks; a collective. (Every entry of the state dict is a parameter: the buffers are not persistent.)"""
-    ep_prefixes = [n + "." for n, m in model.named_modules() if isinstance(m, ExpertParallelExperts)]
-    named = [(k, p.grad if grads else p) for k, p in model.named_parameters()]
-    is_expert = {k: any(k.startswith(p) for p in ep_prefixes) for k, _ in named}
-    dense = {k: _full(v) for k, v in named if not is_expert[k]}  # over the dense mesh: all ranks alike
-    experts = {k: _full(v) for k, v in named if is_expert[k]}  # over each EP rank's expert mesh
-    # one holder of each EP rank's experts sends them: the ranks at dp_replicate = dp_shard_mod_ep = 0
-    holder = layout.coords(dist.get_rank())[:2] == (0, 0)
-    parts: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(experts if holder else {}, parts, dst=0)
+    other ranks; a collective. For tests and small models: the final model is written by
+    :func:`write_safetensors`, which never holds the whole model."""
+    whole: dict[str, torch.Tensor] = {}
+    experts: dict[str, list[torch.Tensor]] = {}
+    for name, j, t in iter_full(model, cfg, layout, grads):
+        if t is not None:
+            if j < 0:
+                whole[name] = t.cpu()
+            else:
+                experts.setdefault(name, []).append(t.cpu())
     if dist.get_rank() != 0:
         return None
-    merged = {k: v for part in parts for k, v in part.items()}
-    n = cfg.ffn.experts_per_group
-    for prefix in ep_prefixes:  # "blocks.i.ffn.experts." : local.<e>.w1 -> w1.<class> [n, 2H, D]
-        for c in range(len(cfg.ffn.expert_widths)):
-            for w in ("w1", "w2"):
-                dense[f"{prefix}{w}.{c}"] = torch.stack([merged[f"{prefix}local.{c * n + j}.{w}"] for j in range(n)])
-    return dense
+    return {**whole, **{k: torch.stack(v) for k, v in experts.items()}}
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def safetensors_header(shapes: dict[str, tuple[torch.Size, torch.dtype]]) -> tuple[bytes, list[str]]:
+    """The header of a safetensors file of tensors of these shapes (one dtype), laid out in sorted name order as
+    ``safetensors.torch.save`` lays them out: 8-byte little-endian length, JSON, spaces to a multiple of 8."""
+    dtypes = {dt for _, dt in shapes.values()}
+    assert len(dtypes) == 1, dtypes  # one dtype: then save() orders by name alone
+    names, offset, entries = sorted(shapes), 0, {}
+    for k in names:
+        shape, dt = shapes[k]
+        size = math.prod(shape) * dt.itemsize
+        entries[k] = {"dtype": _SAFETENSORS_DTYPES[dt], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text, names
+
+
+def write_safetensors(path: Path, model: nn.Module, cfg: ModelConfig, layout: Layout) -> None:
+    """Write the consolidated ``model.safetensors`` (single-process names, the bytes ``safetensors.torch.save``
+    would write for the whole state dict) from rank 0, streamed one parameter (one expert) at a time from
+    :func:`iter_full`; atomic (a temporary file, then one rename). A collective."""
+    header, _ = safetensors_header(single_process_shapes(cfg))
+    if dist.get_rank() != 0:
+        for _ in iter_full(model, cfg, layout):
+            pass
+        return
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        fh.write(header)
+        for _, _, t in iter_full(model, cfg, layout):
+            fh.write(t.cpu().contiguous().numpy().data)

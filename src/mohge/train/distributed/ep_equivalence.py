@@ -1,6 +1,7 @@
 """The expert-parallel layer against the single-process experts: a small fixed problem under every placement,
-forward and backward, on CPU ranks (gloo); rank 0 saves the inputs, the weights and the gathered outputs and
-gradients, which the tests compare with ``swiglu_grouped_torch``.
+forward and backward, on CPU ranks (gloo), each placement run twice; rank 0 saves the inputs, the weights and the
+gathered outputs and gradients of both runs, which the tests compare with ``swiglu_grouped_torch`` and with each
+other (bitwise).
 
     torchrun --standalone --nproc-per-node 2 -m mohge.train.distributed.ep_equivalence --out FILE.pt
 """
@@ -55,8 +56,8 @@ def check(args: argparse.Namespace) -> int:
     part = np.array_split(np.arange(CHECK_T), world)[rank]
     flat_w1 = [w[j] for w in p["w1s"] for j in range(CHECK_N)]
     flat_w2 = [w[j] for w in p["w2s"] for j in range(CHECK_N)]
-    results = {}
-    for strategy in args.strategies:
+    results, repeats = {}, {}
+    for strategy in [*args.strategies, *args.strategies]:  # every placement twice: the second run must be bitwise equal
         ranks = place(strategy, widths_E, world, counts, CHECK_N)
         weights = {e: (flat_w1[e].clone(), flat_w2[e].clone()) for e in range(E) if ranks[e] == rank}
         mod = ExpertParallelExperts(widths_E, ranks, rank, CHECK_D, weights, backend=args.backend)
@@ -74,7 +75,7 @@ def check(args: argparse.Namespace) -> int:
             dist.all_reduce(t)
         gathered: list = [None] * world
         dist.all_gather_object(gathered, (y.detach(), x.grad, gates.grad))
-        results[strategy] = {
+        (repeats if strategy in results else results)[strategy] = {
             "rank_of_expert": ranks,
             "y": torch.cat([g[0] for g in gathered]),
             "dx": torch.cat([g[1] for g in gathered]),
@@ -83,7 +84,7 @@ def check(args: argparse.Namespace) -> int:
             "dw2s": dw2s,
         }
     if rank == 0:
-        torch.save({"problem": p, "world": world, "results": results}, args.out)
+        torch.save({"problem": p, "world": world, "results": results, "repeats": repeats}, args.out)
     dist.barrier()
     dist.destroy_process_group()
     return 0

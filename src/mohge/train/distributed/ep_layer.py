@@ -8,7 +8,10 @@ several widths, and its own share of the tokens. One forward (docs/method.md, di
     compute:   each rank runs its local experts on the rows it received (the grouped SwiGLU of
                :mod:`mohge.kernels`, local expert ids class-major)
     combine:   outputs return with ``all_to_all_single`` (splits swapped) and are summed per token,
-               weighted by the gates, on the token's own rank
+               weighted by the gates, on the token's own rank: in fp32 and in slot order k = 0 .. K-1
+               (:func:`combine_slots`), as the non-EP combine of the Triton path (``combine_rows``), so the
+               result does not depend on the order rows arrive in (the placement, the EP size) and has no
+               atomics on CUDA; it is rounded once to the rows' dtype
 
 Only ``all_to_all_single`` is used: gloo handles unequal and zero splits with it, while the list form
 ``all_to_all`` fails on gloo with unequal sizes. The row exchanges go through a small autograd Function,
@@ -52,6 +55,38 @@ class _AllToAll(torch.autograd.Function):
         g_ND = g_MD.new_empty((sum(ctx.send), *g_MD.shape[1:]))
         dist.all_to_all_single(g_ND, g_MD.contiguous(), ctx.send, ctx.recv, group=ctx.group)
         return g_ND, None, None, None
+
+
+class _CombineSlots(torch.autograd.Function):
+    """y[t] = sum_k g[t, k] * rows[t, k], fp32 accumulation in k order; saves only the rows (their own dtype)
+    and the gates, not an fp32 copy of the rows."""
+
+    @staticmethod
+    def forward(ctx, rows_TKD: Tensor, gates_TK: Tensor) -> Tensor:
+        ctx.save_for_backward(rows_TKD, gates_TK)
+        g_TK = gates_TK.float()
+        y_TD = rows_TKD[:, 0].float() * g_TK[:, 0, None]
+        for k in range(1, rows_TKD.shape[1]):
+            y_TD += rows_TKD[:, k].float() * g_TK[:, k, None]
+        return y_TD.to(rows_TKD.dtype)
+
+    @staticmethod
+    def backward(ctx, dy_TD: Tensor):
+        rows_TKD, gates_TK = ctx.saved_tensors
+        dy_TD = dy_TD.float()
+        drows_TKD = (dy_TD[:, None, :] * gates_TK.float()[:, :, None]).to(rows_TKD.dtype)
+        dgates_TK = torch.einsum("tkd,td->tk", rows_TKD.float(), dy_TD).to(gates_TK.dtype)
+        return drows_TKD, dgates_TK
+
+
+def combine_slots(back_AD: Tensor, order_A: Tensor, gates_TK: Tensor) -> Tensor:
+    """y[t] = sum_k gates[t, k] * back[pos(t, k)], accumulated in fp32 in the fixed order k = 0 .. K-1, rounded
+    once to ``back_AD``'s dtype. ``back_AD`` holds the slots' expert outputs in the order ``order_A`` (slot
+    order_A[i] = t * K + k is row i); each slot has one row, so unpermuting is a gather without duplicates."""
+    T, K = gates_TK.shape
+    inv_A = torch.empty_like(order_A)
+    inv_A[order_A] = torch.arange(order_A.numel(), device=order_A.device)  # slot -> its row in back_AD
+    return _CombineSlots.apply(back_AD[inv_A].view(T, K, -1), gates_TK)
 
 
 def local_layout(widths_E: Sequence[int], rank_of_expert: Sequence[int], ep_size: int) -> list[list[list[int]]]:
@@ -131,15 +166,17 @@ class ExpertParallelExperts(nn.Module):
         flat_A = idx_TK.reshape(-1)
         dest_A = self.rank_of_expert[flat_A]
         order_A = torch.argsort(dest_A, stable=True)  # slots grouped by destination rank
-        tok_A = torch.div(order_A, K, rounding_mode="floor")
         send_W = torch.bincount(dest_A, minlength=self.W)
         recv_W = torch.empty_like(send_W)
         dist.all_to_all_single(recv_W, send_W, group=self.group)
         send, recv = send_W.tolist(), recv_W.tolist()
-        xs_RD = _AllToAll.apply(x_TD[tok_A], send, recv, self.group)
+        # each slot's row of x, in destination order: a gather without duplicate indices of the K copies of
+        # every token (the backward sums the copies by a reduction, not by atomics)
+        x_AD = x_TD[:, None].expand(T, K, x_TD.shape[1]).reshape(T * K, -1)
+        xs_RD = _AllToAll.apply(x_AD[order_A], send, recv, self.group)
         le_R = flat_A.new_empty(sum(recv))
         dist.all_to_all_single(le_R, self.local_id_of_expert[flat_A[order_A]], recv, send, group=self.group)
-        return xs_RD, le_R, {"order_A": order_A, "tok_A": tok_A, "send": send, "recv": recv, "T": T}
+        return xs_RD, le_R, {"order_A": order_A, "send": send, "recv": recv, "T": T}
 
     def compute(self, xs_RD: Tensor, le_R: Tensor, weights: tuple[list[Tensor], list[Tensor]] | None = None) -> Tensor:
         """Local experts on the received rows (one slot per row, gate 1); ``weights`` from :meth:`class_weights`."""
@@ -150,9 +187,7 @@ class ExpertParallelExperts(nn.Module):
     def combine(self, out_RD: Tensor, plan: dict, gates_TK: Tensor) -> Tensor:
         """Return the outputs to the tokens' ranks and sum them per token, weighted by the gates."""
         back_AD = _AllToAll.apply(out_RD, plan["recv"], plan["send"], self.group)
-        gate_A = gates_TK.reshape(-1)[plan["order_A"]].to(back_AD.dtype)
-        y_TD = back_AD.new_zeros(plan["T"], back_AD.shape[1])
-        return y_TD.index_add(0, plan["tok_A"], back_AD * gate_A[:, None])
+        return combine_slots(back_AD, plan["order_A"], gates_TK)
 
     def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
         w1s, w2s = self.class_weights()

@@ -5,7 +5,8 @@ torchtitan's order (``parallelize_llama`` / ``apply_fsdp``).
    :class:`.ep.ExpertParallelExperts` (experts chosen by the configured placement).
 2. Activation checkpointing (``block``): each transformer block recomputes its forward in the backward
    (``torch.distributed._composable.checkpoint``, which keeps the parameter names).
-3. ``compile``: each block through ``torch.compile`` (``Module.compile``, names kept).
+3. ``compile``: each block through ``torch.compile`` (``Module.compile``, names kept); refused by
+   :func:`.layout.check_layout` until it is tested (graph breaks in every MoE block).
 4. FSDP2 (:func:`shard_plan` lists the units, the planner sizes the same list): each MoE layer's experts
    over the expert mesh (dims orthogonal to EP), each block and the root over the dense mesh.
    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on CUDA, fp32 on a CPU.
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from mohge.model import LanguageModel
@@ -77,7 +78,8 @@ def shard_plan(model: LanguageModel) -> list[ShardUnit]:
 def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: torch.device) -> list[ShardUnit]:
     """Apply EP, activation checkpointing, compile and FSDP2 to ``model`` in place; returns the FSDP units."""
     apply_ep(model, layout, meshes.ep.get_local_rank(), meshes.ep.get_group())
-    model.to(device)  # this rank's share only: the experts of other EP ranks are gone
+    if not any(p.is_meta for p in model.parameters()):  # a meta model is materialised after sharding (.meta_init)
+        model.to(device)  # this rank's share only: the experts of other EP ranks are gone
     for block in model.blocks:
         if layout.activation_checkpointing == "block":
             from torch.distributed._composable import checkpoint
@@ -91,6 +93,15 @@ def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: to
         kwargs = {"mp_policy": mp} if mp is not None else {}
         fully_shard(unit.module, mesh=getattr(meshes, unit.mesh), reshard_after_forward=unit.name != "", **kwargs)
     return units
+
+
+def sync_gradients_on(model: nn.Module, micro: int, micro_batches: int) -> None:
+    """Under gradient accumulation, FSDP2 reduce-scatters (and HSDP all-reduces) only after the last micro-batch
+    of a step: before it, each unit keeps its unsharded gradient and the next backward adds to it (the same sums,
+    one collective per unit and step instead of one per micro-batch; the price is one unsharded gradient per
+    unit held between micro-batches)."""
+    if isinstance(model, FSDPModule):
+        model.set_requires_gradient_sync(micro == micro_batches - 1)  # recurses into every nested FSDP unit
 
 
 @torch.no_grad()

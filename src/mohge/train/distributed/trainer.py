@@ -4,14 +4,17 @@ when the run config has a ``train.parallel`` section.
 The objective, optimizer, schedule, clipping, log rows, non-finite guard and final outputs are those of
 :mod:`mohge.train` (its functions are reused); what changes:
 
-* the model is built whole on every rank (the same seed, so the same initial weights as one process), then
-  parallelized (:func:`.parallelize.parallelize`: EP, activation checkpointing, compile, FSDP2);
+* the model is built on the meta device, parallelized (:func:`.parallelize.parallelize`: EP, activation
+  checkpointing, compile, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
+  so the same initial weights as one process; no rank ever holds more than its shards and one block);
 * every rank reads a disjoint part of the train split (``train.data_order``): random: rank r of W samples its
   windows only from tokens [r N / W, (r + 1) N / W), step s drawing ``get_batch(s, batch_size, seq_len,
   seed * 1000 + r)`` there; sequential: rank r reads the r-th ``batch_size`` of the next ``batch_size x W``
   windows of the whole split (:class:`mohge.data.stream.TrainBatches`), the global position checkpointed, so a
   run resumed on another world size reads on from the next window;
-* checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp) and the final model is exported whole;
+* checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp); the final ``model.safetensors`` is streamed from
+  the shards to rank 0 one parameter at a time (:func:`.dcp.write_safetensors`), the final validation loss
+  computed on the sharded model;
 * log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device) and
   ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window).
 """
@@ -49,7 +52,8 @@ from .ep_layer import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
 from .layout import Layout, check_layout
 from .mesh import build_meshes
-from .parallelize import clip_grad_norm, parallelize, scale_expert_grads
+from .meta_init import build_on_meta, materialize
+from .parallelize import clip_grad_norm, parallelize, scale_expert_grads, sync_gradients_on
 
 log = logging.getLogger("mohge.train.distributed")
 
@@ -103,8 +107,9 @@ def train_parallel(
     random.seed(tc.seed)
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
-    model = LanguageModel(cfg.model, cfg.loss)  # whole, on the CPU: the same initial weights as one process
+    model, rng = build_on_meta(cfg)  # no storage yet: each rank materialises its own shards after sharding
     parallelize(model, layout, build_meshes(layout, rt.device.type), rt.device)
+    materialize(model, rng, rt.device)  # the same initial weights as one process, one part at a time
     opt = training.build_optimizer(model, tc)
     dcp_root = scratch / "dcp"
     start, last_good, position = dcp.resume(dcp_root, resolved, model, opt, require_resume)
@@ -135,6 +140,7 @@ def train_parallel(
             x_BS, y_BS = batches.batch(s)
             sums = torch.zeros(3, device=rt.device)
             for m in range(tc.grad_accum):
+                sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter per step, after the last micro-batch
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
                 with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
                     total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
@@ -177,13 +183,18 @@ def train_parallel(
         bar.close()
         if log_fh is not None:
             log_fh.close()
-    full = dcp.export_full(model, cfg.model, layout)
+    # the final outputs from the shards: the validation loss on every rank, the weights streamed to rank 0
+    # one parameter at a time (no rank holds the whole model)
+    with torch.no_grad():
+        val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
+    if rt.main:
+        (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
+    dcp.write_safetensors(out / "model.safetensors", model, cfg.model, layout)
     summary: dict[str, Any] = {}
     if rt.main:
-        plain = LanguageModel(cfg.model, cfg.loss)
-        plain.load_state_dict(full)
-        plain.to(rt.device)
-        summary = finish(cfg, out, data_dir, plain, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
+        summary = finish(
+            cfg, out, data_dir, None, rt, rows, resolved, start, micro_B, trained_tokens, train_time, val=val
+        )
         summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         tps = summary["tokens_per_s"]
         mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
