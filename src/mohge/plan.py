@@ -46,6 +46,7 @@ from .distributed.flops import attention_dims, model_flops_per_token
 from .distributed.layout import Layout, check_layout
 from .distributed.parallelize import apply_ep, shard_plan
 from .model import LanguageModel
+from .params import count_params
 from .runs import merge_config
 from .runs import plan as plan_runs
 
@@ -194,8 +195,6 @@ def eval_host_bytes(cfg: RunConfig, on_cpu: bool) -> float:
     the host and its loaded state dict held beside it (2 x 4 bytes per parameter), plus, when the job runs on the
     CPU, the activations of one evaluation batch in fp32 (twice :func:`activation_bytes`' bf16, a forward under
     no_grad keeps one block's activations: the ``block`` rule), plus 2 GiB for the interpreter, torch and lm-eval."""
-    from .params import count_params
-
     weights = 2 * 4.0 * count_params(cfg.model)["total_sum"]
     tokens = cfg.eval.batch_size * cfg.data_config.seq_len
     acts = 2 * activation_bytes(cfg.model, tokens, block_recompute=True) if on_cpu else 0.0

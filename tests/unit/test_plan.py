@@ -13,7 +13,7 @@ from mohge.distributed import check_layout
 from mohge.distributed.parallelize import apply_ep, shard_plan
 from mohge.model import LanguageModel
 from mohge.params import count_params
-from mohge.plan import load_run, main, memory_per_gpu, run_layout
+from mohge.plan import load_run, main, memory_per_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,17 +95,19 @@ def without_parallel(tmp_path) -> str:
 def test_without_a_parallel_section_the_ddp_replica_is_planned_and_refused(tmp_path):
     """No train.parallel: torchrun trains a whole fp32 replica per GPU (DDP); the planner plans that, and it does
     not fit 80 GB: refused in one line naming train.parallel, exit 2, after the table."""
-    argv = [sys.executable, "-m", "mohge.plan", without_parallel(tmp_path), "--nodes", "2", "--gpus-per-node", "8"]
+    config, rows = without_parallel(tmp_path), tmp_path / "plan.json"
+    argv = [sys.executable, "-m", "mohge.plan", config, "--nodes", "2", "--gpus-per-node", "8", "--json", str(rows)]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr
     assert "| 2 x 8 | DDP, 16 replicas |" in out.stdout and "NO (80 GiB)" in out.stdout
     (line,) = out.stderr.strip().splitlines()
     assert line.startswith("ConfigError: train.parallel: unset") and "DDP replica" in line and "Traceback" not in line
     # the replica's states: 4 + 4 + 8 bytes per parameter, plus DDP's gradient buckets (4)
-    cfg = load_run([without_parallel(tmp_path)], None)
-    mem = memory_per_gpu(cfg, run_layout(cfg, 16))
-    total = count_params(cfg.model)["total_sum"]
-    assert (mem["params"], mem["optimizer"], mem["fsdp_buffers"]) == (4 * total, 8 * total, 4 * total)
+    (row,) = json.loads(rows.read_text())
+    total = count_params(load_run([config], None).model)["total_sum"] / 2**30
+    assert (row["layout"], row["dp_shard"], row["ep"], row["dp_replicate"]) == ("ddp", 1, 1, 16)
+    for key, per_param in (("params", 4), ("grads", 4), ("optimizer", 8), ("fsdp_buffers", 4)):
+        assert abs(row[f"{key}_gib"] - per_param * total) < 1e-6, key
 
 
 def test_a_layout_that_does_not_fit_is_refused_naming_the_key(tmp_path, caplog):
