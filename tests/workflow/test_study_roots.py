@@ -52,17 +52,61 @@ def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, ma
     assert out.returncode == 0, text[-3000:]
     assert "Using workflow specific profile" not in text
     train = job_resources(text, "train")
-    assert train and all(int(r["gpu"]) == gpus and int(r["nodes"]) == nodes for r in train), train[:1]
+    assert train and all(int(r["nodes"]) == nodes for r in train), train[:1]
+    if nodes > 1:  # an MPI-style job (the rule's own srun), GPUs per node as GRES: tests/workflow/test_slurm_plugin.py
+        per_node = f"gpu:{gpus // nodes}"
+        assert all(r["mpi"] == "srun" and int(r["tasks"]) == nodes and r["gres"] == per_node for r in train), train[:1]
+        assert all("gpu" not in r for r in train), train[:1]
+    else:
+        assert all(int(r["gpu"]) == gpus and "mpi" not in r and "tasks" not in r for r in train), train[:1]
     for rule in ("train", "evaluate", "trace", "utilization", "prepare_data"):
         for res in job_resources(text, rule):
             assert int(res["runtime"]) <= max_runtime, (rule, res)
             assert int(res.get("gpu", 0)) <= (1 if rule != "train" else gpus), (rule, res)
-    launch = re.search(r"^(?:Shell command: )?.*-m mohge\.train .*$", text, re.M)[0]
+    launch = re.search(r"^.*mohge\.train --config .*$", text, re.M)[0]
     if nodes > 1:
-        assert "srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8" in launch
-        assert "--rdzv-backend c10d" in launch and '--rdzv-id "$SLURM_JOB_ID"' in launch
+        assert "srun --nodes 2 --ntasks-per-node 1 --kill-on-bad-exit=1 sh -c 'exec torchrun --nnodes 2" in launch
+        assert "--nproc-per-node 8 --rdzv-backend c10d" in launch and '--rdzv-id "$SLURM_JOB_ID"' in launch
+        assert '"$SLURM_STEP_NODELIST"' in launch  # the jobstep plugin removes SLURM_JOB_NODELIST
     else:
         assert "python -m mohge.train" in launch and "torchrun" not in launch
+
+
+def test_paper_resources_fit_the_job(tmp_path):
+    """The paper config's dry run: training asks for the config's own limits (the same on a retry, which the
+    fake-SLURM test checks on a real resubmission); evaluation and tracing for host memory from the model's
+    size, fp32 weights and their loaded copy plus the runtime (on a GPU the activations live there); a CPU
+    config adds its evaluation batch's activations."""
+    from mohge.config.runs import merge_config
+    from mohge.config.runs import plan as plan_runs
+    from mohge.model.params import count_params
+
+    work = copy_workflow(tmp_path)
+    out = smk("-n", "--profile", "workflow/profiles/slurm", "--configfile", "configs/paper.yaml", cwd=work)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    paper = merge_config(
+        yaml.safe_load((ROOT / "configs/config.yaml").read_text()),
+        yaml.safe_load((ROOT / "configs/paper.yaml").read_text()),
+    )
+    runs = plan_runs(paper)
+    for res in job_resources(text, "train"):
+        assert int(res["mem_mb"]) == 480 * 1024 and int(res["runtime"]) == 10080, res
+    mib = {}
+    for rule in ("evaluate", "trace"):
+        blocks = re.findall(rf"^rule {rule}:\n(?:    .*\n)*?    wildcards: run=(\S+)\n    resources: (.*)$", text, re.M)
+        traced = {r for r, c in runs.items() if c.family != "dense"}  # the dense model has no routing to trace
+        assert {run for run, _ in blocks} == (set(runs) if rule == "evaluate" else traced), (rule, blocks)
+        for run, line in blocks:
+            res = dict(kv.split("=", 1) for kv in line.split(", "))
+            weights = 2 * 4 * count_params(runs[run].model)["total_sum"] / 2**20  # MiB, SLURM's unit
+            assert weights + 2048 <= int(res["mem_mb"]) <= weights + 2049, (rule, run, res["mem_mb"], weights)
+            mib[run] = int(res["mem_mb"])
+    assert 21_000 < mib["web-mohge-s0"] < 23_000 and mib["web-dense-s0"] < mib["web-mohge-s0"] < mib["web-moe-s0"]
+    # a CPU config (smoke, one process): the evaluation batch's fp32 activations come on top of the weights
+    out = smk("-n", "--configfile", "configs/smoke.yaml", cwd=work)
+    smoke = job_resources(out.stdout + out.stderr, "evaluate")
+    assert smoke and all(2048 < int(res["mem_mb"]) < 2100 for res in smoke), smoke[:1]
 
 
 def test_config_mistakes_are_one_line(tmp_path):

@@ -3,6 +3,7 @@ import functools
 import glob
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -209,24 +210,62 @@ def committed_studies():
 
 
 def train_launcher():
-    """One process: python; one node with several GPUs: torchrun --standalone; several nodes: srun starts one
-    torchrun per node, which meet through a c10d rendezvous on the job's first host."""
+    """One process: python; one node with several GPUs: torchrun --standalone; several nodes: the rule's own
+    srun starts one torchrun per node (the job declares `mpi`, so the plugin runs the rule outside any step and
+    this srun is the job's only step), which meet through a c10d rendezvous on the step's first host. The host
+    is read inside each task from SLURM_STEP_NODELIST, which srun sets: the jobstep plugin removes the job's
+    SLURM_* variables (SLURM_JOB_ID aside) from the rule's environment."""
     nodes, gpus = CLUSTER["nodes"], CLUSTER["gpus_per_node"]
     if nodes > 1:
-        first_host = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'
+        first_host = '$(scontrol show hostnames "$SLURM_STEP_NODELIST" | head -n 1)'
         return (
-            f"srun --nodes {nodes} --ntasks-per-node 1 torchrun --nnodes {nodes} --nproc-per-node {gpus}"
-            " --rdzv-backend c10d"
-            f' --rdzv-endpoint "{first_host}:29500" --rdzv-id "$SLURM_JOB_ID" -m'
+            f"srun --nodes {nodes} --ntasks-per-node 1 --kill-on-bad-exit=1 sh -c"
+            f" 'exec torchrun --nnodes {nodes} --nproc-per-node {gpus} --rdzv-backend c10d"
+            f' --rdzv-endpoint "{first_host}:29500" --rdzv-id "$SLURM_JOB_ID" -m "$@"\' torchrun'
         )
     if gpus > 1:
         return f"torchrun --standalone --nproc-per-node {gpus} -m"
     return "python -m"
 
 
+def train_resources():
+    """SLURM sizes of a training job from the config's `cluster` section. One node: `gpu` (SLURM's --gpus) and
+    no task count, which the jobstep plugin runs as one `srun -n1` step. Several nodes: an MPI-style job as the
+    plugin documents it (`mpi` set: the rule's command calls srun itself, so no srun is prepended), `tasks` =
+    nodes (sbatch --ntasks N with --nodes N: one task per node), GPUs per node as GRES (a job-wide --gpus may
+    land unevenly), and `tasks_per_gpu=0`, without which the plugin turns `tasks` of a GPU job into
+    --ntasks-per-gpu. Memory and runtime are the config's limits on every attempt: a retry re-queues and
+    resumes from the scratch checkpoints, it does not ask for more than the config states.
+    """
+    nodes, gpus = CLUSTER["nodes"], CLUSTER["gpus_per_node"]
+    fixed = dict(
+        nodes=nodes,
+        mem_mb=CLUSTER["mem_gb"] * 1024,  # per node (sbatch --mem)
+        runtime=CLUSTER["runtime_min"],  # minutes
+    )
+    if nodes == 1:
+        return {**fixed, "gpu": gpus}
+    multi = {**fixed, "mpi": "srun", "tasks": nodes, "tasks_per_gpu": 0}
+    return {**multi, "gres": f"gpu:{gpus}"} if gpus else multi
+
+
+TRAIN_RESOURCES = train_resources()
+
+
 def eval_gpus():
     """Evaluation and tracing use one GPU when the config trains on GPUs."""
     return min(1, CLUSTER["gpus_per_node"])
+
+
+@functools.lru_cache
+def eval_mem_mb(run):
+    """Host memory of an evaluate or trace job (MiB, SLURM's --mem unit) from the model's size, by the planner's
+    byte rules (mohge.analysis.plan.eval_host_bytes): fp32 weights and their loaded copy, the activations of one
+    evaluation batch when the job runs on the CPU, and the runtime. The same on every attempt.
+    """
+    from mohge.analysis.plan import eval_host_bytes
+
+    return math.ceil(eval_host_bytes(RUNS[run], on_cpu=eval_gpus() == 0) / 2**20)
 
 
 def eval_runtime(wildcards, attempt):

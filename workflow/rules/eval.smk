@@ -17,7 +17,7 @@ rule evaluate:
     threads: 1
     resources:
         gpu=eval_gpus(),
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
         runtime=eval_runtime,
     params:
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
@@ -46,7 +46,7 @@ rule trace:
     threads: 1
     resources:
         gpu=eval_gpus(),
-        mem_mb=lambda wc, attempt: 4000 * attempt,
+        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
         runtime=eval_runtime,
     params:
         trace=lambda wc: digest(

@@ -55,12 +55,8 @@ rule train:
         "../envs/train.yaml"
     threads: CLUSTER["cpus_per_task"]  # 1 by default: two CPU runs share a 2-core machine
     resources:
-        # sizes from the config's `cluster` section (gpu: GPUs of the whole job, SLURM's --gpus)
-        gpu=lambda wc: CLUSTER["nodes"] * CLUSTER["gpus_per_node"],
-        nodes=lambda wc: CLUSTER["nodes"],
-        tasks_per_node=1,  # one torchrun per node, which starts one process per GPU
-        mem_mb=lambda wc, attempt: CLUSTER["mem_gb"] * 1024 * attempt,
-        runtime=lambda wc, attempt: CLUSTER["runtime_min"] * attempt,  # minutes
+        # sizes from the config's `cluster` section, the same on every attempt (common.smk: train_resources)
+        **TRAIN_RESOURCES,
     params:
         train=lambda wc: digest(train_section(wc.run)),
         out=lambda wc, output: os.path.dirname(output.model),

@@ -3,8 +3,11 @@
     python -m mohge.plan configs/paper.yaml --nodes 4 --gpus-per-node 8 [--gpu-mem 80] [--peak-tflops 989]
         [--mfu 0.4] [--global-batch 512] [--run NAME] [--json OUT]
 
-CONFIG is a workflow config (its first MoHGE run, or ``--run``) or a resolved run config. The layout is checked
-by :func:`mohge.train.distributed.check_layout` (a bad one is refused naming the key, exit 2). The model is built on
+CONFIG is a workflow config (its first MoHGE run, or ``--run``) or a resolved run config. The layout planned is
+the one the trainer runs: the config's ``train.parallel`` section, or without one the DDP replica that
+``torchrun -m mohge.train`` trains on every GPU (one process on one GPU). It is checked by
+:func:`mohge.train.distributed.check_layout` (a bad one is refused naming the key, exit 2), and a layout that does not
+fit ``--gpu-mem`` is refused too, in one line naming ``train.parallel`` (exit 2, after the table). The model is built on
 the meta device, each EP rank's share of the experts is taken (:func:`mohge.train.distributed.parallelize.apply_ep`)
 and the FSDP2 units are listed by :func:`~mohge.train.distributed.parallelize.shard_plan`, as the trainer does; a
 unit's parameters are sharded over its mesh (dense: dp_shard, experts: dp_shard / ep), dim 0 padded to a
@@ -14,7 +17,8 @@ multiple of the mesh size as FSDP2 pads it. Per GPU, the largest over the EP ran
 * fsdp buffers: the largest unit gathered unsharded in bf16 twice (the one running and the one prefetched)
   plus its unsharded fp32 gradient before the reduce-scatter; under gradient accumulation (``grad_accum`` > 1)
   also every unit's unsharded fp32 gradient, held from the first micro-batch to the step's one reduce-scatter
-  (:func:`mohge.train.distributed.parallelize.sync_gradients_on`);
+  (:func:`mohge.train.distributed.parallelize.sync_gradients_on`); under DDP (no ``train.parallel``, several
+  ranks) the gradient buckets instead, a second fp32 copy of every gradient (4 bytes per parameter);
 * activations: the bytes saved for the backward per token of a micro-batch, tensor by tensor
   (:mod:`mohge.train.distributed.memory`, within 10% of a saved-tensor-hook measurement; ``block`` recompute keeps
   only each block's fp32 input plus one block's activations), for the config's expert backend, with EP's
@@ -36,12 +40,13 @@ from collections.abc import Sequence
 
 import torch
 
-from mohge.config import ConfigError, ModelConfig, RunConfig, load_yaml_or_json
+from mohge.config import ConfigError, ModelConfig, ParallelConfig, RunConfig, load_yaml_or_json
 from mohge.config.runs import merge_config
 from mohge.config.runs import plan as plan_runs
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.model import LanguageModel
+from mohge.model.params import count_params
 from mohge.train.distributed.flops import model_flops_per_token
 from mohge.train.distributed.layout import Layout, check_layout
 from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies
@@ -86,8 +91,19 @@ def activation_bytes(cfg: ModelConfig, tokens: int, block_recompute: bool, ep: b
     return tokens * activation_bytes_per_token(cfg, cfg.ffn.backend, ep=ep, block_recompute=block_recompute)
 
 
+def run_layout(cfg: RunConfig, world: int) -> Layout:
+    """The layout the trainer runs on ``world`` ranks: ``train.parallel``, or without it a whole replica per rank
+    (DDP under torchrun, one process at world 1), planned as dp_shard 1 and ep 1."""
+    if cfg.train.parallel is not None:
+        return check_layout(cfg, world)
+    replica = dataclasses.replace(cfg.train, parallel=ParallelConfig(dp_shard=1, ep=1))
+    return check_layout(dataclasses.replace(cfg, train=replica), world)
+
+
 def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
-    """Bytes per GPU by kind, the largest over the EP ranks, from the trainer's FSDP2 units on the meta device."""
+    """Bytes per GPU by kind, the largest over the EP ranks, from the trainer's FSDP2 units on the meta device
+    (or, without ``train.parallel``, the whole replica of DDP with its gradient buckets)."""
+    ddp = cfg.train.parallel is None
     worst: dict[str, float] = {}
     for ep_rank in range(layout.ep):
         with torch.device("meta"):
@@ -107,7 +123,7 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
                 "params": 4.0 * sharded,
                 "grads": 4.0 * sharded,
                 "optimizer": 8.0 * sharded,
-                "fsdp_buffers": (2 * 2 + 4) * biggest + held,
+                "fsdp_buffers": (4.0 * sharded if layout.world > 1 else 0.0) if ddp else (2 * 2 + 4) * biggest + held,
                 "ep_weight_copies": ep_weight_copies(local_experts),
             }
     micro = cfg.train.batch_size // cfg.train.grad_accum
@@ -123,7 +139,7 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
 
 def plan_row(cfg: RunConfig, nodes: int, gpus_per_node: int, gpu_mem: float, peak: float, mfu: float) -> dict:
     world = nodes * gpus_per_node
-    layout = check_layout(cfg, world)
+    layout = run_layout(cfg, world)
     mem = memory_per_gpu(cfg, layout)
     S = cfg.data_config.seq_len
     tokens = cfg.train.steps * cfg.train.batch_size * world * S
@@ -136,6 +152,7 @@ def plan_row(cfg: RunConfig, nodes: int, gpus_per_node: int, gpu_mem: float, pea
         "dp_replicate": layout.dp_replicate,
         "dp_shard": layout.dp_shard,
         "ep": layout.ep,
+        "layout": "fsdp" if cfg.train.parallel is not None else ("ddp" if world > 1 else "single"),
         "batch_per_gpu": cfg.train.batch_size,
         "grad_accum": cfg.train.grad_accum,
         **{f"{k}_gib": v / GiB for k, v in mem.items()},
@@ -150,6 +167,38 @@ def plan_row(cfg: RunConfig, nodes: int, gpus_per_node: int, gpu_mem: float, pea
     }
 
 
+def refuse_unfit(cfg: RunConfig, rows: list[dict]) -> None:
+    """A ConfigError in one line naming ``train.parallel`` when its layout does not fit on a planned cluster size."""
+    unfit = [r for r in rows if not r["fits"]]
+    if not unfit:
+        return
+    r = max(unfit, key=lambda r: r["total_gib"])
+    where = ", ".join(f"{u['nodes']} x {u['gpus'] // u['nodes']}" for u in unfit)
+    need = f"{r['total_gib']:.1f} GiB per GPU on {where} GPUs, over 90% of --gpu-mem {r['gpu_mem_gib']:g}"
+    par = cfg.train.parallel
+    if par is None:
+        raise ConfigError(
+            f"train.parallel: unset, so torchrun trains a whole DDP replica of {cfg.name} on every GPU: {need}; "
+            "add a train.parallel section (FSDP2 dp_shard, expert-parallel ep)"
+        )
+    raise ConfigError(
+        f"train.parallel: dp_shard={par.dp_shard}, ep={r['ep']}, activation_checkpointing="
+        f"{par.activation_checkpointing} does not fit {cfg.name}: {need}; shard over more ranks, raise ep "
+        "or recompute activations (activation_checkpointing: block)"
+    )
+
+
+def eval_host_bytes(cfg: RunConfig, on_cpu: bool) -> float:
+    """Host memory of an evaluation or tracing job, by the planner's byte rules: the model is built in fp32 on
+    the host and its loaded state dict held beside it (2 x 4 bytes per parameter), plus, when the job runs on the
+    CPU, the activations of one evaluation batch in fp32 (twice :func:`activation_bytes`' bf16, a forward under
+    no_grad keeps one block's activations: the ``block`` rule), plus 2 GiB for the interpreter, torch and lm-eval."""
+    weights = 2 * 4.0 * count_params(cfg.model)["total_sum"]
+    tokens = cfg.eval.batch_size * cfg.data_config.seq_len
+    acts = 2 * activation_bytes(cfg.model, tokens, block_recompute=True) if on_cpu else 0.0
+    return weights + acts + 2 * GiB
+
+
 COLUMNS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "total")
 
 
@@ -159,6 +208,8 @@ def table(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         layout = f"{r['dp_shard']} x {r['ep']}" + (f" (x{r['dp_replicate']} repl.)" if r["dp_replicate"] > 1 else "")
+        if r["layout"] != "fsdp":
+            layout = f"DDP, {r['gpus']} replicas" if r["layout"] == "ddp" else "one process"
         cells = [f"{r['nodes']} x {r['gpus'] // r['nodes']}", layout, f"{r['batch_per_gpu']} x {r['grad_accum']}"]
         cells += [f"{r[k + '_gib']:.1f} GiB" for k in COLUMNS]
         cells += [f"{'yes' if r['fits'] else 'NO'} ({r['gpu_mem_gib']:.0f} GiB)", f"{r['tokens'] / 1e12:.2f} T"]
@@ -198,4 +249,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     if args.json:
         write_json_atomic(args.json, rows)
+    refuse_unfit(base, rows)
     return 0
