@@ -13,7 +13,7 @@ import torch
 from dist_support import run_dict, torchrun, write
 
 from mohge.config import RunConfig
-from mohge.model import LanguageModel, model_parts
+from mohge.model.transformer import LanguageModel, model_parts
 
 WORKER = Path(__file__).with_name("dist_memory_worker.py")
 MB = 2**20
