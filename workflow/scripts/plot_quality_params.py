@@ -1,7 +1,8 @@
-"""F2: quality against size: perplexity on the full val split (lower is better) against total and activated
-parameters (activated: under the routing each model learned, mean over seeds).
+"""F2: quality against size: perplexity on the full test split, the primary endpoint (lower is better), against
+total and activated parameters (activated: under the routing each model learned, mean over seeds).
 
-Inputs: runs (runs.csv). Outputs: png, pdf. Params: metric (default "val_ppl"), logx (default false).
+Inputs: runs (runs.csv). Outputs: png, pdf. Params: metric (default "test_ppl"; the rule passes the study's
+primary metric), logx (default false).
 One marker per family (mean over its n seeds, error bar: 95% CI where n >= 2), one row of two panels per dataset.
 Axes span at least 4% of their centre: a panel whose models differ by less than that says so instead of
 magnifying a difference far below the noise.
@@ -21,7 +22,7 @@ AXES = {"total_params": "total parameters", "activated_params": "activated param
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot quality against total and activated parameters (F2)."""
-    metric = params.get("metric", "val_ppl")
+    metric = params.get("metric", "test_ppl")
     df = ps.read_csv(inputs.get("runs"))
     if df.empty or not {metric, *AXES} <= set(df.columns) or df[metric].isna().all():
         ps.placeholder_figure(outputs, "Quality against parameters", f"no {metric} recorded yet")
