@@ -206,7 +206,7 @@ def compare(d: pd.Series, test: str, alpha: float, margin: float = 0.0) -> dict:
     elif test == "noninferiority":
         row["p"] = row["p_upper"]
         ok = row["p"] < alpha
-        row["decision"] = f"non-inferior (ratio < {1 + margin:.2f})" if ok else "non-inferiority not shown"
+        row["decision"] = f"non-inferior (margin {margin:.0%})" if ok else "non-inferiority not shown"
     elif test == "less":
         row["p"] = float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue)
         row["decision"] = "A lower" if row["p"] < alpha else "A not shown lower"

@@ -111,6 +111,7 @@ def family_style(family: str) -> dict:
 _COEFF = re.compile(r"(ae|ag)(\d+)e(\d+)")  # variant tags of the loss sweeps: ae2e1 = alpha_E 2e-1
 _WIDTH = re.compile(r"w(\d+)")  # the width sweep: moe+w160 = the homogeneous MoE at width 160
 VARIANT_LINESTYLES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)))
+VARIANT_MARKERS = ("^", "v", "P", "h", "*")
 
 
 def variant_label(variant: str) -> str:
@@ -135,19 +136,24 @@ def study_label(family: str) -> str:
 
 
 def line_styles(families: Iterable[str]) -> dict[str, dict]:
-    """Colour and line style per family so that variants of one family differ from each other: the family
-    itself solid, its variants (in sorted order) in their own dash pattern and a darker shade of its colour."""
+    """Colour, line style and marker per family so that variants of one family differ from each other: the
+    family itself solid with its own marker, its variants (in sorted order) each in its own dash pattern,
+    marker and shade of the family's colour (lighter, then darker)."""
     out, seen = {}, {}
     for fam in sorted(dict.fromkeys(map(str, families)), key=lambda f: ("+" in f, f)):
         base, _, variant = fam.partition("+")
         color = FAMILY_COLORS.get(base, OTHER_COLOR)
         if not variant:
-            out[fam] = {"color": color, "ls": "-"}
+            out[fam] = {"color": color, "ls": "-", "marker": FAMILY_MARKERS.get(base, "o")}
             continue
         i = seen[base] = seen.get(base, -1) + 1
-        dark = min(0.2 + 0.2 * i, 0.7)
-        rgb = [c * (1 - dark) for c in matplotlib.colors.to_rgb(color)]
-        out[fam] = {"color": matplotlib.colors.to_hex(rgb), "ls": VARIANT_LINESTYLES[i % len(VARIANT_LINESTYLES)]}
+        shade = (0.35, -0.35, 0.15, -0.6, 0.55)[i % 5]  # > 0: towards white, < 0: towards black
+        rgb = [c + (1 - c) * shade if shade > 0 else c * (1 + shade) for c in matplotlib.colors.to_rgb(color)]
+        out[fam] = {
+            "color": matplotlib.colors.to_hex(rgb),
+            "ls": VARIANT_LINESTYLES[i % len(VARIANT_LINESTYLES)],
+            "marker": VARIANT_MARKERS[i % len(VARIANT_MARKERS)],
+        }
     return out
 
 

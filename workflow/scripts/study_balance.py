@@ -20,7 +20,7 @@ import plotstyle as ps  # noqa: E402
 
 TRACES = {
     "trained": "routing of the trained models",
-    "even_within_groups": "synthetic: each group's load spread evenly over its experts",
+    "even_within_groups": "synthetic: each group's load\nspread evenly over its experts",
 }
 
 
@@ -40,7 +40,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         s3 = s3.assign(trace="trained")
     traces = ps.ordered(s3["trace"], TRACES)
     strategies = ps.ordered(s3["strategy"], ps.STRATEGIES)
-    fig, axes = ps.panels(len(traces), ncols=2, height=2.9, width=ps.WIDTH_2COL if len(traces) > 1 else 5.6)
+    fig, axes = ps.panels(len(traces), ncols=2, height=3.2, width=ps.WIDTH_2COL * 1.3 if len(traces) > 1 else 6.4)
     step = 0.8 / (len(strategies) * len(models))
     for ax, trace in zip(axes, traces, strict=True):
         d = s3[s3["trace"] == trace]
@@ -66,16 +66,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.axhline(1, color="#444444", lw=0.8, ls=":")
         if decision_ep in eps:
             ax.axvspan(eps.index(decision_ep) - 0.45, eps.index(decision_ep) + 0.45, color="#000000", alpha=0.05, lw=0)
-        ax.axhline(bar, color="#222222", lw=0.9, ls="--")
-        ax.annotate(
-            f"Q2 bar {bar:g} (read at EP {decision_ep})",
-            (0.01, bar),
-            xycoords=("axes fraction", "data"),
-            xytext=(0, 2),
-            textcoords="offset points",
-            fontsize=6.5,
-            va="bottom",
-        )
+        ax.axhline(bar, color="#222222", lw=0.9, ls="--", label=f"Q2 bar {bar:g} (read at EP {decision_ep})")
         ax.set_xticks(range(len(eps)), [str(e) for e in eps])
         ax.grid(False, axis="x")
         ax.set_xlabel("expert-parallel size (GPUs)")
@@ -85,8 +76,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     fig.legend(handles, labels, loc="outside right center", fontsize=6.5)
     fig.suptitle(
         f"{ds}: per-GPU load by placement (filled: {ps.family_label(models[0])}, open: reference)\n"
-        "geometric mean over the n seeds' routing traces (n in legend), error bars: 95% CI on the log scale, "
-        "truncated at 1 (n ≥ 2); shaded: the EP where Q2 is decided",
+        "geometric mean over the n seeds' routing traces (n in legend); error bars: 95% CI on the log scale,\n"
+        f"truncated at 1 (n ≥ 2); shaded: EP {decision_ep}, where Q2 is decided (experts per rank a multiple of G)",
         fontsize=8.5,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))

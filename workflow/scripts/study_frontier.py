@@ -39,7 +39,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if len(rows) == 0:
         ps.placeholder_figure(outputs, "F10: alpha_E frontier", f"no alpha_E models with EP {ep} balance yet")
         return
-    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_1COL * 1.5, 3.0))
+    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_1COL * 1.6, 3.8))
     for s in SERIES:
         r = rows[rows["strategy"] == s]
         if r.empty:
@@ -59,8 +59,11 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
             label=f"{ps.strategy_label(s)} placement ({ps.n_text(r['n_bal']).replace('seed', 'trace')})",
         )
         for k, (_, p) in enumerate(r.sort_values("max_over_mean").iterrows()):
-            # one label per point, alternately above and below it, on a white box: none overprints another
-            above = (k % 2 == 0) == (s == "all_size")
+            # all-size points only (a contiguous point is the same model, at the same perplexity), alternately
+            # above and below, on a white box: no label overprints another
+            if s != "all_size":
+                continue
+            above = k % 2 == 0
             ax.annotate(
                 f"α_E = {p['alpha']:g} (n={int(p['n'])})",
                 (p["max_over_mean"], p[metric]),
@@ -85,10 +88,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
     ax.set_xlabel(f"max / mean rank expert FLOPs at EP {ep} (1 = balanced)")
     ax.set_ylabel(f"perplexity, full {split} split")
-    ax.legend(loc="best", fontsize=7)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, fontsize=7, frameon=False)
     ax.set_title(
         f"{ds}: quality vs balance over α_E at EP {ep}\nmean test perplexity and geometric-mean max/mean over n seeds;"
-        "\nerror bars: 95% CI (max/mean: log scale, truncated at 1)",
+        "\nerror bars: 95% CI (max/mean: log scale, truncated at 1)\nopen squares: the same models, contiguous placement",
         fontsize=8,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))

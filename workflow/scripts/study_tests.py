@@ -34,7 +34,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if s2.empty:
         ps.placeholder_figure(outputs, "F8: paired comparisons", f"no paired tests on {metric} in S2 yet")
         return
-    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_2COL, 0.45 * len(s2) + 1.3))
+    # the forest on the left, each row's test in a text column on the right (outside the layout's reach)
+    fig, (ax, tx) = ps.plt.subplots(
+        1, 2, figsize=(ps.WIDTH_2COL * 1.3, 0.42 * len(s2) + 1.5), sharey=True, width_ratios=[1.0, 1.0]
+    )
     y = list(range(len(s2)))[::-1]  # the first test on top
     lo_band, hi_band = 1 / (1 + margin), 1 + margin  # |mean log ratio| < log(1+m) (mohge.study.compare)
     ax.axvspan(lo_band, hi_band, color="#009E73", alpha=0.15, lw=0)
@@ -57,16 +60,18 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     ax.set_xlim(lo - pad, hi + pad)
     for yi, r in zip(y, s2.itertuples(index=False), strict=True):
         reads = "90% CI" if r.test in READS_90 else "95% CI"
-        right = f"{TESTS.get(r.test, r.test)} (reads {reads}), n={int(r.n)}, {p_text(r.p)}: {r.decision}"
-        ax.annotate(right, (1.01, yi), xycoords=("axes fraction", "data"), va="center", fontsize=7)
+        right = f"{TESTS.get(r.test, r.test)} ({reads}), n={int(r.n)}, {p_text(r.p)}:\n{r.decision}"
+        tx.annotate(right, (0.0, yi), xycoords=("axes fraction", "data"), va="center", fontsize=7)
         if r.ratio != r.ratio:
             ax.annotate("no interval (n < 2)", (1, yi), va="center", ha="center", fontsize=7, color="#777777")
+    tx.set_axis_off()
+    tx.set_title("test (interval it reads), n pairs, p: decision", fontsize=7.5, loc="left")
     labels = [f"{r.question}: {ps.study_label(r.A)} / {ps.study_label(r.B)}" for r in s2.itertuples()]
     ax.set_yticks(y, labels)
     ax.set_ylim(-0.7, len(s2) - 0.3)
     ax.grid(False, axis="y")
     split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
-    ax.set_xlabel(f"perplexity ratio A / B on the full {split} split (paired by seed; < 1: A better)")
+    ax.set_xlabel(f"perplexity ratio A / B, full {split} split\n(paired by seed; < 1: A better)")
     ax.annotate(
         f"equivalence\nband ±{margin:.0%}",
         (1, 1.0),
@@ -78,8 +83,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     )
     n = s2["n"].max()
     fig.suptitle(
-        f"Paired comparisons: perplexity ratio over n paired seeds (n per row, up to {int(n)}); "
-        "thick: the interval the row's test reads, thin: the other (90% inside 95%)",
+        f"Paired comparisons: perplexity ratio over n paired seeds (n per row, up to {int(n)})\n"
+        "thick bar: the interval the row's test reads (90% CI for TOST, non-inferiority, one-sided; 95% CI for "
+        "two-sided), thin bar: the other one",
         fontsize=8.5,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
