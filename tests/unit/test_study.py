@@ -276,3 +276,42 @@ def test_run_analysis_on_the_committed_default_results(tmp_path):
         <= trained.set_index(["dataset", "ep_size"])["max_over_mean"] + 1e-9
     ).all()
     assert {"S2_tests.md", "S4_difficulty.csv", "S5_tasks.csv"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_readme_and_docs_agree_with_the_committed_claims_tables():
+    """The sentences of README "What the evidence says" and docs/study.md that carry S2/S6/S7 numbers, formatted
+    here from the committed tables: a change to a table that leaves the prose behind fails."""
+    root = Path(__file__).resolve().parents[2]
+    tables = root / "results" / "claims" / "study"
+    text = (root / "README.md").read_text() + (root / "docs" / "study.md").read_text()
+    text = " ".join(text.split())  # line breaks inside sentences
+    s2 = pd.read_csv(tables / "S2_tests.csv").query("metric == 'test_ppl'").set_index("question")
+    q1, ni, diff = s2.loc["Q1 parity"], s2.loc["Q1 non-inferiority"], s2.loc["Q1 difference"]
+    dense_ref, dense_iso = s2.loc["dense vs reference MoE"], s2.loc["dense vs iso-parameter MoE"]
+    expect = [
+        f"{q1['ratio']:.3f} [{q1['ci_low']:.3f}, {q1['ci_high']:.3f}]",
+        f"[{q1['ci90_low']:.3f}, {q1['ci90_high']:.3f}]",
+        f"p = {q1['p']:.2f}",
+        f"p = {diff['p']:.3f}",
+        f"{round(100 * q1['power'])} %",
+        f"{round(100 * ni['power'])} %",
+        f"dense / MoE-256 {dense_ref['ratio']:.3f} [{dense_ref['ci_low']:.3f}, {dense_ref['ci_high']:.3f}], "
+        f"p = {dense_ref['p']:.3f}",
+        f"dense / MoE-208 {dense_iso['ratio']:.3f} [{dense_iso['ci_low']:.3f}, {dense_iso['ci_high']:.3f}], "
+        f"p = {dense_iso['p']:.3f}",
+    ]
+    assert ni["p"] < 0.001 and "p < 0.001" in text
+    s6 = pd.read_csv(tables / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
+    for model in ("mohge", "mohge+ae2e1"):
+        r = s6.loc[model]
+        expect.append(f"{r['all_size']:.2f} [{r['all_size_low']:.2f}, {r['all_size_high']:.2f}]")
+        expect.append(f"{r['contiguous']:.2f} [{r['contiguous_low']:.2f}, {r['contiguous_high']:.2f}]")
+        assert r["decision"] == "bar not met"  # "meets the pre-declared bar at no α_E"
+    s7 = pd.read_csv(tables / "S7_unused_experts.csv")
+    mohge = s7[s7["model"] == "mohge"].set_index("layer")["unused"]
+    expect.append(f"{mohge['all']:.1f} of")
+    expect.append(" / ".join(f"{mohge[k]:.1f}" for k in sorted(set(mohge.index) - {"all"})))
+    strong = s7[(s7["model"] == "mohge+ae2e1") & (s7["layer"] == "all")]["unused"].iloc[0]
+    expect.append(f"cuts it to {strong:.1f}")
+    missing = [e for e in expect if e not in text]
+    assert not missing, missing
