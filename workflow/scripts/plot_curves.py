@@ -56,7 +56,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.set_title(f"{ds}")
         ax.set_xlabel("training step")
         ax.set_ylabel("LM loss (nats/token)")
-    note = "lines: training loss, mean over the n seeds at each line end (band: 95% CI where n ≥ 2)"
+    note = "lines: training loss, mean over the n seeds at each line end\n(band: 95% CI where n ≥ 2)"
     if "val_loss" in df and df["val_loss"].notna().any():
         note += "; open markers: validation loss"
     fig.suptitle(f"Training curves\n{note}", fontsize=8.5)

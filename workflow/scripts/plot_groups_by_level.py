@@ -77,13 +77,13 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.set_xlabel("expert group (labelled by expert width)")
         ax.set_ylabel("share of routed slots")
         n = int(d["n"].max())
-        ax.set_title(f"{ds}: {ps.family_label(fam)} (n = {n} seed{'s' if n > 1 else ''})")
+        ax.set_title(f"{ds}: {ps.study_label(fam)} (n = {n} seed{'s' if n > 1 else ''})")
         ax.legend(title="difficulty level", title_fontsize=7.5, loc="upper left")
     many = (s["n"] >= 2).any()
     what = "one seed per model (n = 1): no CI"
     if many:
         what = "mean over the n seeds in each title, error bars: 95% CI cut to [0, 1]"
-    fig.suptitle(f"Routed slots per expert group, by difficulty level ({what})", fontsize=8.5)
+    fig.suptitle(f"Routed slots per expert group, by difficulty level\n({what})", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

@@ -91,7 +91,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, fontsize=7, frameon=False)
     ax.set_title(
         f"{ds}: quality vs balance over α_E at EP {ep}\nmean test perplexity and geometric-mean max/mean over n seeds;"
-        "\nerror bars: 95% CI (max/mean: log scale, truncated at 1)\nopen squares: the same models, contiguous placement",
+        "\nerror bars: 95% CI (max/mean: log scale, truncated at 1)"
+        "\nopen squares: the same models, contiguous placement",
         fontsize=8,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
