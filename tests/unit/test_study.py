@@ -78,13 +78,117 @@ def test_quality_tests_plan_the_declared_comparisons_and_the_width_sweep():
     primary = table[table["metric"] == "test_ppl"]
     assert list(primary["question"]) == [
         "Q1 parity",
-        "Q1b heterogeneity",
+        "Q1 non-inferiority",
+        "Q1 difference",
+        "Q1b MoHGE package",
         "sensitivity",
         "sensitivity",
         "dense vs MoHGE",
+        "dense vs reference MoE",
+        "dense vs iso-parameter MoE",
     ]
-    assert list(zip(primary["A"], primary["B"], strict=True))[2:4] == [("moe+w160", "moe_equal"), ("moe_equal", "moe")]
+    assert list(zip(primary["A"], primary["B"], strict=True))[4:6] == [("moe+w160", "moe_equal"), ("moe_equal", "moe")]
+    # the tests added after the results are marked as such; the pre-declared ones keep their place
+    roles = dict(zip(primary["question"], primary["role"], strict=False))
+    assert roles["Q1 parity"] == "pre-declared" and roles["Q1 non-inferiority"] == "added after the results"
+    assert primary[["power", "mde80_pct", "sd"]].notna().all().all()
     assert set(table["metric"]) == {"test_ppl", "val_ppl"}
+
+
+def _t_stats(n, sd, mean, null, reps=40000):
+    """t statistics of ``reps`` simulated samples of n normal values against the null mean(s)."""
+    x = np.random.default_rng(0).normal(mean, sd, size=(reps, n))
+    m, se = x.mean(axis=1), x.std(axis=1, ddof=1) / math.sqrt(n)
+    return [(m - v) / se for v in null]
+
+
+def test_power_matches_simulation():
+    n, sd, b, alpha = 8, 0.033, math.log1p(0.03), 0.05
+    one, two = stats.t.ppf(1 - alpha, n - 1), stats.t.ppf(1 - alpha / 2, n - 1)
+    (t,) = _t_stats(n, sd, -b, [0.0])
+    assert study.power_one_sided(n, sd, b, alpha) == pytest.approx(np.mean(t < -one), abs=0.01)
+    (t,) = _t_stats(n, sd, b, [0.0])
+    assert study.power_two_sided(n, sd, b, alpha) == pytest.approx(np.mean(abs(t) > two), abs=0.01)
+    t_lo, t_hi = _t_stats(n, sd, 0.0, [-b, b])
+    sim = float(np.mean((t_lo > one) & (t_hi < -one)))
+    assert study.power_tost(n, sd, b, 0.0, alpha) == pytest.approx(sim, abs=0.01)
+    assert 0.35 < sim < 0.6  # the claims study's TOST: about a coin flip at a true ratio of exactly 1
+    t_lo, t_hi = _t_stats(3, 0.0001, 0.0, [-b, b])  # a tiny sd: TOST all but always passes
+    assert (
+        study.power_tost(3, 0.0001, b, 0.0, alpha) == pytest.approx(1.0)
+        and np.mean((t_lo > 2.92) & (t_hi < -2.92)) > 0.99
+    )
+
+
+def test_minimum_detectable_effect_has_80_percent_power():
+    n, sd = 8, 0.033
+    delta = study.detectable(lambda e: study.power_two_sided(n, sd, e))
+    assert study.power_two_sided(n, sd, delta) == pytest.approx(0.8, abs=1e-6)
+    assert study.power_two_sided(n, sd, 0.9 * delta) < 0.8
+    d = pd.Series(np.random.default_rng(1).normal(0.0, sd, n))
+    row = study.power_row(d, "two-sided", 0.05, 0.03)
+    sd_d = float(np.std(d, ddof=1))
+    expect = 100 * math.expm1(study.detectable(lambda e: study.power_two_sided(n, sd_d, e)))
+    assert row["mde80_pct"] == pytest.approx(expect) and row["sd"] == pytest.approx(sd_d)
+    # more pairs, smaller detectable effect
+    assert study.detectable(lambda e: study.power_two_sided(32, sd, e)) < delta / 1.8
+    assert math.isnan(study.power_row(d[:1], "two-sided", 0.05, 0.03)["power"])
+
+
+def test_non_inferiority_is_the_upper_tost_leg():
+    base = np.array([100.0, 95, 105, 98, 102, 97, 103, 99])
+    better = _runs({"mohge": list(base * np.array([0.94, 0.96] * 4)), "moe": list(base)})
+    d = study.paired_log_diffs(better, "test_ppl", "mohge", "moe")
+    tost, ni = study.compare(d, "tost", 0.05, 0.03), study.compare(d, "noninferiority", 0.05, 0.03)
+    assert tost["decision"] == "equivalence not shown" and ni["decision"].startswith("non-inferior")
+    assert ni["p"] == pytest.approx(tost["p_upper"]) and tost["p"] == pytest.approx(tost["p_lower"])
+    assert tost["ci_low"] < tost["ci90_low"] < tost["ratio"] < tost["ci90_high"] < tost["ci_high"]
+    worse = study.compare(-d, "noninferiority", 0.05, 0.03)
+    assert worse["decision"] == "non-inferiority not shown"
+    assert study.compare(d, "two-sided", 0.05)["decision"] == "A lower"
+
+
+def test_ratio_interval_stays_at_or_above_one():
+    values = [1.0, 1.02, 1.30]
+    gmean, lo, hi = study.ratio_interval(values)
+    m, tlo, thi = study.t_interval(np.log(values))
+    assert gmean == pytest.approx(math.exp(m)) and hi == pytest.approx(math.exp(thi))
+    assert math.exp(tlo) < 1 and lo == 1.0  # the t interval of the logs reaches below 1: truncated
+    g2, lo2, hi2 = study.ratio_interval([1.5, 1.6, 1.7])
+    assert 1 < lo2 < g2 < hi2 and lo2 == pytest.approx(math.exp(study.t_interval(np.log([1.5, 1.6, 1.7]))[1]))
+    assert study.ratio_interval([1.0, 1.0]) == (1.0, 1.0, 1.0)
+
+
+def test_balance_decision_needs_both_conditions():
+    rows = []
+    for model, a, c in (("ok", (1.02, 1.0, 1.05), (1.3, 1.2, 1.4)), ("wide", (1.1, 1.0, 1.2), (1.5, 1.3, 1.6))):
+        for strategy, (m, lo, hi) in (("all_size", a), ("contiguous", c)):
+            rows.append(
+                {"dataset": "d", "model": model, "trace": "trained", "strategy": strategy, "ep_size": 4, "n": 3,
+                 "max_over_mean": m, "ci_low": lo, "ci_high": hi}
+            )  # fmt: skip
+    s3 = pd.DataFrame(rows)
+    dec = study.balance_decision(pd.concat([s3, s3.assign(ep_size=8)]), "d", ep=4, bar=1.10).set_index("model")
+    assert len(dec) == 2 and dec.loc["ok", "decision"] == "all-size balances"
+    assert dec.loc["wide", "decision"] == "bar not met" and dec.loc["wide", "below_contiguous"]
+
+
+def test_unused_experts_counts_below_one_percent_of_uniform(tmp_path):
+    import json
+
+    counts = [[1000, 1000, 5, 0], [1000, 990, 1000, 1000]]  # uniform share 501.25 / 997.5: 2 and 0 unused
+    for seed in (0, 1):
+        trace = {
+            "model": f"m{seed}", "d_model": 8, "expert_widths": [16, 32], "num_experts": 4, "experts_per_group": 2,
+            "family": "mohge", "split": "test", "tokens": 10, "topk": 1,
+            "layers": [{"layer": i, "counts": c} for i, c in enumerate(counts)],
+        }  # fmt: skip
+        (tmp_path / "runs" / f"g-mohge-s{seed}").mkdir(parents=True)
+        (tmp_path / "runs" / f"g-mohge-s{seed}" / "trace.json").write_text(json.dumps(trace))
+    runs = pd.DataFrame({"run": ["g-mohge-s0", "g-mohge-s1"], "dataset": "g", "family": "mohge"})
+    u = study.unused_experts(tmp_path, runs).set_index("layer")
+    assert u.loc["0", "unused"] == 2 and u.loc["1", "unused"] == 0 and u.loc["all", "unused"] == 1
+    assert u.loc["0", "n"] == 2 and u.loc["0", "unused_low"] == 2  # equal over seeds: a point interval
 
 
 def test_balance_summarises_over_seeds_per_model():
@@ -103,8 +207,9 @@ def test_balance_summarises_over_seeds_per_model():
         ]
     )
     b = study.balance(util, runs)
-    assert len(b) == 1 and b.loc[0, "n"] == 3 and b.loc[0, "max_over_mean"] == pytest.approx(1.4)
-    assert b.loc[0, "ci_low"] < 1.4 < b.loc[0, "ci_high"]
+    gmean = math.exp(np.mean(np.log([1.2, 1.4, 1.6])))  # the geometric mean, its interval on the log scale
+    assert len(b) == 1 and b.loc[0, "n"] == 3 and b.loc[0, "max_over_mean"] == pytest.approx(gmean)
+    assert b.loc[0, "arith_mean"] == pytest.approx(1.4) and 1.0 <= b.loc[0, "ci_low"] < gmean < b.loc[0, "ci_high"]
 
 
 def test_mean_width_by_level_weights_widths_by_slots():
@@ -171,3 +276,45 @@ def test_run_analysis_on_the_committed_default_results(tmp_path):
         <= trained.set_index(["dataset", "ep_size"])["max_over_mean"] + 1e-9
     ).all()
     assert {"S2_tests.md", "S4_difficulty.csv", "S5_tasks.csv"} <= {p.name for p in tmp_path.iterdir()}
+
+
+def test_readme_and_docs_agree_with_the_committed_claims_tables():
+    """The sentences of README "What the evidence says" and docs/study.md that carry S2/S6/S7 numbers, formatted
+    here from the committed tables: a change to a table that leaves the prose behind fails."""
+    root = Path(__file__).resolve().parents[2]
+    tables = root / "results" / "claims" / "study"
+    text = (root / "README.md").read_text() + (root / "docs" / "study.md").read_text()
+    text = " ".join(text.replace("**", "").split())  # line breaks inside sentences, no bold
+    s2 = pd.read_csv(tables / "S2_tests.csv").query("metric == 'test_ppl'").set_index("question")
+    q1, ni, diff = s2.loc["Q1 parity"], s2.loc["Q1 non-inferiority"], s2.loc["Q1 difference"]
+    dense_ref, dense_iso = s2.loc["dense vs reference MoE"], s2.loc["dense vs iso-parameter MoE"]
+    expect = [
+        f"{q1['ratio']:.3f} [{q1['ci_low']:.3f}, {q1['ci_high']:.3f}]",
+        f"[{q1['ci90_low']:.3f}, {q1['ci90_high']:.3f}]",
+        f"p = {q1['p']:.2f}",
+        f"p = {diff['p']:.3f}",
+        f"{round(100 * q1['power'])} %",
+        f"{round(100 * ni['power'])} %",
+        f"dense / MoE-256 {dense_ref['ratio']:.3f} [{dense_ref['ci_low']:.3f}, {dense_ref['ci_high']:.3f}], "
+        f"p = {dense_ref['p']:.3f}",
+        f"dense / MoE-208 {dense_iso['ratio']:.3f} [{dense_iso['ci_low']:.3f}, {dense_iso['ci_high']:.3f}], "
+        f"p = {dense_iso['p']:.3f}",
+    ]
+    for question, a in (("Q1b MoHGE package", "moe_equal"), ("sensitivity", "moe_equal"), ("dense vs MoHGE", "dense")):
+        r = s2[(s2.index == question) & (s2["A"] == a)].iloc[0] if question == "sensitivity" else s2.loc[question]
+        expect.append(f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]")
+    assert ni["p"] < 0.001 and "p < 0.001" in text
+    s6 = pd.read_csv(tables / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
+    for model in ("mohge", "mohge+ae2e1"):
+        r = s6.loc[model]
+        expect.append(f"{r['all_size']:.2f} [{r['all_size_low']:.2f}, {r['all_size_high']:.2f}]")
+        expect.append(f"{r['contiguous']:.2f} [{r['contiguous_low']:.2f}, {r['contiguous_high']:.2f}]")
+        assert r["decision"] == "bar not met"  # "meets the pre-declared bar at no α_E"
+    s7 = pd.read_csv(tables / "S7_unused_experts.csv")
+    mohge = s7[s7["model"] == "mohge"].set_index("layer")["unused"]
+    expect.append(f"{mohge['all']:.1f} of")
+    expect.append(" / ".join(f"{mohge[k]:.1f}" for k in sorted(set(mohge.index) - {"all"})))
+    strong = s7[(s7["model"] == "mohge+ae2e1") & (s7["layer"] == "all")]["unused"].iloc[0]
+    expect.append(f"cuts it to {strong:.1f}")
+    missing = [e for e in expect if e not in text]
+    assert not missing, missing

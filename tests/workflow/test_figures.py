@@ -573,19 +573,21 @@ def test_study_figures_show_what_they_claim(study, monkeypatch):
     f7 = figure_texts("study_quality", {"s1": study["s1"]}, monkeypatch)
     assert "MoHGE (n=8)" in f7 and "MoE [w160] (width sweep) (n=3)" in f7
     s3 = pd.read_csv(study["s3"])
-    both = pd.concat([s3.assign(trace="trained"), s3.assign(trace="balanced_within_groups")])
+    both = pd.concat([s3.assign(trace="trained"), s3.assign(trace="even_within_groups")])
     both.to_csv(study["s3"].with_name("S3_traces.csv"), index=False)
     f9 = figure_texts("study_balance", {"s3": study["s3"].with_name("S3_traces.csv")}, monkeypatch)
-    assert "routing of the trained models" in f9 and "synthetic: balanced inside groups" in f9
-    f11 = figure_texts("study_difficulty", {"s4": study["s4"]}, monkeypatch)
-    assert "α_G=0.001 (n=3)" in f11
+    assert "routing of the trained models" in f9 and "synthetic: each group's load" in " ".join(f9)
+    assert not any("_within_" in t for t in f9)  # no raw identifier as a panel title
+    assert "Q2 bar 1.1 (read at EP 4)" in f9  # the declared bar is drawn
+    f11 = " ".join(figure_texts("study_difficulty", {"s4": study["s4"]}, monkeypatch))
+    assert "α_G = 0.001\n(n=3)" in f11 and "paired easy − hard" in f11 and "saving" not in f11
 
 
 def test_figures_state_n(data, monkeypatch):
     """F2 and F3 name n; F3 never claims a mean over seeds at n = 1."""
     runs = pd.read_csv(data["runs"])
     graded = runs["dataset"] == "graded"
-    runs.loc[graded, "val_ppl"] = 11.52 + 0.0001 * runs.loc[graded].index  # models 0.01 ppl apart
+    runs.loc[graded, "test_ppl"] = 11.52 + 0.0001 * runs.loc[graded].index  # models 0.01 ppl apart
     runs.to_csv(data["runs"].with_name("runs_close.csv"), index=False)
     axes: list = []
     f2 = " ".join(
@@ -593,7 +595,7 @@ def test_figures_state_n(data, monkeypatch):
     )
     lo, hi = next(ylim for title, ylim in axes if title.startswith("graded"))
     assert hi - lo >= 0.04 * 11.52 * 0.999 and "all means within" in f2  # no axis spanning 0.01 ppl
-    assert "(n=3)" in f2 and "(n=1)" in f2 and "95% CI" in f2 and "full val split" in f2
+    assert "(n=3)" in f2 and "(n=1)" in f2 and "95% CI" in f2 and "full test split" in f2  # the primary endpoint
     groups = pd.read_csv(data["groups"])
     one = data["groups"].with_name("groups_one_seed.csv")
     groups[groups["seed"] == 0].to_csv(one, index=False)
@@ -618,7 +620,9 @@ def test_study_tables_tex(study, default_study, tmp_path):
             if key.endswith("tex"):
                 assert r"\begin{tabular}" in text and r"\end{tabular}" in text and "<" not in text.replace("$<$", "")
     s2 = (tmp_path / "full" / "S2.md").read_text()
-    assert "| Q1 parity | Test PPL (full split) | MoHGE / MoE | tost | 8 | 0.988 [0.976, 1.000] | 0.005 |" in s2
+    assert "| Q1 parity | Test PPL (full split) | MoHGE / MoE | tost | before | 8 | 0.988 [0.976, 1.000] |" in s2
+    assert "| Q1 non-inferiority | Test PPL (full split) | MoHGE / MoE | noninferiority | after | 8 |" in s2
+    assert "(ratio 1) |" in s2  # the power of TOST and non-inferiority is read at a true ratio of 1
     s1 = (tmp_path / "full" / "S1.tex").read_text()
     assert "Activated (learned routing)" in s1 and "Activated (uniform routing)" in s1 and "& 8 &" in s1
     assert "n $<$ 2" in (tmp_path / "default" / "S2.tex").read_text()

@@ -1,4 +1,5 @@
 # Validation, wildcard constraints and input functions; no rules here.
+import csv
 import functools
 import glob
 import hashlib
@@ -288,22 +289,47 @@ FIGURES = [
     "F3_groups_by_level",
     "F4_gpu_load",
     "F5_width",
-    "F6_kernels",
 ]
 
 
+def measured_kernels(study):
+    """Whether the study's kernel benchmark CSV holds a GPU measurement (a row with a device that is not a CPU and
+    a TFLOP/s value): only then is F6 part of the study's figures; a placeholder never is.
+    """
+    path = in_checkout(study_settings(study)["bench_csv"])
+    if not os.path.isfile(path):
+        return False
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    return any(
+        (r.get("device") or "").strip()
+        and "cpu" not in r["device"].lower()
+        and (r.get("tflops") or "").strip()
+        for r in rows
+    )
+
+
 def all_figures(study=STUDY):
+    figs = FIGURES + (["F6_kernels"] if measured_kernels(study) else [])
     return expand(
-        "figures/{study}/{fig}.{ext}", study=study, fig=FIGURES, ext=["png", "pdf"]
+        "figures/{study}/{fig}.{ext}", study=study, fig=figs, ext=["png", "pdf"]
     )
 
 
 # ------------------------------------------------ a study with an `analysis` section (rules/study.smk)
 
-STUDY_TABLES = ["S1_models", "S2_tests", "S3_balance", "S4_difficulty", "S5_tasks"]
+STUDY_TABLES = [
+    "S1_models",
+    "S2_tests",
+    "S3_balance",
+    "S4_difficulty",
+    "S5_tasks",
+    "S6_balance_decision",
+    "S7_unused_experts",
+]
 TEX_TABLES = STUDY_TABLES[
     :4
-]  # S5 (tasks, with the reason each is or is not reported) stays csv/md
+]  # S5 (tasks, with the reason each is or is not reported), S6 and S7 stay csv/md
 STUDY_FIGURES = [
     "F7_study_quality",
     "F8_study_tests",
@@ -354,4 +380,6 @@ def study_param(study, key):
         "metric": analysis.get("primary_metric", "test_ppl"),
         "margin": analysis.get("equivalence_margin", 0.03),
         "reference": analysis.get("reference_family", "moe"),
+        "balance_ep": analysis.get("balance_ep", 4),
+        "balance_bar": analysis.get("balance_bar", 1.10),
     }[key]

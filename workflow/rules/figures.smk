@@ -60,6 +60,8 @@ rule fig_quality_params:
     localrule: True
     conda:
         "../envs/plot.yaml"
+    params:
+        metric=lambda wc: study_param(wc.study, "metric"),  # the primary endpoint
     script:
         "../scripts/plot_quality_params.py"
 
@@ -127,8 +129,9 @@ rule fig_width:
 
 
 rule fig_kernels:
-    # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh); a labelled placeholder
-    # when no GPU result has been recorded.
+    # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh). Part of a study's figures
+    # only when that CSV holds a GPU measurement (common.measured_kernels); asked for without one, it is a
+    # labelled placeholder that no results set contains.
     input:
         kernels=lambda wc: in_checkout(study_settings(wc.study)["bench_csv"]),
     output:

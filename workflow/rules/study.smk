@@ -110,6 +110,8 @@ rule fig_study_balance:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         models=lambda wc: ["mohge", study_param(wc.study, "reference")],
         ep_sizes=[2, 4, 8],
+        bar=lambda wc: study_param(wc.study, "balance_bar"),
+        decision_ep=lambda wc: study_param(wc.study, "balance_ep"),
     script:
         "../scripts/study_balance.py"
 
@@ -132,7 +134,8 @@ rule fig_study_frontier:
         "../envs/plot.yaml"
     params:
         dataset=lambda wc: study_param(wc.study, "dataset"),
-        ep=8,
+        ep=lambda wc: study_param(wc.study, "balance_ep"),
+        bar=lambda wc: study_param(wc.study, "balance_bar"),
     script:
         "../scripts/study_frontier.py"
 

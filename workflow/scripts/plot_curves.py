@@ -52,11 +52,11 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
             ax.set_ylim(late.min() - 0.05 * (late.max() - late.min()), late.quantile(0.99))
         if params.get("logy"):
             ax.set_yscale("log")
-        ps.label_ends(ax, ends)
+        ps.label_ends(ax, ends, min_gap=0.075)  # 7.5 pt labels: no line touches the next
         ax.set_title(f"{ds}")
         ax.set_xlabel("training step")
         ax.set_ylabel("LM loss (nats/token)")
-    note = "lines: training loss, mean over the n seeds at each line end (band: 95% CI where n ≥ 2)"
+    note = "lines: training loss, mean over the n seeds at each line end\n(band: 95% CI where n ≥ 2)"
     if "val_loss" in df and df["val_loss"].notna().any():
         note += "; open markers: validation loss"
     fig.suptitle(f"Training curves\n{note}", fontsize=8.5)

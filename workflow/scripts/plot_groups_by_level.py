@@ -63,7 +63,13 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                 label=f"{lv}: mean width {mean_w:.0f}",
             )
             if ci.notna().any():
-                ax.errorbar(x, v.values, yerr=ci.fillna(0).values, fmt="none", ecolor="#222222", lw=0.7, capsize=1.5)
+                # a share lies in [0, 1]: the interval is cut to it (intersecting with the range keeps coverage)
+                c = ci.fillna(0).values
+                below, above = (
+                    [min(a, b) for a, b in zip(c, v.values, strict=True)],
+                    [min(a, 1 - b) for a, b in zip(c, v.values, strict=True)],
+                )
+                ax.errorbar(x, v.values, yerr=[below, above], fmt="none", ecolor="#222222", lw=0.7, capsize=1.5)
         ax.axhline(1 / len(groups), color="#444444", ls=":", lw=0.9, label=f"uniform (1/{len(groups)})")
         ax.set_ylim(0, ax.get_ylim()[1] * 1.9)  # headroom for the legend
         ax.grid(False, axis="x")
@@ -71,11 +77,13 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         ax.set_xlabel("expert group (labelled by expert width)")
         ax.set_ylabel("share of routed slots")
         n = int(d["n"].max())
-        ax.set_title(f"{ds}: {ps.family_label(fam)} (n = {n} seed{'s' if n > 1 else ''})")
+        ax.set_title(f"{ds}: {ps.study_label(fam)} (n = {n} seed{'s' if n > 1 else ''})")
         ax.legend(title="difficulty level", title_fontsize=7.5, loc="upper left")
     many = (s["n"] >= 2).any()
-    what = "mean over the n seeds in each title, error bars: 95% CI" if many else "one seed per model (n = 1): no CI"
-    fig.suptitle(f"Routed slots per expert group, by difficulty level ({what})", fontsize=8.5)
+    what = "one seed per model (n = 1): no CI"
+    if many:
+        what = "mean over the n seeds in each title, error bars: 95% CI cut to [0, 1]"
+    fig.suptitle(f"Routed slots per expert group, by difficulty level\n({what})", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

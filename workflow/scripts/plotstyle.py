@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import math
+import re
 import traceback
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -48,7 +49,7 @@ STRATEGY_LABELS = {
     "contiguous": "contiguous",
     "all_size": "all-size (MoHGE)",
     "modse_pairs": "MoDSE pairs",
-    "flop_lpt": "FLOP-greedy (LPT)",
+    "flop_lpt": "FLOP-greedy (LPT; in-sample oracle)",
 }
 LEVELS = ("easy", "medium", "hard")
 LEVEL_COLORS = {"easy": "#9ECAE1", "medium": "#4292C6", "hard": "#08306B"}  # light to dark: ordinal
@@ -105,6 +106,55 @@ def family_style(family: str) -> dict:
     if variant:
         style.update(markerfacecolor="white", ls="--")
     return style
+
+
+_COEFF = re.compile(r"(ae|ag)(\d+)e(\d+)")  # variant tags of the loss sweeps: ae2e1 = alpha_E 2e-1
+_WIDTH = re.compile(r"w(\d+)")  # the width sweep: moe+w160 = the homogeneous MoE at width 160
+VARIANT_LINESTYLES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)))
+VARIANT_MARKERS = ("^", "v", "P", "h", "*")
+
+
+def variant_label(variant: str) -> str:
+    """'α_E = 0.2' for ae2e1, 'α_G = 1e-5' for ag1e5, the tag itself otherwise."""
+    m = _COEFF.fullmatch(variant)
+    if not m:
+        return variant
+    mant, exp = int(m.group(2)), int(m.group(3))
+    value = f"{mant * 10.0**-exp:g}" if exp <= 2 else f"{mant}e-{exp}"
+    return f"{'α_E' if m.group(1) == 'ae' else 'α_G'} = {value}"
+
+
+def study_label(family: str) -> str:
+    """A readable name for a family or variant: 'MoE-160' for moe+w160, 'MoHGE, α_G = 1e-5' for mohge+ag1e5."""
+    base, _, variant = str(family).partition("+")
+    w = _WIDTH.fullmatch(variant)
+    if w and base in ("moe", "moe_equal"):
+        return f"MoE-{w.group(1)}"
+    if variant and _COEFF.fullmatch(variant):
+        return f"{FAMILY_LABELS.get(base, base)}, {variant_label(variant)}"
+    return family_label(family)
+
+
+def line_styles(families: Iterable[str]) -> dict[str, dict]:
+    """Colour, line style and marker per family so that variants of one family differ from each other: the
+    family itself solid with its own marker, its variants (in sorted order) each in its own dash pattern,
+    marker and shade of the family's colour (lighter, then darker)."""
+    out, seen = {}, {}
+    for fam in sorted(dict.fromkeys(map(str, families)), key=lambda f: ("+" in f, f)):
+        base, _, variant = fam.partition("+")
+        color = FAMILY_COLORS.get(base, OTHER_COLOR)
+        if not variant:
+            out[fam] = {"color": color, "ls": "-", "marker": FAMILY_MARKERS.get(base, "o")}
+            continue
+        i = seen[base] = seen.get(base, -1) + 1
+        shade = (0.35, -0.35, 0.15, -0.6, 0.55)[i % 5]  # > 0: towards white, < 0: towards black
+        rgb = [c + (1 - c) * shade if shade > 0 else c * (1 + shade) for c in matplotlib.colors.to_rgb(color)]
+        out[fam] = {
+            "color": matplotlib.colors.to_hex(rgb),
+            "ls": VARIANT_LINESTYLES[i % len(VARIANT_LINESTYLES)],
+            "marker": VARIANT_MARKERS[i % len(VARIANT_MARKERS)],
+        }
+    return out
 
 
 def in_families(family: pd.Series, families) -> pd.Series:
@@ -303,6 +353,7 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
     """Mean over seeds of ``y`` against step for each family, with its 95% CI band. Each run is first smoothed
     by a trailing moving average of ``smooth`` logged points (0: about 2% of the run). Returns end labels."""
     ends = []
+    styles = line_styles(df["family"].unique())
     for fam in [f for f in ordered(df["family"], FAMILIES) if not families or f.partition("+")[0] in families]:
         runs = df[(df["family"] == fam) & df[y].notna()].sort_values("step")
         if runs.empty:
@@ -310,11 +361,11 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
         win = smooth or max(1, runs.groupby("run").size().max() // 50)
         runs = runs.assign(_y=runs.groupby("run")[y].rolling(win, min_periods=1).mean().droplevel(0))
         band = mean_band(runs, "step", "_y")
-        st = family_style(fam)
-        ax.plot(band["step"], band["mean"], color=st["color"], ls=st.get("ls", "-"), lw=1.3)
-        ax.fill_between(band["step"], band["lo"], band["hi"], color=st["color"], alpha=0.2, lw=0)
+        st = styles[str(fam)]
+        ax.plot(band["step"], band["mean"], color=st["color"], ls=st["ls"], lw=1.3)
+        ax.fill_between(band["step"], band["lo"], band["hi"], color=st["color"], alpha=0.15, lw=0)
         n = runs["run"].nunique()
-        ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{family_label(fam)} (n={n})", st["color"]))
+        ends.append((band["step"].iloc[-1], band["mean"].iloc[-1], f"{study_label(fam)} (n={n})", st["color"]))
     return ends
 
 

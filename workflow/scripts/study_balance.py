@@ -4,7 +4,9 @@ mean and 95% CI over the seeds' routing traces, MoHGE (filled) against the homog
 Inputs: s3 (S3_balance.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: dataset (default "shakespeare", else the first in S3), models (default ["mohge", "moe"]),
 ep_sizes (default: those in S3 up to 8). One panel per trace kind when S3 has a ``trace`` column
-(trained | balanced_within_groups), else one panel. Models or strategies absent from S3 are skipped.
+(trained | even_within_groups), else one panel. Models or strategies absent from S3 are skipped.
+bar (default 1.10) and decision_ep (default 4): Q2's pre-declared bar, drawn as a line and its EP marked.
+Markers: geometric mean over seeds; error bars: its 95% interval on the log scale, truncated at 1 (mohge.analysis.study).
 """
 
 import sys
@@ -16,13 +18,17 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
-TRACES = {"trained": "routing of the trained models", "balanced_within_groups": "synthetic: balanced inside groups"}
+TRACES = {
+    "trained": "routing of the trained models",
+    "even_within_groups": "synthetic: each group's load\nspread evenly over its experts",
+}
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot max/mean per-rank FLOPs per strategy and EP size (F9)."""
     s3, ds = ps.study_rows(ps.read_csv(inputs.get("s3")), params.get("dataset", "shakespeare"))
     models = list(params.get("models") or ["mohge", "moe"])
+    bar, decision_ep = float(params.get("bar", 1.10)), int(params.get("decision_ep", 4))
     if not s3.empty:
         s3 = s3[s3["model"].isin(models)]
         eps = params.get("ep_sizes") or sorted(e for e in s3["ep_size"].unique() if e <= 8)
@@ -34,7 +40,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         s3 = s3.assign(trace="trained")
     traces = ps.ordered(s3["trace"], TRACES)
     strategies = ps.ordered(s3["strategy"], ps.STRATEGIES)
-    fig, axes = ps.panels(len(traces), ncols=2, height=2.9, width=ps.WIDTH_2COL if len(traces) > 1 else 5.6)
+    fig, axes = ps.panels(len(traces), ncols=2, height=3.2, width=ps.WIDTH_2COL * 1.3 if len(traces) > 1 else 6.4)
     step = 0.8 / (len(strategies) * len(models))
     for ax, trace in zip(axes, traces, strict=True):
         d = s3[s3["trace"] == trace]
@@ -58,16 +64,20 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                     label=ps.with_n(f"{ps.family_label(model)}: {ps.strategy_label(s)}", r["n"].min()),
                 )
         ax.axhline(1, color="#444444", lw=0.8, ls=":")
+        if decision_ep in eps:
+            ax.axvspan(eps.index(decision_ep) - 0.45, eps.index(decision_ep) + 0.45, color="#000000", alpha=0.05, lw=0)
+        ax.axhline(bar, color="#222222", lw=0.9, ls="--", label=f"Q2 bar {bar:g} (read at EP {decision_ep})")
         ax.set_xticks(range(len(eps)), [str(e) for e in eps])
         ax.grid(False, axis="x")
         ax.set_xlabel("expert-parallel size (GPUs)")
         ax.set_ylabel("max / mean rank expert FLOPs\n(1 = perfect balance)")
-        ax.set_title(TRACES.get(trace, str(trace)))
+        ax.set_title(TRACES.get(trace, str(trace).replace("_", " ")), fontsize=8.5)
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside right center", fontsize=6.5)
     fig.suptitle(
         f"{ds}: per-GPU load by placement (filled: {ps.family_label(models[0])}, open: reference)\n"
-        "mean over the n seeds' routing traces (n in legend), error bars: 95% CI (n ≥ 2)",
+        "geometric mean over the n seeds' routing traces (n in legend); error bars: 95% CI on the log scale,\n"
+        f"truncated at 1 (n ≥ 2); shaded: EP {decision_ep}, where Q2 is decided (experts per rank a multiple of G)",
         fontsize=8.5,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))

@@ -3,7 +3,8 @@ expert FLOPs at one EP size), one point per alpha_E with 95% CIs on both axes; c
 models as a second series.
 
 Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge.analysis.study. Outputs: png, pdf.
-Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1), ep (default 8),
+Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1), ep (default 4: the
+EP where Q2 is decided), bar (default 1.10: Q2's bar, drawn),
 dataset (default "shakespeare"), metric (default "test_ppl"). Models absent from either table are skipped.
 """
 
@@ -23,7 +24,8 @@ SERIES = ("all_size", "contiguous")
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot the quality-vs-balance frontier over alpha_E (F10)."""
     alpha_e = params.get("alpha_e") or ALPHA_E
-    ep, metric = int(params.get("ep", 8)), params.get("metric", "test_ppl")
+    ep, metric = int(params.get("ep", 4)), params.get("metric", "test_ppl")
+    bar = float(params.get("bar", 1.10))
     s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params.get("dataset", "shakespeare"))
     s3, _ = ps.study_rows(ps.read_csv(inputs.get("s3")), ds)
     if not s3.empty and "trace" in s3:
@@ -37,7 +39,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if len(rows) == 0:
         ps.placeholder_figure(outputs, "F10: alpha_E frontier", f"no alpha_E models with EP {ep} balance yet")
         return
-    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_1COL * 1.5, 3.0))
+    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_1COL * 1.6, 3.8))
     for s in SERIES:
         r = rows[rows["strategy"] == s]
         if r.empty:
@@ -56,21 +58,43 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
             lw=0.9,
             label=f"{ps.strategy_label(s)} placement ({ps.n_text(r['n_bal']).replace('seed', 'trace')})",
         )
-        if s == "all_size":
-            for _, p in r.iterrows():
-                ax.annotate(
-                    f"α_E={p['alpha']:g} (n={int(p['n'])})",
-                    (p["max_over_mean"], p[metric]),
-                    xytext=(5, 5),
-                    textcoords="offset points",
-                    fontsize=7,
-                )
+        for k, (_, p) in enumerate(r.sort_values("max_over_mean").iterrows()):
+            # all-size points only (a contiguous point is the same model, at the same perplexity), alternately
+            # above and below, on a white box: no label overprints another
+            if s != "all_size":
+                continue
+            above = k % 2 == 0
+            ax.annotate(
+                f"α_E = {p['alpha']:g} (n={int(p['n'])})",
+                (p["max_over_mean"], p[metric]),
+                xytext=(4, 7 if above else -7),
+                textcoords="offset points",
+                va="bottom" if above else "top",
+                fontsize=6.5,
+                color=color,
+                bbox={"fc": "white", "ec": "none", "alpha": 0.85, "pad": 0.5},
+                zorder=4,
+            )
     ax.axvline(1, color="#444444", lw=0.8, ls=":")
+    ax.axvline(bar, color="#222222", lw=0.9, ls="--")
+    ax.annotate(
+        f"Q2 bar {bar:g}",
+        (bar, 0.01),
+        xycoords=("data", "axes fraction"),
+        xytext=(2, 0),
+        textcoords="offset points",
+        fontsize=6.5,
+    )
     split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
     ax.set_xlabel(f"max / mean rank expert FLOPs at EP {ep} (1 = balanced)")
     ax.set_ylabel(f"perplexity, full {split} split")
-    ax.legend(loc="best", fontsize=7)
-    ax.set_title(f"{ds}: quality vs balance over α_E\nmeans over n seeds, error bars: 95% CI (n ≥ 2)", fontsize=8.5)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncols=2, fontsize=7, frameon=False)
+    ax.set_title(
+        f"{ds}: quality vs balance over α_E at EP {ep}\nmean test perplexity and geometric-mean max/mean over n seeds;"
+        "\nerror bars: 95% CI (max/mean: log scale, truncated at 1)"
+        "\nopen squares: the same models, contiguous placement",
+        fontsize=8,
+    )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 

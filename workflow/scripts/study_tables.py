@@ -42,18 +42,41 @@ def s1_models(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     for m in ("test_ppl", "val_ppl"):
         if m in t:
             d[f"{SPLIT[m]} ↓"] = cis(t, m, f"{m}_low", f"{m}_high")
-    return d, "Models of the study: parameters and perplexity."
+    if "unused_experts" in t:
+        d["Unused experts / layer"] = t["unused_experts"].map(lambda v: "—" if v != v else f"{v:.1f}")
+    caption = "Models of the study: parameters, perplexity, and unused experts per MoE layer (under 1% of a uniform "
+    return d, caption + "share of the test split's routed slots, mean over layers and seeds; by layer in S7)."
 
 
 def s2_tests(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     d = pd.DataFrame({"Question": t["question"], "Metric": t["metric"].map(lambda m: SPLIT.get(m, m))})
     d["A / B"] = [f"{ps.family_label(a)} / {ps.family_label(b)}" for a, b in zip(t["A"], t["B"], strict=True)]
     d["Test"] = t["test"]
+    if "role" in t:
+        d["Declared"] = t["role"].map({"pre-declared": "before", "added after the results": "after"}).fillna("")
     d["n pairs"] = t["n"]
-    d["PPL ratio A/B"] = cis(t, "ratio", "ci_low", "ci_high", 3)
-    d["p"] = t["p"].map(lambda p: "—" if p != p else ("< 0.001" if p < 0.001 else f"{p:.3f}"))
+    d["PPL ratio A/B [95% CI]"] = cis(t, "ratio", "ci_low", "ci_high", 3)
+    if "ci90_low" in t:
+        d["90% CI"] = [
+            ci(r, lo, hi, 3).partition(" ")[2]
+            for r, lo, hi in zip(t["ratio"], t["ci90_low"], t["ci90_high"], strict=True)
+        ]
+    d["p"] = t["p"].map(p_text)
+    if "power" in t:
+        d["Power (at)"] = [
+            "—" if p != p else f"{p:.2f} ({at})" for p, at in zip(t["power"], t["power_at"].fillna(""), strict=True)
+        ]
+        d["MDE 80% (%)"] = t["mde80_pct"].map(lambda v: "—" if v != v else f"{v:.1f}")
     d["Decision"] = t["decision"]
-    return d, "Pre-declared paired tests on log-perplexity (ratio of perplexities, paired by seed)."
+    caption = "Paired tests on log-perplexity (ratio of perplexities, paired by seed). TOST, non-inferiority and "
+    caption += "one-sided tests read the 90% CI, two-sided tests the 95% CI. Power at the declared effect (not the "
+    caption += "observed one); MDE 80%: the difference (for TOST and non-inferiority: the margin) detected with "
+    caption += "80% power."
+    return d, caption
+
+
+def p_text(p: float) -> str:
+    return "—" if p != p else ("< 0.001" if p < 0.001 else f"{p:.3f}")
 
 
 def s3_balance(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -64,7 +87,11 @@ def s3_balance(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     d["EP"] = t["ep_size"].astype(int)
     d["n"] = t["n"]
     d["max/mean ↓"] = cis(t, "max_over_mean", "ci_low", "ci_high", 3)
-    return d, "Per-GPU load: max / mean expert FLOPs over EP ranks (layer 'all'), over the seeds' routing traces."
+    if "note" in t:
+        d["Note"] = t["note"].fillna("")
+    caption = "Per-GPU load: max / mean expert FLOPs over EP ranks (layer 'all'), over the seeds' routing traces: "
+    caption += "geometric mean [exponentiated t interval of the mean log, lower end truncated at 1]."
+    return d, caption
 
 
 def s4_difficulty(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
@@ -93,7 +120,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
             mt.write_table(t, t, outs, prefix, f"no rows in {Path(inputs[prefix]).name}", by="study_tables.py")
             continue
         d, caption = build(t)
-        left = {"s2": 4, "s3": 3 + ("trace" in t)}.get(prefix, 2)  # the text columns, left-aligned
+        left = {"s2": 4 + ("role" in t), "s3": 3 + ("trace" in t)}.get(prefix, 2)  # the text columns, left-aligned
         mt.write_table(t, d, outs, prefix, caption, left=left, notes=[CI_NOTE], by="study_tables.py")
 
 

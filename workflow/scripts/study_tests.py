@@ -1,6 +1,7 @@
 """F8: the study's paired comparisons as a forest plot: the perplexity ratio A/B (geometric mean over paired
-seeds) and its 95% CI for every S2_tests row of one metric, the ±margin equivalence band shaded, each row's
-test, n, p-value and decision written beside it.
+seeds) for every S2_tests row of one metric with the interval its test reads drawn thick (90% CI for TOST,
+non-inferiority and one-sided tests at alpha 0.05; 95% CI for two-sided tests) and the other one thin, the
+±margin equivalence band shaded, each row's test, n, p-value and decision written beside it.
 
 Inputs: s2 (S2_tests.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: metric (default "test_ppl", the pre-declared primary metric), margin (default 0.03: the TOST margin).
@@ -16,7 +17,8 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
-TESTS = {"tost": "TOST", "less": "one-sided", "two-sided": "two-sided"}
+TESTS = {"tost": "TOST", "noninferiority": "non-inferiority", "less": "one-sided", "two-sided": "two-sided"}
+READS_90 = {"tost", "noninferiority", "less"}  # tests at alpha whose decision is read from the 1 - 2 alpha interval
 
 
 def p_text(p: float) -> str:
@@ -32,39 +34,44 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if s2.empty:
         ps.placeholder_figure(outputs, "F8: paired comparisons", f"no paired tests on {metric} in S2 yet")
         return
-    fig, ax = ps.plt.subplots(figsize=(ps.WIDTH_2COL, 0.45 * len(s2) + 1.3))
+    # the forest on the left, each row's test in a text column on the right (outside the layout's reach)
+    fig, (ax, tx) = ps.plt.subplots(
+        1, 2, figsize=(ps.WIDTH_2COL * 1.3, 0.42 * len(s2) + 1.5), sharey=True, width_ratios=[1.0, 1.0]
+    )
     y = list(range(len(s2)))[::-1]  # the first test on top
     lo_band, hi_band = 1 / (1 + margin), 1 + margin  # |mean log ratio| < log(1+m) (mohge.analysis.study.compare)
     ax.axvspan(lo_band, hi_band, color="#009E73", alpha=0.15, lw=0)
     ax.axvline(1, color="#444444", lw=0.8, ls=":")
+    has90 = "ci90_low" in s2
     for yi, r in zip(y, s2.itertuples(index=False), strict=True):
         color = ps.family_style(r.A)["color"]
-        if r.ratio == r.ratio:
-            ax.errorbar(
-                r.ratio,
-                yi,
-                xerr=[[max(r.ratio - r.ci_low, 0)], [max(r.ci_high - r.ratio, 0)]],
-                fmt="o",
-                color=color,
-                capsize=3,
-                ms=5,
-            )
-    finite = s2[["ci_low", "ci_high", "ratio"]].stack().dropna()
+        if r.ratio != r.ratio:
+            continue
+        wide = (r.ci_low, r.ci_high)
+        narrow = (r.ci90_low, r.ci90_high) if has90 else wide
+        thick, thin = (narrow, wide) if r.test in READS_90 else (wide, narrow)
+        ax.plot(thin, [yi, yi], color=color, lw=0.9, solid_capstyle="butt")
+        ax.plot(thick, [yi, yi], color=color, lw=3.2, solid_capstyle="butt", alpha=0.85)
+        ax.plot([r.ratio], [yi], "o", color="white", mec=color, mew=1.2, ms=5, zorder=3)
+    finite = s2[["ci_low", "ci_high", "ratio"]].stack().dropna()  # the 95% CI holds the 90% one
     lo = min([lo_band, *finite]) if len(finite) else lo_band
     hi = max([hi_band, *finite]) if len(finite) else hi_band
     pad = 0.15 * (hi - lo)
     ax.set_xlim(lo - pad, hi + pad)
     for yi, r in zip(y, s2.itertuples(index=False), strict=True):
-        right = f"{TESTS.get(r.test, r.test)}, n={int(r.n)}, {p_text(r.p)}: {r.decision}"
-        ax.annotate(right, (1.01, yi), xycoords=("axes fraction", "data"), va="center", fontsize=7)
+        reads = "90% CI" if r.test in READS_90 else "95% CI"
+        right = f"{TESTS.get(r.test, r.test)} ({reads}), n={int(r.n)}, {p_text(r.p)}:\n{r.decision}"
+        tx.annotate(right, (0.0, yi), xycoords=("axes fraction", "data"), va="center", fontsize=7)
         if r.ratio != r.ratio:
             ax.annotate("no interval (n < 2)", (1, yi), va="center", ha="center", fontsize=7, color="#777777")
-    labels = [f"{r.question}: {ps.family_label(r.A)} / {ps.family_label(r.B)}" for r in s2.itertuples()]
+    tx.set_axis_off()
+    tx.set_title("test (interval it reads), n pairs, p: decision", fontsize=7.5, loc="left")
+    labels = [f"{r.question}: {ps.study_label(r.A)} / {ps.study_label(r.B)}" for r in s2.itertuples()]
     ax.set_yticks(y, labels)
     ax.set_ylim(-0.7, len(s2) - 0.3)
     ax.grid(False, axis="y")
     split = {"val_ppl": "val", "test_ppl": "test"}.get(metric, metric)
-    ax.set_xlabel(f"perplexity ratio A / B on the full {split} split (paired by seed; < 1: A better)")
+    ax.set_xlabel(f"perplexity ratio A / B, full {split} split\n(paired by seed; < 1: A better)")
     ax.annotate(
         f"equivalence\nband ±{margin:.0%}",
         (1, 1.0),
@@ -76,7 +83,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     )
     n = s2["n"].max()
     fig.suptitle(
-        f"Paired comparisons: perplexity ratio and 95% CI over n paired seeds (n per row, up to {int(n)})",
+        f"Paired comparisons: perplexity ratio over n paired seeds (n per row, up to {int(n)})\n"
+        "thick bar: the interval the row's test reads (90% CI for TOST, non-inferiority, one-sided; 95% CI for "
+        "two-sided), thin bar: the other one",
         fontsize=8.5,
     )
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))

@@ -7,12 +7,24 @@ data order of every model) and works on log-perplexity, so a difference is a rat
 
 * Q1, parity: TOST equivalence of MoHGE and the reference MoE at margin m: both one-sided t tests
   H0: mean d <= -log(1+m) and H0: mean d >= +log(1+m) must reject at alpha (scipy.stats.ttest_1samp).
-* Q1b, heterogeneity: one-sided paired t test of MoHGE against the iso-parameter MoE, H1: mean d < 0.
+* Q1, non-inferiority (the test that matches "same quality with fewer parameters"): the upper TOST leg alone,
+  H0: mean d >= +log(1+m); and the two-sided paired t test of the difference (added after the results, issue 21).
+* Q1b, the MoHGE package: one-sided paired t test of MoHGE against the iso-parameter MoE, H1: mean d < 0. It
+  changes router, gate function, auxiliary losses and widths at once, so it tests the package, not heterogeneity.
+* Power (declared, issue 21): from each test's paired sd and n, the power at the declared effect (a ratio of
+  exactly 1 for TOST and non-inferiority, a difference of the margin for the other tests) and the minimum
+  detectable effect at 80 % power (noncentral t; TOST by integrating over the sd's chi distribution). Never the
+  "observed power" at the observed effect.
 * Sensitivity: two-sided paired t tests between neighbouring widths of the homogeneous MoE sweep; Q1 is decidable
   only if the iso-parameter width and the reference width separate at alpha.
-* Q2, balance: per-rank expert-FLOP max/mean of each placement (layer "all" of utilization_summary.csv), mean and
-  95 % t-CI over the seeds of each model; the same for a trace with the same group loads spread evenly inside each
-  group (the all-size allocation's own premise, docs/method.md §placement).
+* Q2, balance: per-rank expert-FLOP max/mean r >= 1 of each placement (layer "all" of utilization_summary.csv)
+  over the seeds of each model: geometric mean and the exponentiated t interval of mean log r, its lower end
+  truncated at 1 (r >= 1 always, so intersecting the interval with [1, inf) keeps its coverage); the same for a
+  trace with the same group loads spread evenly inside each group (the all-size allocation's own premise,
+  docs/method.md §placement). Decided at EP 4, where experts per rank (E / EP) is a multiple of G, the
+  allocation's guarantee. FLOP-LPT is fit on the very trace it is scored on: an in-sample oracle, not a placement.
+* Unused experts: per layer, the experts that receive under 1 % of a uniform share of the routed slots on the
+  test split (from each run's trace.json), mean over seeds.
 * Q3, difficulty: mean routed expert width per difficulty level (from groups_by_level.csv), per seed, then mean
   and CI over seeds; the paired easy - hard difference per seed.
 
@@ -52,17 +64,108 @@ DIFFICULTY_COLUMNS = [
     *(f"{lv}{sfx}" for lv in LEVELS for sfx in ("", "_low", "_high")),
     "easy_minus_hard", "emh_low", "emh_high", "activated_params", "test_ppl", "test_ppl_low", "test_ppl_high",
 ]  # fmt: skip
+DECISION_COLUMNS = [
+    "dataset", "model", "trace", "ep_size", "n", "all_size", "all_size_low", "all_size_high", "contiguous",
+    "contiguous_low", "contiguous_high", "bar", "below_contiguous", "below_bar", "decision",
+]  # fmt: skip
+UNUSED_COLUMNS = ["dataset", "model", "layer", "n", "num_experts", "unused", "unused_low", "unused_high"]
 TASK_COLUMNS = ["dataset", "task", "metric", "model", "n", "mean", "ci_low", "ci_high", "reported"]
 
 
 def t_interval(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:
-    """(mean, low, high): the Student-t interval of the mean; (mean, nan, nan) for fewer than 2 values."""
+    """(mean, low, high): the Student-t interval of the mean; (mean, nan, nan) for fewer than 2 values, (mean, mean,
+    mean) when all values are equal."""
     x = np.asarray(values, dtype=np.float64)
     mean = float(x.mean()) if len(x) else math.nan
     if len(x) < 2:
         return mean, math.nan, math.nan
+    if np.ptp(x) == 0:  # every value equal: the interval is that value (scipy would give nan)
+        return mean, mean, mean
     lo, hi = stats.t.interval(1 - alpha, len(x) - 1, loc=mean, scale=stats.sem(x))
     return mean, float(lo), float(hi)
+
+
+def power_one_sided(n: int, sd: float, effect: float, alpha: float = 0.05) -> float:
+    """Power of a one-sided one-sample t test (n values, sd) when the true mean lies ``effect`` > 0 beyond the
+    null value in the direction of H1: P(T > t_{1-alpha}) with T noncentral t, ncp = effect * sqrt(n) / sd."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    crit, ncp = stats.t.ppf(1 - alpha, n - 1), effect * math.sqrt(n) / sd
+    return _tail(float(stats.nct.sf(crit, n - 1, ncp)), ncp - crit)
+
+
+def power_two_sided(n: int, sd: float, effect: float, alpha: float = 0.05) -> float:
+    """Power of a two-sided one-sample t test at a true mean ``effect`` away from the null value."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    crit, ncp = stats.t.ppf(1 - alpha / 2, n - 1), abs(effect) * math.sqrt(n) / sd
+    return _tail(float(stats.nct.sf(crit, n - 1, ncp) + stats.nct.cdf(-crit, n - 1, ncp)), ncp - crit)
+
+
+def _tail(power: float, margin: float) -> float:
+    """scipy's noncentral t is nan far in its tail (ncp of hundreds): power is then 1 (0 far below)."""
+    return power if power == power else float(margin > 0)
+
+
+def power_tost(n: int, sd: float, bound: float, true_mean: float = 0.0, alpha: float = 0.05) -> float:
+    """Power of TOST at +-``bound`` (both one-sided t tests at alpha share one sd estimate s).
+
+    Given s, TOST rejects iff -bound + t s / sqrt(n) < mean < bound - t s / sqrt(n), with mean ~ N(true_mean,
+    sd^2 / n); integrated over (n - 1) s^2 / sd^2 ~ chi^2_{n-1}."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    from scipy import integrate
+
+    df, crit, se = n - 1, stats.t.ppf(1 - alpha, n - 1), sd / math.sqrt(n)
+
+    def given(q: float) -> float:  # q = chi^2 draw; s = sd * sqrt(q / df)
+        half = bound - crit * sd * math.sqrt(q / df) / math.sqrt(n)
+        if half <= 0:
+            return 0.0
+        p = stats.norm.cdf((half - true_mean) / se) - stats.norm.cdf((-half - true_mean) / se)
+        return float(p * stats.chi2.pdf(q, df))
+
+    # beyond q_empty the acceptance region is empty; beyond q_tail the chi^2 density is below 1e-12 of its mass
+    q_empty = df * (bound * math.sqrt(n) / (crit * sd)) ** 2
+    q_max = min(q_empty, float(stats.chi2.ppf(1 - 1e-12, df)))
+    mode = min(max(df - 2.0, 0.0), q_max)  # where the density peaks: quad must not step over it
+    pieces = [(0.0, mode), (mode, q_max)] if 0 < mode < q_max else [(0.0, q_max)]
+    return float(sum(integrate.quad(given, a, b, limit=200)[0] for a, b in pieces)) if q_max > 0 else 0.0
+
+
+def detectable(power_at, target: float = 0.8, hi: float = 1.0) -> float:
+    """The smallest x > 0 with power_at(x) >= target (power_at increasing in x); nan if above ``hi``."""
+    from scipy import optimize
+
+    if not power_at(hi) >= target:
+        return math.nan
+    if power_at(1e-9) >= target:  # no spread at all (equal differences): any effect is detected
+        return 0.0
+    return float(optimize.brentq(lambda x: power_at(x) - target, 1e-9, hi, xtol=1e-10))
+
+
+def power_row(d: pd.Series, test: str, alpha: float, margin: float) -> dict:
+    """The declared power of one paired test on log ratios ``d`` and its minimum detectable effect at 80 %.
+
+    ``power``: at a true ratio of exactly 1 for "tost" and "noninferiority" (equivalence holds), at a true
+    difference of the margin (ratio 1 / (1 + margin)) for "less" and "two-sided". ``mde80_pct``: for "less" and
+    "two-sided", the perplexity difference (%) detected with 80 % power; for "tost" and "noninferiority", the
+    smallest margin (%) that such a test would pass with 80 % power at a true ratio of 1."""
+    n, sd = len(d), float(np.std(d, ddof=1)) if len(d) > 1 else math.nan
+    row = {"sd": sd, "power": math.nan, "power_at": "", "mde80_pct": math.nan}
+    if n < 2 or not sd > 0:
+        return row
+    bound = math.log1p(margin)
+    curves = {  # test -> (power as a function of the effect or margin on the log scale, where power is read)
+        "tost": (lambda b: power_tost(n, sd, b, 0.0, alpha), "ratio 1"),
+        "noninferiority": (lambda b: power_one_sided(n, sd, b, alpha), "ratio 1"),
+        "less": (lambda b: power_one_sided(n, sd, b, alpha), f"ratio {1 / (1 + margin):.3f}"),
+        "two-sided": (lambda b: power_two_sided(n, sd, b, alpha), f"ratio {1 / (1 + margin):.3f} or {1 + margin:.2f}"),
+    }
+    fn, at = curves[test]
+    row.update(power=fn(bound), power_at=at)
+    row["mde80_pct"] = 100 * math.expm1(detectable(fn))
+    return row
 
 
 def paired_log_diffs(runs: pd.DataFrame, metric: str, a: str, b: str) -> pd.Series:
@@ -75,28 +178,42 @@ def paired_log_diffs(runs: pd.DataFrame, metric: str, a: str, b: str) -> pd.Seri
 
 
 def compare(d: pd.Series, test: str, alpha: float, margin: float = 0.0) -> dict:
-    """One paired comparison: n, the ratio and its CI, and the test's p-value and decision.
+    """One paired comparison: n, the ratio with its 95 % and 90 % CIs, the test's p-value and decision, and its
+    declared power (:func:`power_row`).
 
-    ``test``: "tost" (equivalence within +-margin), "less" (one-sided, A lower), "two-sided"."""
+    ``test``: "tost" (equivalence within +-margin; p_lower / p_upper are its two legs), "noninferiority" (the upper
+    leg alone, H1: ratio < 1 + margin), "less" (one-sided, A lower), "two-sided". A TOST or one-sided test at
+    alpha reads the 1 - 2 alpha interval (90 % at alpha 0.05); a two-sided test the 1 - alpha interval."""
     n = len(d)
-    row = {"n": n, "ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "p": math.nan, "decision": "n < 2"}
+    row = {
+        "n": n, "ratio": math.nan, "ci_low": math.nan, "ci_high": math.nan, "ci90_low": math.nan,
+        "ci90_high": math.nan, "p": math.nan, "p_lower": math.nan, "p_upper": math.nan, "decision": "n < 2",
+    }  # fmt: skip
     if n < 2:
-        return row
+        return {**row, **power_row(d, test, alpha, margin)}
     mean, lo, hi = t_interval(d.to_numpy(), alpha)
+    _, lo90, hi90 = t_interval(d.to_numpy(), 2 * alpha)
     row.update(ratio=math.exp(mean), ci_low=math.exp(lo), ci_high=math.exp(hi))
+    row.update(ci90_low=math.exp(lo90), ci90_high=math.exp(hi90))
+    bound = math.log1p(margin)
+    if test in ("tost", "noninferiority"):
+        p_low = float(stats.ttest_1samp(d, -bound, alternative="greater").pvalue)
+        p_high = float(stats.ttest_1samp(d, bound, alternative="less").pvalue)
+        row.update(p_lower=p_low, p_upper=p_high)
     if test == "tost":
-        bound = math.log1p(margin)
-        p_low = stats.ttest_1samp(d, -bound, alternative="greater").pvalue
-        p_high = stats.ttest_1samp(d, bound, alternative="less").pvalue
-        row["p"] = float(max(p_low, p_high))
+        row["p"] = max(row["p_lower"], row["p_upper"])
         row["decision"] = f"equivalent within ±{margin:.0%}" if row["p"] < alpha else "equivalence not shown"
+    elif test == "noninferiority":
+        row["p"] = row["p_upper"]
+        ok = row["p"] < alpha
+        row["decision"] = f"non-inferior (margin {margin:.0%})" if ok else "non-inferiority not shown"
     elif test == "less":
         row["p"] = float(stats.ttest_1samp(d, 0.0, alternative="less").pvalue)
         row["decision"] = "A lower" if row["p"] < alpha else "A not shown lower"
     else:
         row["p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
-        row["decision"] = "differ" if row["p"] < alpha else "not separated"
-    return row
+        row["decision"] = ("A lower" if mean < 0 else "A higher") if row["p"] < alpha else "not separated"
+    return {**row, **power_row(d, test, alpha, margin)}
 
 
 def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
@@ -106,23 +223,25 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
     primary = analysis.get("primary_metric", "test_ppl")
     metrics = [primary, *(m for m in ("test_ppl", "val_ppl") if m != primary)]
     sweep = sweep_widths(runs)
-    plan = [("Q1 parity", "mohge", ref, "tost"), ("Q1b heterogeneity", "mohge", iso, "less")]
-    plan += [("sensitivity", a, b, "two-sided") for a, b in zip(sweep, sweep[1:], strict=False)]
-    plan += [("dense vs MoHGE", "dense", "mohge", "two-sided")]
+    # (question, A, B, test, role): the tests declared before the runs (issue 12) and those added after the
+    # results were read (issue 21: the test that matches the claim, the difference, dense against the MoEs)
+    pre, post = "pre-declared", "added after the results"
+    plan = [
+        ("Q1 parity", "mohge", ref, "tost", pre),
+        ("Q1 non-inferiority", "mohge", ref, "noninferiority", post),
+        ("Q1 difference", "mohge", ref, "two-sided", post),
+        ("Q1b MoHGE package", "mohge", iso, "less", pre),
+    ]
+    plan += [("sensitivity", a, b, "two-sided", pre) for a, b in zip(sweep, sweep[1:], strict=False)]
+    plan += [("dense vs MoHGE", "dense", "mohge", "two-sided", pre)]
+    plan += [("dense vs reference MoE", "dense", ref, "two-sided", post)]
+    plan += [("dense vs iso-parameter MoE", "dense", iso, "two-sided", post)]
     rows = []
     for metric in metrics:
-        for question, a, b, test in plan:
+        for question, a, b, test, role in plan:
             d = paired_log_diffs(runs, metric, a, b)
-            rows.append(
-                {
-                    "question": question,
-                    "metric": metric,
-                    "A": a,
-                    "B": b,
-                    "test": test,
-                    **compare(d, test, alpha, margin),
-                }
-            )
+            row = {"question": question, "role": role, "metric": metric, "A": a, "B": b, "test": test}
+            rows.append({**row, **compare(d, test, alpha, margin)})
     return pd.DataFrame(rows)
 
 
@@ -206,15 +325,27 @@ def task_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TASK_COLUMNS)
 
 
+def ratio_interval(values: Sequence[float], alpha: float = 0.05, floor: float = 1.0) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of ratios bounded below by ``floor``: the exponentiated t interval of the mean
+    log, its lower end raised to ``floor`` (the true value is >= floor, so the truncation keeps the coverage)."""
+    x = np.log(np.maximum(np.asarray(values, dtype=np.float64), floor))
+    mean, lo, hi = t_interval(x, alpha)
+    return math.exp(mean), max(math.exp(lo), floor) if lo == lo else lo, math.exp(hi) if hi == hi else hi
+
+
+ORACLES = {"flop_lpt": "in-sample oracle: fit on the trace it is scored on"}
+
+
 def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: str = "max_over_mean") -> pd.DataFrame:
-    """Q2: per model x strategy x EP size, the mean and CI over seeds of the step's max/mean expert FLOPs."""
+    """Q2: per model x strategy x EP size, over seeds, the step's max/mean expert FLOPs: geometric mean and its
+    interval on the log scale, truncated at 1 (:func:`ratio_interval`), and the arithmetic mean."""
     u = util[(util["layer"].astype(str) == "all")].copy()
     u["dataset"] = u["source"].map(runs.set_index("run")["dataset"])
     u["model"] = u["source"].map(runs.set_index("run")["family"])
     rows = []
     keys = ["dataset", "model", "strategy", "ep_size"]
     for (ds, model, strategy, ep), g in u.dropna(subset=["model"]).groupby(keys):
-        mean, lo, hi = t_interval(g[col].to_numpy(), alpha)
+        gmean, lo, hi = ratio_interval(g[col].to_numpy(), alpha)
         rows.append(
             {
                 "dataset": ds,
@@ -222,12 +353,68 @@ def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: st
                 "strategy": strategy,
                 "ep_size": int(ep),
                 "n": len(g),
-                "max_over_mean": mean,
+                "max_over_mean": gmean,
                 "ci_low": lo,
                 "ci_high": hi,
+                "arith_mean": float(g[col].mean()),
+                "note": ORACLES.get(strategy, ""),
             }
         )
     return pd.DataFrame(rows)
+
+
+def balance_decision(s3: pd.DataFrame, dataset: str, ep: int = 4, bar: float = 1.10) -> pd.DataFrame:
+    """Q2's pre-declared bar, read at EP ``ep``: per model and trace, "all-size balances" holds where all-size's
+    interval lies below contiguous placement's (upper end below its lower end) and below ``bar``."""
+    d = s3[(s3["dataset"] == dataset) & (s3["ep_size"] == ep)]
+    rows = []
+    for (model, trace), g in d.groupby(["model", "trace"], sort=False):
+        by = g.set_index("strategy")
+        if not {"all_size", "contiguous"} <= set(by.index):
+            continue
+        a, c = by.loc["all_size"], by.loc["contiguous"]
+        below_c, below_bar = bool(a["ci_high"] < c["ci_low"]), bool(a["ci_high"] < bar)
+        rows.append(
+            {
+                "dataset": dataset, "model": model, "trace": trace, "ep_size": ep, "n": int(a["n"]),
+                "all_size": a["max_over_mean"], "all_size_low": a["ci_low"], "all_size_high": a["ci_high"],
+                "contiguous": c["max_over_mean"], "contiguous_low": c["ci_low"], "contiguous_high": c["ci_high"],
+                "bar": bar, "below_contiguous": below_c, "below_bar": below_bar,
+                "decision": "all-size balances" if below_c and below_bar else "bar not met",
+            }
+        )  # fmt: skip
+    return pd.DataFrame(rows, columns=DECISION_COLUMNS)
+
+
+def unused_experts(results: Path, runs: pd.DataFrame, share: float = 0.01, alpha: float = 0.05) -> pd.DataFrame:
+    """Per model and MoE layer (and "all": the mean over its MoE layers), the experts that receive fewer than
+    ``share`` of a uniform share (total routed slots / E) on the traced split: mean and t interval over seeds
+    (truncated at 0), from each run's trace.json."""
+    per = []
+    for r in runs.itertuples(index=False):
+        path = results / "runs" / str(r.run) / "trace.json"
+        trace = load_trace(path) if path.is_file() else None
+        if trace is None or trace.num_experts < 2:
+            continue
+        counts = {str(lay.layer): np.asarray(lay.counts, dtype=np.float64) for lay in trace.layers}
+        unused = {k: int((c < share * c.sum() / len(c)).sum()) for k, c in counts.items()}
+        unused["all"] = float(np.mean(list(unused.values())))
+        per += [
+            {"dataset": r.dataset, "model": r.family, "layer": k, "num_experts": trace.num_experts, "unused": v}
+            for k, v in unused.items()
+        ]
+    rows = []
+    if per:
+        df = pd.DataFrame(per)
+        for (ds, model, layer), g in df.groupby(["dataset", "model", "layer"], sort=False):
+            mean, lo, hi = t_interval(g["unused"].to_numpy(), alpha)
+            rows.append(
+                {
+                    "dataset": ds, "model": model, "layer": layer, "n": len(g), "num_experts": g["num_experts"].iloc[0],
+                    "unused": mean, "unused_low": max(lo, 0.0) if lo == lo else lo, "unused_high": hi,
+                }
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=UNUSED_COLUMNS)
 
 
 def even_within_groups(trace: Trace) -> Trace:
@@ -304,11 +491,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_analysis(results: Path, config: dict, out: Path) -> None:
-    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S4)."""
+    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S7)."""
     analysis = config.get("analysis") or {}
     alpha = analysis.get("alpha", 0.05)
     runs = pd.read_csv(results / "runs.csv")
-    write_table(model_summary(runs, alpha), out / "S1_models")
+    unused = unused_experts(results, runs, alpha=alpha)
+    s1 = model_summary(runs, alpha)
+    every = unused[unused["layer"] == "all"].set_index(["dataset", "model"])["unused"]
+    s1["unused_experts"] = [every.get((ds, m), math.nan) for ds, m in zip(s1["dataset"], s1["model"], strict=True)]
+    write_table(s1, out / "S1_models")
     main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
     write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), out / "S2_tests")
     trained = balance(pd.read_csv(results / "utilization_summary.csv"), runs, alpha)
@@ -319,7 +510,12 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     tables = [trained.assign(trace="trained")]
     if len(even):
         tables.append(balance(even, runs, alpha).assign(trace="even_within_groups"))
-    write_table(pd.concat(tables, ignore_index=True), out / "S3_balance")
+    s3 = pd.concat(tables, ignore_index=True)
+    write_table(s3, out / "S3_balance")
+    ep, bar = int(analysis.get("balance_ep", 4)), float(analysis.get("balance_bar", 1.10))
+    decision = balance_decision(s3, main_dataset, ep, bar)
+    write_table(decision, out / "S6_balance_decision")
+    write_table(unused, out / "S7_unused_experts")
     write_table(difficulty(pd.read_csv(results / "groups_by_level.csv"), runs, alpha), out / "S4_difficulty")
     write_table(task_table(runs, alpha), out / "S5_tasks")
 

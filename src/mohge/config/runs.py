@@ -83,6 +83,8 @@ class AnalysisConfig(_Section):
     primary_metric: str = knob("test_ppl", "primary endpoint (full split)", choices=("test_ppl", "val_ppl"))
     reference_family: str = knob("moe", "Q1: the MoE that MoHGE should equal", choices=FAMILIES)
     iso_family: str = knob("moe_equal", "Q1b: the iso-parameter MoE that MoHGE should beat", choices=FAMILIES)
+    balance_ep: int = knob(4, "Q2: EP size the balance bar is read at (E / EP a multiple of G)", gt=0)
+    balance_bar: float = knob(1.10, "Q2: all-size's max/mean interval must lie below this", gt=1)
     _path: str = field(default="analysis", repr=False, compare=False)
 
 
