@@ -34,7 +34,7 @@ def test_one_group_equal_widths_equals_homogeneous_moe_under_product_renorm():
         for a, b in zip(moe.parameters(), mohge.parameters(), strict=False):
             if a.shape == b.shape and a is not moe.router.router.weight:
                 a.copy_(b)
-        moe.experts.load_state_dict(mohge.model.experts.state_dict())
+        moe.experts.load_state_dict(mohge.experts.state_dict())
         moe.shared.load_state_dict(mohge.shared.state_dict())
     x = torch.randn(3, 7, 16)
     y_mohge, s1 = mohge(x)

@@ -6,7 +6,8 @@ Params: dataset (default "shakespeare", else the first in S3), models (default [
 ep_sizes (default: those in S3 up to 8). One panel per trace kind when S3 has a ``trace`` column
 (trained | even_within_groups), else one panel. Models or strategies absent from S3 are skipped.
 bar (default 1.10) and decision_ep (default 4): Q2's pre-declared bar, drawn as a line and its EP marked.
-Markers: geometric mean over seeds; error bars: its 95% interval on the log scale, truncated at 1 (mohge.analysis.study).
+Markers: geometric mean over seeds; error bars: its 95% interval on the log scale, truncated at 1
+(mohge.analysis.study).
 """
 
 import sys
