@@ -7,6 +7,7 @@ import errno
 import functools
 import logging
 import os
+import signal
 from collections.abc import Callable, Sequence
 
 from .atomic import LockedError
@@ -17,6 +18,18 @@ EXIT_USER = 2  # a bad config, a missing or malformed input file, a corrupted ch
 EXIT_NONFINITE = 3  # training stopped at a NaN/inf loss or gradient norm (mohge.train)
 EXIT_IO = 4  # the system refused a read or write: disk full, permission denied, read-only or failing disk
 EXIT_BUSY = 5  # another process writes the same output folder (its lock names it)
+# 128 + N: stopped by signal N (143 SIGTERM, 130 SIGINT), as a shell reports it; mohge.train checkpoints first
+
+
+class Interrupted(BaseException):
+    """A signal that stops a command at once (SIGTERM or SIGINT outside mohge.train's step loop, or a second
+    one): one line and status 128 + signum. A BaseException, as KeyboardInterrupt, so no ``except Exception``
+    on the way swallows it (mohge.runtime.GracefulStop raises it)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"{signal.Signals(signum).name} received: stopped")
+
 
 # A user mistake: a bad config, a missing or malformed file, a value out of range.
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
@@ -51,6 +64,12 @@ def user_errors(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequen
     def wrapped(argv: Sequence[str] | None = None) -> int:
         try:
             return main(argv)
+        except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C, SIGTERM: one line, not a traceback
+            if os.environ.get("MOHGE_DEBUG"):
+                raise
+            signum = getattr(err, "signum", signal.SIGINT)
+            logging.getLogger("mohge").error("%s received: stopped", signal.Signals(signum).name)
+            return 128 + signum
         except (*USER_ERRORS, LockedError, OSError) as err:
             code = exit_code(err)
             if code is None or os.environ.get("MOHGE_DEBUG"):

@@ -4,18 +4,30 @@ run asked for (``--gpus``) before anything is built.
 ``setup_runtime`` picks the device (``train.device``; ``auto``: CUDA when visible and ``--gpus`` is not 0), starts
 the process group under torchrun (nccl on CUDA, gloo on CPU) and chooses the autocast dtype (``train.precision``;
 ``auto``: bf16 on CUDA, fp32 on a CPU). ``wrap_ddp`` wraps the model for data parallelism.
+
+Stopping on a signal (:class:`GracefulStop`): SIGTERM (what SLURM sends before a time limit or on preemption,
+``--signal`` in workflow/profiles/slurm) and SIGINT (Ctrl-C) during the step loop only ask the loop to stop; it
+finishes the step it is in, every rank agrees on the step (one all-reduce of the flag per step), writes a
+checkpoint of that step and raises :class:`Stopped`, which the command reports in one line with exit status
+128 + the signal's number (143, 130; docs/errors.md). A second signal, or one outside the loop, stops at once:
+:class:`Interrupted`, also one line and the same status, the checkpoints written so far kept.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .cli import Interrupted
 from .config import TrainConfig
 
 log = logging.getLogger("mohge.train")
@@ -92,3 +104,67 @@ def wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
     )
     ids = [rt.device.index] if rt.device.type == "cuda" else None
     return ddp(model, device_ids=ids, **{quiet: False})
+
+
+# ---------------------------------------------------------------- stopping on SIGTERM / SIGINT
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(Exception):
+    """The step loop stopped on a signal after checkpointing ``step`` (``path``); one line, 128 + signum."""
+
+    def __init__(self, signum: int, step: int, path: object):
+        self.signum, self.step, self.path = signum, step, path
+        super().__init__(
+            f"{signal.Signals(signum).name} received: stopped after step {step} with a checkpoint in {path}; "
+            "the same command resumes from it"
+        )
+
+
+class GracefulStop:
+    """While installed (:meth:`installed`), SIGTERM and SIGINT raise :class:`Interrupted` at once, except inside
+    :meth:`in_loop`, where the first one only sets a flag that :meth:`requested` reports after the current step
+    (a second one there stops at once)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._loop = False
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self._loop and not self.signum:
+            self.signum = signum
+            log.warning(
+                "%s received: finishing this step, then a checkpoint (send it again to stop at once)",
+                signal.Signals(signum).name,
+            )
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[GracefulStop]:
+        if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+            yield self
+            return
+        old = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def in_loop(self) -> Iterator[GracefulStop]:
+        self._loop = True
+        try:
+            yield self
+        finally:
+            self._loop = False
+
+    def requested(self, rt: Runtime) -> int:
+        """The signal number when any rank got a stop signal (0: go on); a collective when world > 1."""
+        if rt.world == 1:
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int64, device=rt.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from .atomic import write_bytes_atomic, write_json_atomic
-from .checkpoint import load_trained
+from .checkpoint import check_trained_on, load_trained
 from .cli import user_errors
 from .config import load_run_config
 from .data import TokenStream
@@ -413,6 +413,7 @@ def trace_checkpoint(
 ) -> dict[str, Any]:
     """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz); returns the trace."""
     cfg, model = load_trained(ckpt, device)
+    check_trained_on(ckpt, cfg, data_dir)  # another tokenizer or data config: refused, naming both
     ec = load_run_config(eval_config).eval if eval_config else cfg.eval  # the workflow's current eval section
     trace, raw = collect_trace(
         model,

@@ -23,7 +23,10 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
 * Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
   the run passes mohge.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
   (:func:`mohge.data.loader.verify_folder`, once per run) and their sizes (on every open).
-* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.cli's (docs/errors.md).
+* OUT is sealed last by manifest.json (sha256 of each file, and the sha256 of the data folder's meta.json and
+  tokenizer.json it was trained on); exit codes are mohge.cli's (docs/errors.md).
+* SIGTERM / SIGINT (mohge.runtime.GracefulStop): the current step finishes, every rank checkpoints that step,
+  the locks are released and the command exits 128 + the signal's number with one line; the run resumes.
 
 Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
 to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
@@ -60,12 +63,12 @@ from .atomic import append_line, output_lock, write_bytes_atomic, write_json_ato
 from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
-from .data.loader import verify_folder
+from .data.loader import sealed_entry, verify_folder
 from .data.stream import TrainBatches
 from .evaluate import heldout_loss
 from .model import LanguageModel
 from .params import count_params
-from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
+from .runtime import GracefulStop, LaunchError, Runtime, Stopped, set_deterministic, setup_runtime, wrap_ddp
 from .tokenizer import check_tokenizer, eot_id
 from .training import (
     NonFiniteLossError,
@@ -95,7 +98,10 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
         data_dir = Path(data_arg)
     else:
         data_dir = scratch / "data"
-        fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        try:
+            fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        except ValueError:  # a truncated or older meta.json in the scratch copy: prepared again
+            fresh = False
         if rt.main and not fresh:
             log.info("preparing the data of the config into %s", data_dir)
             prepare(cfg.data_config, data_dir)
@@ -109,6 +115,41 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
     if meta["vocab_size"] > cfg.model.vocab_size:
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} < the tokenizer's {meta['vocab_size']}")
     return data_dir
+
+
+def check_data(cfg: RunConfig, data_dir: Path, scratch: Path) -> None:
+    """Before the first step (rank 0), on every start and resume: every token file and tokenizer.json match
+    meta.json (hashed again where size, mtime or ctime changed; SCRATCH/data_verified.json), the tokenizer parses,
+    round-trips and gives data.eot_token the id the shards hold, and the val split holds one window."""
+    verify_folder(data_dir, scratch / "data_verified.json", required=("tokenizer.json",))
+    eot_token = cfg.data_config.eot_token
+    tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
+    # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
+    # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
+    meta = load_meta(data_dir)
+    if (have := meta["eot_id"]) != eot_id(tok, eot_token):
+        raise ConfigError(
+            f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
+            f"the id {eot_id(tok, eot_token)}; prepare the data again"
+        )
+    S, val = cfg.data_config.seq_len, meta["tokens"]["val"]
+    if val < S + 1:  # the val loss (and summary.json's val_ppl) would cover a fraction of one window
+        raise ConfigError(
+            f"data.seq_len={S}: the val split of {data_dir} holds {val} tokens, fewer than one window of "
+            f"seq_len + 1 = {S + 1}; hold out more (data.val_tokens, val documents) or shorten data.seq_len"
+        )
+
+
+def data_seal(data_dir: Path) -> dict[str, Any]:
+    """What the model folder's manifest records of its data: meta.json's and tokenizer.json's size and sha256."""
+    from .atomic import sha256_file
+
+    meta_path = data_dir / "meta.json"
+    _, size, sha = sealed_entry(data_dir, load_meta(data_dir), "tokenizer.json")
+    return {
+        "meta.json": {"bytes": meta_path.stat().st_size, "sha256": sha256_file(meta_path)},
+        "tokenizer.json": {"bytes": size, "sha256": sha},
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -126,8 +167,14 @@ def train(
 ) -> dict[str, Any]:
     """Train ``cfg`` (resuming from SCRATCH when it holds a valid checkpoint); returns the summary."""
     out, scratch = Path(out), Path(scratch) if scratch else Path(out) / ".scratch"
+    if scratch.resolve() == out.resolve():
+        raise ConfigError(
+            f"--scratch {scratch} is --out: the checkpoints need a folder of their own (default OUT/.scratch)"
+        )
     for folder, what in ((out, "--out"), (scratch, "--scratch")):
         preflight.check_writable(folder, what)
+    for folder, what in ((out, "--out"), (scratch, "--scratch")):  # committed results: only their own run
+        preflight.check_not_committed(folder, what, cfg)
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()
@@ -139,33 +186,34 @@ def train(
         if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.distributed
             from .distributed.trainer import train_parallel as run
         with contextlib.ExitStack() as locks:
+            stop = locks.enter_context(GracefulStop().installed())
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
-            return run(cfg, out, scratch, data, require_resume, rt)
+            return run(cfg, out, scratch, data, require_resume, rt, stop)
     finally:
         set_deterministic(deterministic)
         if dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: Runtime) -> dict:
+def _train(
+    cfg: RunConfig,
+    out: Path,
+    scratch: Path,
+    data: str | None,
+    require_resume: bool,
+    rt: Runtime,
+    stop: GracefulStop | None = None,
+) -> dict:
     wall0, tc = time.perf_counter(), cfg.train
+    stop = stop or GracefulStop()
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
-        eot_token = cfg.data_config.eot_token
-        tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
-        # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
-        # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
-        if (have := load_meta(data_dir)["eot_id"]) != eot_id(tok, eot_token):
-            raise ConfigError(
-                f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
-                f"the id {eot_id(tok, eot_token)}; prepare the data again"
-            )
-        verify_folder(data_dir, scratch / "data_verified.json")
+        check_data(cfg, data_dir, scratch)
     rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
     resolved = ckpt.resolved_config(cfg)
@@ -228,7 +276,8 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
-    with bar:
+    saved = start if state is not None else -1
+    with bar, stop.in_loop():
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
             lr = lr_at(s, tc)
@@ -272,7 +321,11 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
                     append_line(log_path, json.dumps(row))
                 rt.barrier()
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
-                last_good = save(s + 1)
+                last_good, saved = save(s + 1), s + 1
+            if signum := stop.requested(rt):  # SIGTERM / SIGINT: this step checkpointed, then one line
+                if saved != s + 1:
+                    last_good = save(s + 1)
+                raise Stopped(signum, s + 1, last_good or scratch / ckpt.step_dir_name(s + 1))
 
     summary: dict[str, Any] = {}
     if rt.main:
@@ -280,7 +333,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
+        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete, sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
@@ -292,7 +345,13 @@ def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, train
     (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
     ckpt.write_model(out / "model.safetensors", model.state_dict())
     write_json_atomic(out / "config.json", resolved)
-    write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
+    tok_bytes = (Path(data_dir) / "tokenizer.json").read_bytes()
+    _, _, tok_sha = sealed_entry(data_dir, load_meta(data_dir), "tokenizer.json")
+    if ckpt.sha256_bytes(tok_bytes) != tok_sha:  # changed since the start: never sealed into the model folder
+        raise ConfigError(
+            f"{Path(data_dir) / 'tokenizer.json'} changed during training (sha256 differs from meta.json's)"
+        )
+    write_bytes_atomic(out / "tokenizer.json", tok_bytes)
     write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
     last = next((r for r in reversed(rows) if "loss" in r), {})
@@ -326,8 +385,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
-        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH "
-        "(see docs/errors.md).",
+        "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "
+        "143 / 130 stopped by SIGTERM / SIGINT after checkpointing the current step (see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -359,10 +418,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
-    except (NonFiniteLossError, LaunchError) as err:
+    except (NonFiniteLossError, LaunchError, Stopped) as err:
         if os.environ.get("MOHGE_DEBUG"):
             raise
         log.error("%s", err)
+        if isinstance(err, Stopped):
+            return 128 + err.signum
         return EXIT_NONFINITE if isinstance(err, NonFiniteLossError) else EXIT_USER
     return EXIT_OK
 

@@ -5,6 +5,7 @@ import hashlib
 import json
 import os
 import re
+import reprlib
 import sys
 
 import jsonschema
@@ -19,19 +20,40 @@ def refuse(message):
     sys.exit(2)
 
 
+def bounded_configfiles(paths):
+    """Every --configfile read again by mohge's bounded loader (size, depth, expanded aliases, duplicate keys)
+    before anything walks Snakemake's copy: an alias bomb or a 1 GB file is refused here in one line."""
+    for path in paths:
+        try:
+            load_yaml_or_json(path)
+        except ValueError as err:
+            refuse(str(err))
+
+
+def schema_message(err):
+    """One line from a jsonschema error, built from its parts: never repr(instance), which for a shared (aliased)
+    structure is the whole expansion."""
+    where = ".".join(str(p) for p in err.absolute_path) or "config"
+    short = reprlib.Repr(maxlevel=2, maxlist=4, maxdict=4, maxstring=40, maxother=40)
+    rule = short.repr(err.validator_value)
+    return f"{where}={short.repr(err.instance)}: fails the schema's {err.validator!r} ({rule})"
+
+
 def checked_plan(config):
-    """The schema (generated from mohge.config), then every run resolved by mohge.runs.plan."""
-    with open(workflow.source_path("../schemas/config.schema.json")) as fh:
-        schema = json.load(fh)
-    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    err = jsonschema.exceptions.best_match(errors)
-    if err is not None:
-        where = ".".join(str(p) for p in err.absolute_path) or "config"
-        refuse(f"{where}: {err.message[:300]}")
+    """mohge.runs.plan, the validator `python -m mohge.runs list` runs, then the schema generated from the same
+    declarations (which must then agree; tests/workflow feed the same configs to both)."""
     try:
-        return plan(config)
+        runs = plan(config)
     except ValueError as err:  # ConfigError included
         refuse(str(err))
+    with open(workflow.source_path("../schemas/config.schema.json")) as fh:
+        schema = json.load(fh)
+    err = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(config)
+    )
+    if err is not None:
+        refuse(schema_message(err))
+    return runs
 
 
 def own_study(configfiles):
@@ -65,6 +87,7 @@ def asked_targets():
 # Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
 # sources, so no training, evaluation or collect job can enter the plan.
 FROM_RESULTS = asked_targets() == {"figures"}
+bounded_configfiles(workflow.overwrite_configfiles)
 own_study(workflow.overwrite_configfiles)
 RUNS = checked_plan(config)
 # One root per config (its `study`): no config can write over another's committed results.

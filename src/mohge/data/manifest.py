@@ -8,6 +8,8 @@ meta.json (paths relative to the data folder; docs/method.md §12.4):
   split                   how documents were assigned to splits
                           ({"method": plays | index | doc_hash | doc_hash_tokens | source, ...})
   tokenizer               {"kind": trained | file | hub, "file": "tokenizer.json", "sha256", ...}
+  files                   {name: {"file", "bytes", "sha256"}} of every other file a result depends on:
+                          tokenizer.json, {val,test}.txt, {val,test}_docs.jsonl (readers: mohge.data.loader.sealed_file)
   num_docs, chars, docs   per split (document names up to MAX_META_DOC_NAMES, else null)
 """
 
@@ -23,6 +25,7 @@ import numpy as np
 
 from mohge.atomic import atomic_path, sha256_file, write_text_atomic
 from mohge.config import SPLITS, DataConfig
+from mohge.data.loader import read_meta
 from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
 from mohge.data.sources import carved_by_tokens
 from mohge.graded import LEVEL_NAMES, LEVEL_SEP
@@ -33,11 +36,14 @@ TOKENIZER_INFO = "shards/tokenizer-info.json"  # the tokenizer job's record, rea
 
 
 def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
-    """meta.json of a prepared folder; a folder without it was not (completely) prepared."""
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
-    return json.loads(path.read_text())
+    """meta.json of a prepared folder, read within bounds (mohge.data.loader.read_meta); a folder without it was
+    not (completely) prepared, a truncated one is refused by name."""
+    return read_meta(data_dir)
+
+
+def file_entry(out: Path, name: str) -> dict[str, Any]:
+    """The seal of one non-token file: ``{"file", "bytes", "sha256"}`` (meta["files"][name])."""
+    return {"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
 
 
 def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: str) -> None:
@@ -117,7 +123,10 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         "docs": {},
         "split": split_info,
         "shards": {},
+        "files": {"tokenizer.json": file_entry(out, "tokenizer.json")},
     }
+    if meta["files"]["tokenizer.json"]["sha256"] != tok_info["sha256"]:
+        raise ValueError(f"{out / 'tokenizer.json'} changed while the data was gathered; prepare the data again")
     if cfg.source == "shakespeare":
         meta["archive_sha256"] = cfg.shakespeare_sha256
     for s in SPLITS:
@@ -137,6 +146,8 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
             log.warning("%s split has %d tokens, not more than seq_len=%d", s, meta["tokens"][s], cfg.seq_len)
         if s != "train":
             _write_eval_text(out, s, entries, cfg.eval_docs_max)
+            for name in (f"{s}.txt", f"{s}_docs.jsonl"):  # every task and held-out text is built from these
+                meta["files"][name] = file_entry(out, name)
     if cfg.source == "graded":
         meta["levels"] = {
             "dtype": "int8",
