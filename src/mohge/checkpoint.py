@@ -317,10 +317,9 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     try:
         state = torch.load(path / "state.pt", map_location=map_location, weights_only=True)
     except Exception as err:  # pickle.UnpicklingError, RuntimeError, ...: never retried with weights_only=False
-        why = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(
-            f"{path / 'state.pt'} does not load as tensors and plain values ({why[:160]}); it was not written "
-            "by mohge.train"
+            f"{path / 'state.pt'} does not load as tensors and plain values ({type(err).__name__}); it was not "
+            "written by mohge.train"
         ) from err
     return {"model": model, "state": state, "step": data["step"], "data": data, "config": config}
 
