@@ -9,8 +9,9 @@ Stopping on a signal (:class:`GracefulStop`): SIGTERM (what SLURM sends before a
 ``--signal`` in workflow/profiles/slurm) and SIGINT (Ctrl-C) during the step loop only ask the loop to stop; it
 finishes the step it is in, every rank agrees on the step (one all-reduce of the flag per step), writes a
 checkpoint of that step and raises :class:`Stopped`, which the command reports in one line with exit status
-128 + the signal's number (143, 130; docs/errors.md). A second signal, or one outside the loop, stops at once:
-:class:`Interrupted`, also one line and the same status, the checkpoints written so far kept.
+128 + the signal's number (143, 130; docs/errors.md). A second SIGINT, or a signal outside the loop, stops at
+once: :class:`mohge.cli.Interrupted`, also one line and the same status, the checkpoints written so far kept. A
+second SIGTERM in the loop is ignored: under SLURM every process of the job gets one and torchrun forwards its own.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ class Stopped(Exception):
 class GracefulStop:
     """While installed (:meth:`installed`), SIGTERM and SIGINT raise :class:`Interrupted` at once, except inside
     :meth:`in_loop`, where the first one only sets a flag that :meth:`requested` reports after the current step
-    (a second one there stops at once)."""
+    (a second SIGINT there stops at once, a second SIGTERM is ignored)."""
 
     def __init__(self) -> None:
         self.signum = 0
@@ -135,9 +136,11 @@ class GracefulStop:
         if self._loop and not self.signum:
             self.signum = signum
             log.warning(
-                "%s received: finishing this step, then a checkpoint (send it again to stop at once)",
+                "%s received: finishing this step, then a checkpoint (Ctrl-C again stops at once)",
                 signal.Signals(signum).name,
             )
+            return
+        if self._loop and signum == signal.SIGTERM:  # a repeat: torchrun forwards the one SLURM sent to all
             return
         raise Interrupted(signum)
 

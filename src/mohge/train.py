@@ -276,7 +276,6 @@ def _train(
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
-    saved = start if state is not None else -1
     with bar, stop.in_loop():
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
@@ -320,11 +319,10 @@ def _train(
                     rows.append(row)
                     append_line(log_path, json.dumps(row))
                 rt.barrier()
-            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
-                last_good, saved = save(s + 1), s + 1
-            if signum := stop.requested(rt):  # SIGTERM / SIGINT: this step checkpointed, then one line
-                if saved != s + 1:
-                    last_good = save(s + 1)
+            signum = stop.requested(rt)  # SIGTERM / SIGINT on any rank: every rank checkpoints this step
+            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps or signum:
+                last_good = save(s + 1)
+            if signum:
                 raise Stopped(signum, s + 1, last_good or scratch / ckpt.step_dir_name(s + 1))
 
     summary: dict[str, Any] = {}
