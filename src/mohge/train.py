@@ -171,10 +171,10 @@ def train(
         raise ConfigError(
             f"--scratch {scratch} is --out: the checkpoints need a folder of their own (default OUT/.scratch)"
         )
-    for folder, what in ((out, "--out"), (scratch, "--scratch")):
-        preflight.check_writable(folder, what)
     for folder, what in ((out, "--out"), (scratch, "--scratch")):  # committed results: only their own run
         preflight.check_not_committed(folder, what, cfg)
+    for folder, what in ((out, "--out"), (scratch, "--scratch")):
+        preflight.check_writable(folder, what)
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
     rt = setup_runtime(cfg.train, gpus)
     deterministic = torch.are_deterministic_algorithms_enabled()

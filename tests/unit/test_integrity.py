@@ -14,6 +14,7 @@ import os
 import pickle
 import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -303,3 +304,32 @@ def test_a_val_split_shorter_than_one_window_is_refused_at_train_start(base, tmp
     write_meta(data, meta)
     with pytest.raises(ConfigError, match=rf"data\.seq_len={val}: the val split of .* holds {val} tokens, fewer than"):
         train(RunConfig.from_dict(run), tmp_path / "out", data=str(data))
+
+
+# ---------------------------------------------------------------- item 6: committed results are not overwritten
+
+
+def git(*args: str, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def test_an_out_holding_committed_files_of_another_run_is_refused(base, tmp_path):
+    from mohge import preflight
+    from mohge.config import to_dict
+
+    repo = tmp_path / "repo"
+    run_dir = repo / "results" / "x" / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    recorded = RunConfig.from_dict(tiny_run(data=DATA, train={"steps": 3}))  # the run the folder records
+    (run_dir / "config.json").write_text(json.dumps(to_dict(recorded)))
+    (run_dir / "summary.json").write_text("{}\n")
+    git("init", "-q", cwd=repo)
+    git("add", "-A", cwd=repo)
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "committed results", cwd=repo)
+    with pytest.raises(ConfigError, match=r"--out .*runs/r holds 2 committed file\(s\) \(results/x/runs/r/"):
+        train(RunConfig.from_dict(RUN), run_dir, data=str(base["data"]))
+    with pytest.raises(ConfigError, match=r"--scratch .*runs/r holds 2 committed file"):
+        train(RunConfig.from_dict(RUN), tmp_path / "elsewhere", scratch=run_dir, data=str(base["data"]))
+    assert git("status", "--porcelain", "--untracked-files=all", cwd=repo) == ""
+    preflight.check_not_committed(run_dir, "--out", recorded)  # its own run may write it again
+    preflight.check_not_committed(repo / "results" / "y", "--out", recorded)  # no committed file there

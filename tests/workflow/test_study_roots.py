@@ -39,7 +39,8 @@ def test_no_default_profile_overrides_an_explicit_one():
     assert not (ROOT / "workflow" / "profiles" / "default").exists()
     slurm = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
     assert "slurm_account" not in str(slurm) and "CHANGE_ME" not in str(slurm)
-    assert "set-resources" not in slurm, "job sizes come from the config's cluster section"
+    # job sizes come from the config's cluster section; the profile sets only when SLURM signals a training job
+    assert slurm.get("set-resources", {}) == {"train": {"slurm_extra": "'--signal=TERM@300'"}}
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,7 @@ def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, ma
     assert "Using workflow specific profile" not in text
     train = job_resources(text, "train")
     assert train and all(int(r["gpu"]) == gpus and int(r["nodes"]) == nodes for r in train), train[:1]
+    assert all(r.get("slurm_extra") == "--signal=TERM@300" for r in train), train[:1]  # SIGTERM 300 s early
     for rule in ("train", "evaluate", "trace", "utilization", "prepare_data"):
         for res in job_resources(text, rule):
             assert int(res["runtime"]) <= max_runtime, (rule, res)
