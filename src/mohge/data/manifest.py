@@ -29,6 +29,7 @@ from mohge.data.loader import read_meta
 from mohge.data.shards import MAX_META_DOC_NAMES, part_name, token_dtype
 from mohge.data.sources import carved_by_tokens
 from mohge.graded import LEVEL_NAMES, LEVEL_SEP
+from mohge.strict import load_json_file
 
 log = logging.getLogger("mohge.data")
 FORMAT_VERSION = 2
@@ -66,7 +67,7 @@ def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]
         path = out / part_name(i)
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: shard job {i} of {cfg.num_shards} has not completed")
-        part = json.loads(path.read_text())
+        part = load_json_file(path, "shard manifest")  # truncated or malformed: named, one line
         if part["config"] != want or part["num_shards"] != cfg.num_shards or part["index"] != i:
             raise ValueError(f"{path} was written for another data config or shard count; prepare the data again")
         if part["tokenizer_sha256"] != tok_sha:
@@ -97,7 +98,9 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
     `split_info` is meta["split"] (mohge.data.sources.split_record)."""
     out = Path(out_dir)
     (out / "meta.json").unlink(missing_ok=True)
-    tok_info = json.loads((out / TOKENIZER_INFO).read_text())
+    if not (out / TOKENIZER_INFO).is_file():
+        raise FileNotFoundError(f"{out / TOKENIZER_INFO} is missing: the tokenizer job has not completed")
+    tok_info = load_json_file(out / TOKENIZER_INFO, "tokenizer record")
     if sha256_file(out / "tokenizer.json") != tok_info["sha256"]:
         raise ValueError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
     parts = _load_parts(cfg, out, tok_info["sha256"])
