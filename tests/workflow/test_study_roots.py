@@ -68,13 +68,14 @@ def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, ma
 
 
 def test_config_mistakes_are_one_line(tmp_path):
-    """Schema and mohge.config refusals arrive as one line naming the key, exit 2, no stack frames."""
+    """mohge.runs.plan's refusals (the validator `mohge.runs list` runs; the schema after it) arrive as one line
+    naming the key, exit 2, no stack frames."""
     work = copy_workflow(tmp_path)
     smoke = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
     cases = {
-        "typo": ({**smoke, "stepz": 3}, "'stepz' was unexpected"),
+        "typo": ({**smoke, "stepz": 3}, "stepz: unknown top-level key"),  # mohge.runs.plan's words
         "groups": ({**smoke, "model": {**smoke["model"], "router": {"topk": 2, "group_topk": 9}}}, "group_topk"),
-        "study": ({**smoke, "study": "../elsewhere"}, "study: '../elsewhere'"),
+        "study": ({**smoke, "study": "../elsewhere"}, "study='../elsewhere': a name must be"),
         "no_study": ({k: v for k, v in smoke.items() if k != "study"}, "sets no top-level `study:`"),
     }
     for name, (cfg, needle) in cases.items():
