@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from mohge.atomic import write_json_atomic
+from mohge.atomic import sha256_file, write_json_atomic
 from mohge.config import SPLITS, ConfigError
 from mohge.strict import load_json_file
 
@@ -149,9 +149,7 @@ def sealed_file(data_dir: str | os.PathLike, name: str, meta: dict[str, Any] | N
     if (have := path.stat().st_size) != size:
         raise _refuse(path, f"{have} bytes, meta.json expects {size}")
     if _stamp(path, expected) not in _VERIFIED:
-        with tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {name}", disable=True) as bar:
-            actual = _sha256(path, bar)
-        if actual != expected:
+        if (actual := sha256_file(path)) != expected:
             raise _refuse(path, f"sha256 {actual} ({size} bytes), meta.json expects {expected}")
         _VERIFIED.add(_stamp(path, expected))
     return path
