@@ -38,7 +38,7 @@ from .config import (
 )
 from .matched import FAMILIES, derive
 from .preflight import check_run
-from .strict import NAME_PATTERN, ConfigError, _Section, check_name, knob, schema_of
+from .strict import NAME_PATTERN, ConfigError, _Section, check_bounds, check_name, knob, schema_of
 
 
 @dataclass(frozen=True)
@@ -209,6 +209,7 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
     """
     if not isinstance(config, dict):
         raise ConfigError(f"config={config!r}: expected a mapping")
+    check_bounds(config)  # before anything walks it: Snakemake's --config values may hold YAML aliases too
     _check_top_level(config)
     datasets = _section(config, "datasets")
     if not datasets:

@@ -290,12 +290,17 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _depth_ok(data: Any, where: str) -> None:
-    """Refuse JSON nested deeper than MAX_DEPTH (iteratively: a deep file never reaches Python's stack)."""
-    stack = [(data, 1)]
+def check_bounds(data: Any, where: str = "config", max_nodes: int | None = MAX_NODES) -> None:
+    """Refuse a parsed value nested deeper than MAX_DEPTH or holding more than MAX_NODES values once shared
+    parts are counted as often as they occur (what a YAML alias given on Snakemake's ``--config`` would expand
+    to). Iterative, with an early exit: a hostile value costs at most MAX_NODES steps."""
+    stack, nodes = [(data, 1)], 0
     while stack:
         obj, depth = stack.pop()
-        if isinstance(obj, dict | list):
+        nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            raise ConfigError(f"{where}: more than {max_nodes} values once its aliases are expanded (an alias bomb?)")
+        if isinstance(obj, dict | list | tuple):
             if depth > MAX_DEPTH:
                 raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
             stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
@@ -328,8 +333,9 @@ def read_bounded_text(path: str | Path, what: str = "config file", max_bytes: in
         raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte {err.start})") from err
 
 
-def parse_json(text: str, where: str) -> Any:
-    """JSON text parsed with duplicate keys and deep nesting refused, each error one line naming ``where``."""
+def parse_json(text: str, where: str, max_nodes: int | None = MAX_NODES) -> Any:
+    """JSON text parsed with duplicate keys, deep nesting and (``max_nodes``) more values refused, each error one
+    line naming ``where``."""
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as err:
@@ -338,7 +344,7 @@ def parse_json(text: str, where: str) -> Any:
         raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from err
     except ConfigError as err:
         raise ConfigError(f"{where}: {err}") from err
-    _depth_ok(data, where)
+    check_bounds(data, where, max_nodes)
     return data
 
 
@@ -361,7 +367,7 @@ def parse_yaml(text: str, where: str) -> Any:
 def load_json_file(path: str | Path, what: str = "manifest", max_bytes: int = MAX_JSON_BYTES) -> Any:
     """A JSON file the package wrote (meta.json, manifest.json, data.json, config.json), read within bounds:
     truncated, malformed, too large or too deep is a ConfigError naming the file."""
-    return parse_json(read_bounded_text(path, what, max_bytes), str(path))
+    return parse_json(read_bounded_text(path, what, max_bytes), str(path), max_nodes=None)  # size bounds it
 
 
 def load_yaml_or_json(path: str | Path) -> dict:

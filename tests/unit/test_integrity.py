@@ -333,3 +333,14 @@ def test_an_out_holding_committed_files_of_another_run_is_refused(base, tmp_path
     assert git("status", "--porcelain", "--untracked-files=all", cwd=repo) == ""
     preflight.check_not_committed(run_dir, "--out", recorded)  # its own run may write it again
     preflight.check_not_committed(repo / "results" / "y", "--out", recorded)  # no committed file there
+
+
+def test_plan_refuses_a_shared_structure_before_walking_it():
+    """What a YAML alias in a `snakemake --config` value parses to: nine levels of nine references."""
+    from mohge.runs import plan
+
+    tasks: list = ["x"] * 9
+    for _ in range(8):
+        tasks = [tasks] * 9
+    with pytest.raises(ConfigError, match=r"^config: more than 200000 values once its aliases are expanded"):
+        plan({"eval": {"tasks": tasks}})
