@@ -21,8 +21,9 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
 * Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.atomic.output_lock),
-  the run passes mohge.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
-  (:func:`mohge.data.loader.verify_folder`, once per run) and their sizes (on every open).
+  neither holds committed files of another run, the run passes mohge.preflight, the token shards and
+  tokenizer.json match meta.json's sha256 (:func:`check_data`: at every start and resume, re-hashing the files
+  whose size, mtime or ctime changed) and their sizes (on every open), tokenizer.json round-trips.
 * OUT is sealed last by manifest.json (sha256 of each file, and the sha256 of the data folder's meta.json and
   tokenizer.json it was trained on); exit codes are mohge.cli's (docs/errors.md).
 * SIGTERM / SIGINT (mohge.runtime.GracefulStop): the current step finishes, every rank checkpoints that step,
