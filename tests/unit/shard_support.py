@@ -42,7 +42,7 @@ def reshard(src: Path, out: Path, num_shards: int) -> dict:
     for name in ("tokenizer.json", "val.txt", "test.txt", "val_docs.jsonl", "test_docs.jsonl"):
         shutil.copy(src / name, out / name)
     dtype = np.dtype(meta["dtype"])
-    new = {k: v for k, v in meta.items() if k not in ("files", "sha256", "shards")}
+    new = {k: v for k, v in meta.items() if k not in ("sha256", "shards")}  # files: the copies above, same bytes
     new["format_version"], new["shards"] = 2, {}
     for s in SPLITS:
         stream = TokenStream.open(src, s)

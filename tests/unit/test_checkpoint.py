@@ -193,7 +193,8 @@ def test_broken_tokenizer_is_refused_before_training(data_dir, tmp_path):
     shutil.copytree(data_dir, data)
     text = (data / "tokenizer.json").read_text()
     (data / "tokenizer.json").write_text(text[: len(text) // 2])
-    with pytest.raises(ConfigError, match=r"tokenizer\.json: not a usable tokenizer"):
+    # meta.json seals tokenizer.json (size, sha256): the cut file is refused by its seal before it is parsed
+    with pytest.raises(ConfigError, match=r"tokenizer\.json was changed or truncated: \d+ bytes, meta.json expects"):
         train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))
     assert not (tmp_path / "out" / "tokenizer.json").exists()
     assert not list((tmp_path / "out" / ".scratch").glob("step_*"))
@@ -202,6 +203,7 @@ def test_broken_tokenizer_is_refused_before_training(data_dir, tmp_path):
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     from mohge.config import ConfigError
+    from mohge.config.preflight import verify_token_files
     from mohge.data.loader import split_shards, verify_folder
 
     data = tmp_path / "data"
@@ -215,6 +217,8 @@ def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     else:
         raw = raw[: len(raw) - 3]
     shard.write_bytes(bytes(raw))
-    verify_folder(data, tmp_path / "verified.json")  # once per run: the scratch remembers the check
+    # the record in the scratch is keyed by each file's size, mtime and ctime: a changed file is hashed again
+    with pytest.raises(ConfigError, match=re.escape(f"{shard.name} was changed or truncated")):
+        verify_token_files(data, tmp_path / "verified.json")
     with pytest.raises(ConfigError, match=re.escape(f"{shard.name} was changed or truncated")):
         train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))

@@ -144,6 +144,9 @@ def test_config_tasks_skip_what_the_data_cannot_build(run, tmp_path):
     copy = Path(shutil.copytree(model, tmp_path / "model"))
     run_cfg = json.loads((copy / "config.json").read_text())
     run_cfg["eval"]["tasks"] = ["mohge_ppl", "mohge_graded_hard"]
+    # evaluation refuses data a model was not trained on: this copy says it was trained on `plain`
+    run_cfg["data"] = json.loads((tmp_path / "plain" / "meta.json").read_text())["config"]
+    shutil.copy(tmp_path / "plain" / "tokenizer.json", copy / "tokenizer.json")
     (copy / "config.json").write_text(json.dumps(run_cfg))
     write_manifest(copy, list(json.loads((copy / "manifest.json").read_text())["files"]))  # re-seal the edit
     metrics = ev.evaluate(copy, tmp_path / "plain", limit=2, device="cpu", max_loss_batches=1)

@@ -39,7 +39,8 @@ def test_no_default_profile_overrides_an_explicit_one():
     assert not (ROOT / "workflow" / "profiles" / "default").exists()
     slurm = yaml.safe_load((ROOT / "workflow" / "profiles" / "slurm" / "config.yaml").read_text())
     assert "slurm_account" not in str(slurm) and "CHANGE_ME" not in str(slurm)
-    assert "set-resources" not in slurm, "job sizes come from the config's cluster section"
+    # job sizes come from the config's cluster section; the profile sets only when SLURM signals a training job
+    assert slurm.get("set-resources", {}) == {"train": {"slurm_extra": "'--signal=TERM@300'"}}
 
 
 @pytest.mark.parametrize(
@@ -53,6 +54,7 @@ def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, ma
     assert "Using workflow specific profile" not in text
     train = job_resources(text, "train")
     assert train and all(int(r["nodes"]) == nodes for r in train), train[:1]
+    assert all(r.get("slurm_extra") == "--signal=TERM@300" for r in train), train[:1]  # SIGTERM 300 s early
     if nodes > 1:  # an MPI-style job (the rule's own srun), GPUs per node as GRES: tests/workflow/test_slurm_plugin.py
         per_node = f"gpu:{gpus // nodes}"
         assert all(r["mpi"] == "srun" and int(r["tasks"]) == nodes and r["gres"] == per_node for r in train), train[:1]
@@ -110,13 +112,14 @@ def test_paper_resources_fit_the_job(tmp_path):
 
 
 def test_config_mistakes_are_one_line(tmp_path):
-    """Schema and mohge.config refusals arrive as one line naming the key, exit 2, no stack frames."""
+    """mohge.runs.plan's refusals (the validator `mohge.runs list` runs; the schema after it) arrive as one line
+    naming the key, exit 2, no stack frames."""
     work = copy_workflow(tmp_path)
     smoke = yaml.safe_load((work / "configs" / "smoke.yaml").read_text())
     cases = {
-        "typo": ({**smoke, "stepz": 3}, "'stepz' was unexpected"),
+        "typo": ({**smoke, "stepz": 3}, "stepz: unknown top-level key"),  # mohge.runs.plan's words
         "groups": ({**smoke, "model": {**smoke["model"], "router": {"topk": 2, "group_topk": 9}}}, "group_topk"),
-        "study": ({**smoke, "study": "../elsewhere"}, "study: '../elsewhere'"),
+        "study": ({**smoke, "study": "../elsewhere"}, "study='../elsewhere': a name must be"),
         "no_study": ({k: v for k, v in smoke.items() if k != "study"}, "sets no top-level `study:`"),
     }
     for name, (cfg, needle) in cases.items():

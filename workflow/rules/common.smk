@@ -7,6 +7,8 @@ import json
 import math
 import os
 import re
+import reprlib
+import subprocess
 import sys
 
 import jsonschema
@@ -21,19 +23,42 @@ def refuse(message):
     sys.exit(2)
 
 
+def bounded_configfiles(paths):
+    """Every --configfile read again by mohge's bounded loader (size, depth, expanded aliases, duplicate keys)
+    before anything walks Snakemake's copy: an alias bomb or a 1 GB file is refused here in one line.
+    """
+    for path in paths:
+        try:
+            load_yaml_or_json(path)
+        except ValueError as err:
+            refuse(str(err))
+
+
+def schema_message(err):
+    """One line from a jsonschema error, built from its parts: never repr(instance), which for a shared (aliased)
+    structure is the whole expansion."""
+    where = ".".join(str(p) for p in err.absolute_path) or "config"
+    short = reprlib.Repr(maxlevel=2, maxlist=4, maxdict=4, maxstring=40, maxother=40)
+    allowed = short.repr(err.validator_value)
+    return f"{where}={short.repr(err.instance)}: fails the schema's {err.validator!r} ({allowed})"
+
+
 def checked_plan(config):
-    """The schema (generated from mohge.config), then every run resolved by mohge.config.runs.plan."""
-    with open(workflow.source_path("../schemas/config.schema.json")) as fh:
-        schema = json.load(fh)
-    errors = jsonschema.Draft202012Validator(schema).iter_errors(config)
-    err = jsonschema.exceptions.best_match(errors)
-    if err is not None:
-        where = ".".join(str(p) for p in err.absolute_path) or "config"
-        refuse(f"{where}: {err.message[:300]}")
+    """mohge.config.runs.plan, the validator `python -m mohge.runs list` runs, then the schema generated from the same
+    declarations (which must then agree; tests/workflow feed the same configs to both).
+    """
     try:
-        return plan(config)
+        runs = plan(config)
     except ValueError as err:  # ConfigError included
         refuse(str(err))
+    with open(workflow.source_path("../schemas/config.schema.json")) as fh:
+        schema = json.load(fh)
+    err = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(schema).iter_errors(config)
+    )
+    if err is not None:
+        refuse(schema_message(err))
+    return runs
 
 
 def own_study(configfiles):
@@ -67,6 +92,7 @@ def asked_targets():
 # Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
 # sources, so no training, evaluation or collect job can enter the plan.
 FROM_RESULTS = asked_targets() == {"figures"}
+bounded_configfiles(workflow.overwrite_configfiles)
 own_study(workflow.overwrite_configfiles)
 RUNS = checked_plan(config)
 # One root per config (its `study`): no config can write over another's committed results.
@@ -177,6 +203,65 @@ CHECKOUT = os.path.relpath(
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
 # Under --sdm conda, each env's post-deploy script (workflow/envs/*.post-deploy.sh) installs this checkout into it
 os.environ.update(MOHGE_CHECKOUT=os.path.abspath(CHECKOUT))
+
+
+def tracked(folder):
+    """Files git tracks under `folder` of the working directory ([] outside a git work tree, or without git)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--", folder],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [f for f in out.stdout.split("\0") if f] if out.returncode == 0 else []
+
+
+def recorded_config(study):
+    """(config, file) a committed study was run with: configs/config.yaml, merged with the file of configs/ that
+    names the study (as --configfile merges it); (None, None) when no file names it."""
+    default = os.path.join(CONFIGS, "config.yaml")
+    base = load_yaml_or_json(default)
+    if base.get("study", "default") == study:
+        return base, default
+    for path in sorted(glob.glob(os.path.join(CONFIGS, "*.yaml"))):
+        data = load_yaml_or_json(path)
+        if data.get("study") == study:
+            return merge_config(base, data), path
+    return None, None
+
+
+def guard_committed_study(study, config):
+    """A study whose results/<study>/ git tracks is only run with the config that made it (the `cluster`
+    section aside: where it runs, not what): any other config is refused before any job is planned.
+    """
+    files = tracked(f"results/{study}")
+    if not files:
+        return
+    recorded, source = recorded_config(study)
+
+    def strip(c):
+        return {k: v for k, v in c.items() if k != "cluster"}
+
+    if recorded is not None and strip(recorded) == strip(config):
+        return
+    differs = sorted(
+        k
+        for k in set(strip(config)) | set(strip(recorded or {}))
+        if config.get(k) != (recorded or {}).get(k)
+    )
+    refuse(
+        f"study={study!r}: results/{study}/ holds {len(files)} committed files, made by "
+        f"{os.path.relpath(source) if source else 'a config not in configs/'}, and this config differs from it "
+        f"(in {', '.join(differs) or 'its source'}); name another study (a top-level `study:` in your config, "
+        "or --config study=NAME) so that the committed results stay as they are"
+    )
+
+
+if not FROM_RESULTS:
+    guard_committed_study(STUDY, config)
 
 
 @functools.lru_cache

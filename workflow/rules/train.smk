@@ -65,7 +65,10 @@ rule train:
         data=data_dir,
         launch=train_launcher(),  # built from integers only
         gpus=CLUSTER["gpus_per_node"],
+    # `trap '' TERM`: this shell outlives a SIGTERM from SLURM (--signal in workflow/profiles/slurm) while
+    # mohge.train, which sets its own handler, finishes its step and checkpoints; it then exits 143 (a retry).
     shell:
+        "trap '' TERM; "
         'for old in {params.scratches:q}/*; do if [ -d "$old" ] && [ "$old" != {params.scratch:q} ]; then'
         ' echo "train: $old holds checkpoints of another config: kept aside; starting fresh in" {params.scratch:q};'
         " fi; done > {log:q} 2>&1"

@@ -12,7 +12,9 @@
   Whether the hub answers is asked when the data is prepared (:func:`hub_reachable`, one 3 s connect, no
   retries), not at plan time: a dry run of a cluster config must plan on an offline login node.
 
-:func:`check_writable` is ``mohge.train``'s check of ``--out`` and ``--scratch`` before the first step.
+:func:`check_writable` is ``mohge.train``'s check of ``--out`` and ``--scratch`` before the first step, and
+:func:`check_not_committed` its guard of committed results: a folder holding files git tracks (results/<study>/
+runs/<run>) is written only by the run it records (its config.json), else refused before anything is written.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import codecs
 import glob
 import os
 import socket
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -29,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from mohge.core.strict import ConfigError
+from mohge.core.strict import ConfigError, load_yaml_or_json
 
 from .data import DataConfig
 from .sections import RunConfig
@@ -181,3 +184,73 @@ def check_writable(folder: str | Path, what: str) -> None:
             pass
     except OSError as err:
         raise ConfigError(f"{what} {folder} is not writable: {err.strerror or err}") from err
+
+
+def tracked_files(folder: str | Path) -> list[str]:
+    """Files git tracks inside ``folder`` (relative to the repository's top); [] outside a git work tree or
+    without git."""
+    folder = Path(folder).resolve()
+    probe = folder
+    while not probe.is_dir():
+        probe = probe.parent
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(probe), "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30
+        )
+        if top.returncode:
+            return []
+        found = subprocess.run(
+            ["git", "-C", top.stdout.strip(), "ls-files", "-z", "--", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [f for f in found.stdout.split("\0") if f] if found.returncode == 0 else []
+
+
+def _training_part(cfg: RunConfig) -> dict[str, Any]:
+    """What a trained model depends on (the eval section and the cadence/thread knobs aside)."""
+    from .sections import to_dict
+
+    d = to_dict(cfg)
+    skip = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
+    return {
+        "model": d["model"],
+        "loss": d["loss"],
+        "data": to_dict(cfg.data_config),
+        "train": {k: v for k, v in d["train"].items() if k not in skip},
+    }
+
+
+def check_not_committed(folder: str | Path, what: str, cfg: RunConfig) -> None:
+    """Refuse to write into a folder that holds committed files (git tracks some), unless it records this very
+    run (its tracked config.json is ``cfg``'s training part): committed results are never overwritten by
+    another run. Checked before any file is written."""
+    tracked = tracked_files(folder)
+    if not tracked:
+        return
+    folder = Path(folder)
+    recorded = folder / "config.json"
+    same = False
+    if recorded.is_file():
+        try:
+            same = _training_part(RunConfig.from_dict(load_yaml_or_json(recorded))) == _training_part(cfg)
+        except ValueError:
+            same = False
+    if not same:
+        raise ConfigError(
+            f"{what} {folder} holds {len(tracked)} committed file(s) ({tracked[0]}, ...) of another run: "
+            "committed results are not overwritten; give an --out outside the repository's tracked folders"
+        )
+
+
+def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
+    """Check the token files of a prepared folder (every shard) against the sha256
+    meta.json records, once per run: the result is kept in ``marker`` (in the run's scratch), so a resumed run
+    does not read the tokens again. A changed or truncated file is a ConfigError naming it.
+    (:func:`mohge.data.loader.verify_folder`, which the trainer calls.)"""
+    from mohge.data.loader import verify_folder
+
+    verify_folder(data_dir, marker)

@@ -28,6 +28,7 @@ from mohge.core.strict import (
     NAME_PATTERN,
     ConfigError,
     _Section,
+    check_bounds,
     check_name,
     knob,
     load_yaml_or_json,
@@ -103,6 +104,8 @@ TOP_LEVEL = (
     "figures",
     "cluster",
 )
+# model keys each run takes from its dataset (model key -> data key), so a config may not set them
+DATASET_KEYS = {"vocab_size": "vocab_size", "max_seq_len": "seq_len"}
 EXPERIMENT_KEYS = ("dataset", "families", "seeds", "variants", "moe_width")
 SECTIONS = {
     "utilization": UtilizationConfig,
@@ -210,6 +213,7 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
     """
     if not isinstance(config, dict):
         raise ConfigError(f"config={config!r}: expected a mapping")
+    check_bounds(config)  # before anything walks it: Snakemake's --config values may hold YAML aliases too
     _check_top_level(config)
     datasets = _section(config, "datasets")
     if not datasets:
@@ -238,6 +242,13 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
         data = datasets[ds]
         for variant, over in _variants(exp, where).items():
             shared = {k: merge_config(_section(config, k), over.get(k) or {}) for k in VARIANT_SECTIONS}
+            for key in DATASET_KEYS:  # one validator: the schema has no such key either
+                if key in shared["model"]:
+                    at = f"{where}.variants.{variant}.model" if key in ((over or {}).get("model") or {}) else "model"
+                    raise ConfigError(
+                        f"{at}.{key}={shared['model'][key]!r}: taken from the dataset (datasets.{ds}."
+                        f"{DATASET_KEYS[key]}); remove it"
+                    )
             model_dict = {
                 **shared["model"],
                 "vocab_size": data.get("vocab_size", 2048),
@@ -270,7 +281,22 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
                         inputs = ds not in files_checked and ds not in prepared
                         check_run(cfg, config.get("cluster"), inputs=inputs)
                         files_checked.add(ds)
+    _check_ep_sizes(config, runs)
     return runs
+
+
+def _check_ep_sizes(config: dict, runs: dict[str, RunConfig]) -> None:
+    """Every EP size of the utilization study must divide the expert count of every MoE run (the study places
+    each traced model on each size; a size that does not fit would be skipped without a word)."""
+    util = UtilizationConfig.from_dict(_section(config, "utilization"), "utilization")
+    for i, ep in enumerate(util.ep_sizes):
+        for name, cfg in runs.items():
+            E = cfg.model.ffn.num_experts
+            if cfg.family != "dense" and E % ep:
+                raise ConfigError(
+                    f"utilization.ep_sizes[{i}]={ep}: does not divide the {E} experts of run {name}; "
+                    "use sizes that divide the expert count"
+                )
 
 
 # ---------------------------------------------------------------- JSON schema, generated from the dataclasses

@@ -33,6 +33,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb+") as fh:
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        if err.filename is None:  # a write or fsync error names no file: name the one being written
+            raise OSError(err.errno, err.strerror or str(err), str(tmp)) from err
+        raise
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -68,8 +72,12 @@ def append_line(path: str | Path, line: str) -> None:
     try:
         written = os.write(fd, data)
         if written != len(data):  # a short write on a full disk: report it rather than leave a torn row
-            raise OSError(errno.ENOSPC, f"short write to {path} ({written} of {len(data)} bytes)")
+            raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)", str(path))
         os.fsync(fd)
+    except OSError as err:
+        if err.filename is None:  # os.write / os.fsync name no file
+            raise OSError(err.errno, err.strerror or str(err), str(path)) from err
+        raise
     finally:
         os.close(fd)
 

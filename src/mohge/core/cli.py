@@ -7,6 +7,7 @@ import errno
 import functools
 import logging
 import os
+import signal
 from collections.abc import Callable, Sequence
 
 from .atomic import LockedError
@@ -18,6 +19,18 @@ EXIT_NONFINITE = 3  # training stopped at a NaN/inf loss or gradient norm (mohge
 EXIT_IO = 4  # the system refused a read or write: disk full, permission denied, read-only or failing disk
 EXIT_BUSY = 5  # another process writes the same output folder (its lock names it)
 EXIT_PEER = 6  # a collective failed: another rank died or stalled past train.parallel.timeout_s (mohge.train)
+# 128 + N: stopped by signal N (143 SIGTERM, 130 SIGINT), as a shell reports it; mohge.train checkpoints first
+
+
+class Interrupted(BaseException):
+    """A signal that stops a command at once (SIGTERM or SIGINT outside mohge.train's step loop, or a second
+    one): one line and status 128 + signum. A BaseException, as KeyboardInterrupt, so no ``except Exception``
+    on the way swallows it (mohge.train.runtime.GracefulStop raises it)."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"{signal.Signals(signum).name} received: stopped")
+
 
 # A user mistake: a bad config, a missing or malformed file, a value out of range.
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
@@ -52,6 +65,12 @@ def user_errors(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequen
     def wrapped(argv: Sequence[str] | None = None) -> int:
         try:
             return main(argv)
+        except (Interrupted, KeyboardInterrupt) as err:  # Ctrl-C, SIGTERM: one line, not a traceback
+            if os.environ.get("MOHGE_DEBUG"):
+                raise
+            signum = getattr(err, "signum", signal.SIGINT)
+            logging.getLogger("mohge").error("%s received: stopped", signal.Signals(signum).name)
+            return 128 + signum
         except (*USER_ERRORS, LockedError, OSError) as err:
             code = exit_code(err)
             if code is None or os.environ.get("MOHGE_DEBUG"):

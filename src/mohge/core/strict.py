@@ -14,6 +14,7 @@ Every refusal is a :class:`ConfigError` of one line that names the key as a dott
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import types
@@ -226,29 +227,165 @@ def schema_of(tp: Any, meta: dict | None = None) -> dict:
     return out
 
 
-# ---------------------------------------------------------------- files
+# ---------------------------------------------------------------- files, read within bounds
+
+# A config is a few kB; these bounds refuse a hostile or mistaken file before it is expanded (docs/errors.md).
+MAX_CONFIG_BYTES = 1 << 20  # 1 MiB: configs/paper.yaml is 4 kB
+MAX_JSON_BYTES = 256 << 20  # a manifest (meta.json of many shards, a checkpoint's data.json): 256 MiB
+MAX_DEPTH = 64  # mappings and lists nested at most this deep (configs nest 4 levels)
+MAX_NODES = 200_000  # YAML nodes after every alias is expanded (a 515-byte alias bomb expands to billions)
+
+
+@functools.cache
+def _bounded_loader() -> type:
+    """The loader class, built on first use: yaml is imported only when a YAML file is read, so building a config
+    in code (the GPU checks on a bare box) needs no pyyaml."""
+    import yaml
+
+    class _BoundedLoader(yaml.SafeLoader):
+        """SafeLoader that counts, while composing, the depth and the expanded size of every node (an alias
+        counts as the whole node it names, so nested aliases multiply) and refuses duplicate keys."""
+
+        def __init__(self, stream: str, where: str):
+            super().__init__(stream)
+            self.where, self.depth, self.nodes = where, 0, 0
+            self.sizes: dict[int, int] = {}  # id(node) -> expanded node count
+
+        def _refuse(self, mark: Any, why: str) -> typing.NoReturn:
+            at = f"{self.where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else self.where
+            raise ConfigError(f"{at}: {why}")
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                node = super().compose_node(parent, index)
+                if id(node) not in self.sizes:  # the alias names a node still being composed
+                    self._refuse(mark, "a recursive alias (a value that contains itself)")
+                self._count(self.sizes[id(node)], mark)
+                return node
+            mark = self.peek_event().start_mark
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                self._refuse(mark, f"nested deeper than {MAX_DEPTH} levels")
+            before = self.nodes
+            node = super().compose_node(parent, index)
+            self.depth -= 1
+            self._count(1, mark)
+            self.sizes[id(node)] = self.nodes - before
+            return node
+
+        def _count(self, n: int, mark: Any) -> None:
+            self.nodes += n
+            if self.nodes > MAX_NODES:
+                self._refuse(mark, f"more than {MAX_NODES} values once its aliases are expanded (an alias bomb?)")
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            if isinstance(node, yaml.MappingNode):
+                seen: dict[Any, Any] = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.setdefault(key, key_node.start_mark)
+                    except TypeError:  # an unhashable key: the base class names it
+                        continue
+                    if first is not key_node.start_mark:
+                        self._refuse(key_node.start_mark, f"duplicate key {key!r} (first at line {first.line + 1})")
+            return super().construct_mapping(node, deep)
+
+    return _BoundedLoader
+
+
+def check_bounds(data: Any, where: str = "config", max_nodes: int | None = MAX_NODES) -> None:
+    """Refuse a parsed value nested deeper than MAX_DEPTH or holding more than MAX_NODES values once shared
+    parts are counted as often as they occur (what a YAML alias given on Snakemake's ``--config`` would expand
+    to). Iterative, with an early exit: a hostile value costs at most MAX_NODES steps."""
+    stack, nodes = [(data, 1)], 0
+    while stack:
+        obj, depth = stack.pop()
+        nodes += 1
+        if max_nodes is not None and nodes > max_nodes:
+            raise ConfigError(f"{where}: more than {max_nodes} values once its aliases are expanded (an alias bomb?)")
+        if isinstance(obj, dict | list | tuple):
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels")
+            stack.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj))
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ConfigError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def read_bounded_text(path: str | Path, what: str = "config file", max_bytes: int = MAX_CONFIG_BYTES) -> str:
+    """The UTF-8 text of ``path``, refused (naming it) when missing, larger than ``max_bytes`` or not UTF-8."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{what} {str(p)!r} does not exist")
+    size = p.stat().st_size
+    if size > max_bytes:
+        raise ConfigError(f"{p}: {size} bytes, more than the {max_bytes} a {what} may hold")
+    with open(p, "rb") as fh:
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:  # grew while being read
+        raise ConfigError(f"{p}: more than the {max_bytes} bytes a {what} may hold")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what} {str(p)!r} is not UTF-8 text (byte {err.start})") from err
+
+
+def parse_json(text: str, where: str, max_nodes: int | None = MAX_NODES) -> Any:
+    """JSON text parsed with duplicate keys, deep nesting and (``max_nodes``) more values refused, each error one
+    line naming ``where``."""
+    try:
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from err
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from err
+    check_bounds(data, where, max_nodes)
+    return data
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """YAML text parsed by the bounded loader (:func:`_bounded_loader`: depth, expanded size, duplicate keys),
+    errors naming ``where``."""
+    import yaml
+
+    loader = _bounded_loader()(text, where)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f"{where}:{mark.line + 1}:{mark.column + 1}" if mark is not None else where
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{at}: not valid YAML: {problem}") from err
+    except RecursionError as err:
+        raise ConfigError(f"{where}: nested deeper than {MAX_DEPTH} levels") from err
+    finally:
+        loader.dispose()
+
+
+def load_json_file(path: str | Path, what: str = "manifest", max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """A JSON file the package wrote (meta.json, manifest.json, data.json, config.json), read within bounds:
+    truncated, malformed, too large or too deep is a ConfigError naming the file."""
+    return parse_json(read_bounded_text(path, what, max_bytes), str(path), max_nodes=None)  # size bounds it
 
 
 def load_yaml_or_json(path: str | Path) -> dict:
-    """Read a YAML or JSON mapping; a missing or malformed file is an error naming it (and line and column)."""
+    """Read a YAML or JSON mapping within bounds (size, depth, expanded aliases; duplicate keys refused); a
+    missing or malformed file is an error naming it (and line and column)."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (byte {err.start})") from err
-    import yaml  # here, not at the top: building a config in code (the GPU checks) needs no pyyaml
-
-    try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{p}:{err.lineno}:{err.colno}: not valid JSON: {err.msg}") from err
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"{p}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(p)
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{where}: not valid YAML: {problem}") from err
+    text = read_bounded_text(p)
+    data = parse_json(text, str(p)) if p.suffix == ".json" else parse_yaml(text, str(p))
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(p)!r} must hold a mapping, got {type(data).__name__}")
     return data

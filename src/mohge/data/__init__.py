@@ -32,7 +32,9 @@ a complete preparation:
   {val,test}.txt                  raw held-out text (first data.eval_docs_max documents), separated by a blank line
   {val,test}_docs.jsonl           the same documents, one a line, exact text (+ per-char levels if graded)
   meta.json                       format_version 2: shards per split with tokens/docs/sha256, the split method,
-                                  the tokenizer record, token counts (mohge.data.manifest)
+                                  the tokenizer record, token counts, and `files`: size and sha256 of
+                                  tokenizer.json and the held-out text and documents (mohge.data.manifest); every
+                                  reader checks what it reads against it (mohge.data.loader)
 
 Levels (graded corpus): -1 separator (newline between segments, EOT), 0 easy (an exact copy of an
 earlier line of the same document), 1 medium (templated grammar with number agreement, and the

@@ -6,9 +6,13 @@ paths relative to the folder, as mohge.data's docstring lists them). Every shard
 Checks, each refusal a ConfigError that names the shard file (one line, exit 2 through the CLIs):
 
 * size, always, on every open: the file holds exactly ``tokens × itemsize`` bytes (its levels file ``tokens``);
-* sha256, once: :func:`verify_split` hashes the shards of a split the first time a process opens them, and a
-  marker file (the run's ``SCRATCH/data_verified.json``) lets a resumed training run skip what its first start
-  already hashed.
+* sha256, once per file version: :func:`verify_split` hashes the shards of a split the first time a process
+  opens them; a training run keeps what it hashed in ``SCRATCH/data_verified.json`` (:func:`verify_folder`),
+  keyed per file by size, mtime_ns, ctime_ns and the expected sha256, so a resume re-hashes exactly the files
+  that changed since (a shard rewritten in place, same size, is hashed again and refused);
+* the manifest itself: meta.json is read within bounds (a truncated one is named); every entry must name a file
+  inside the folder (no absolute path, no ``..``) and carry its sha256, and a reader refuses a meta.json that
+  does not list a file it needs (``files``: tokenizer.json, the held-out text and documents; :func:`sealed_file`).
 
 Sequential order (``train.data_order: sequential``, :class:`WindowOrder`). A *window* is ``seq_len + 1`` tokens
 of one shard at offset ``k × seq_len`` (inputs and next-token targets); windows never cross a shard boundary, as
@@ -25,17 +29,20 @@ Legend: B batch size (sequences per rank), S sequence length, N tokens.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import re
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from mohge.config import SPLITS, ConfigError
-from mohge.core.atomic import write_json_atomic
+from mohge.core.atomic import sha256_file, write_json_atomic
+from mohge.core.strict import load_json_file
+
+HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 HASH_CHUNK = 1 << 24  # 16 MiB per read while hashing a shard: memory stays flat on shards of any size
 
@@ -51,29 +58,101 @@ class Shard:
     levels_sha256: str | None = None
 
 
+def read_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
+    """meta.json of a prepared folder, read within bounds; missing, truncated or malformed is refused by name."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
+    meta = load_json_file(path, "meta.json")
+    if not isinstance(meta, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {type(meta).__name__}; prepare the data again")
+    return meta
+
+
+def inside(folder: Path, rel: Any, where: str) -> Path:
+    """``folder / rel`` when ``rel`` is a relative path inside ``folder`` (no absolute path, no ``..``, no
+    backslash); else a ConfigError naming the manifest entry ``where``."""
+    parts = PurePosixPath(rel).parts if isinstance(rel, str) else ()
+    if not parts or rel.startswith("/") or "\\" in rel or ".." in parts or Path(rel).is_absolute():
+        raise ConfigError(f"{where}={rel!r}: not a file inside {folder}; prepare the data again")
+    return folder / rel
+
+
+def sealed_hash(value: Any, where: str) -> str:
+    """A manifest entry's sha256 (64 hex digits); an entry without one is refused: it would not be checked."""
+    if not isinstance(value, str) or not HEX64.fullmatch(value):
+        raise ConfigError(f"{where}={value!r}: no sha256, so the file is not sealed; prepare the data again")
+    return value
+
+
 def split_shards(data_dir: str | os.PathLike, meta: dict[str, Any], split: str) -> list[Shard]:
-    """The shards of ``split`` in order, from a meta.json of format version 2."""
+    """The shards of ``split`` in order, from a meta.json of format version 2; every entry must name a file
+    inside the folder and carry its sha256 (else a ConfigError naming the entry)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: expected one of {SPLITS}")
+    data_dir = Path(data_dir)
+    where = data_dir / "meta.json"
     version = meta.get("format_version", 1)
     if version != 2:
         raise ConfigError(
-            f"{Path(data_dir) / 'meta.json'}: format_version={version!r}, this reader knows 2 (sharded): "
+            f"{where}: format_version={version!r}, this reader knows 2 (sharded): "
             "prepare the data again (python -m mohge.data)"
         )
-    entries = meta.get("shards", {}).get(split)
-    if not entries:
-        raise ConfigError(f"{Path(data_dir) / 'meta.json'}: no shards listed for split {split!r}")
+    entries = (meta.get("shards") or {}).get(split)
+    if not entries or not isinstance(entries, list):
+        raise ConfigError(f"{where}: no shards listed for split {split!r}")
     shards = []
-    for e in entries:
+    for i, e in enumerate(entries):
+        at = f"{where}: shards.{split}[{i}]"
+        if not isinstance(e, dict) or isinstance(e.get("tokens"), bool) or not isinstance(e.get("tokens"), int):
+            raise ConfigError(f"{at}: expected {{file, tokens, sha256, ...}}; prepare the data again")
+        inside(data_dir, e.get("file"), f"{at}.file")
+        sha = sealed_hash(e.get("sha256"), f"{at}.sha256")
         lv = e.get("levels") or {}
-        shards.append(Shard(e["file"], int(e["tokens"]), e.get("sha256"), lv.get("file"), lv.get("sha256")))
-    if sum(sh.tokens for sh in shards) != meta["tokens"][split]:
+        if lv:
+            inside(data_dir, lv.get("file"), f"{at}.levels.file")
+            sealed_hash(lv.get("sha256"), f"{at}.levels.sha256")
+        shards.append(Shard(e["file"], int(e["tokens"]), sha, lv.get("file"), lv.get("sha256")))
+    if sum(sh.tokens for sh in shards) != (meta.get("tokens") or {}).get(split):
         raise ConfigError(
-            f"{Path(data_dir) / 'meta.json'}: the shards of {split!r} hold {sum(sh.tokens for sh in shards)} "
-            f"tokens, meta['tokens'] says {meta['tokens'][split]}"
+            f"{where}: the shards of {split!r} hold {sum(sh.tokens for sh in shards)} "
+            f"tokens, meta['tokens'] says {(meta.get('tokens') or {}).get(split)}"
         )
     return shards
+
+
+def sealed_entry(data_dir: str | os.PathLike, meta: dict[str, Any], name: str) -> tuple[Path, int, str]:
+    """(path, bytes, sha256) of a non-token file meta.json seals (``files``: tokenizer.json, {val,test}.txt,
+    {val,test}_docs.jsonl); a meta.json that does not list it, or lists it without size or hash, is refused."""
+    data_dir = Path(data_dir)
+    where = data_dir / "meta.json"
+    entry = (meta.get("files") or {}).get(name)
+    if not isinstance(entry, dict):
+        raise ConfigError(
+            f"{where} does not list {name} (its size and sha256): a folder prepared before every input was "
+            "sealed, or an edited manifest; prepare the data again"
+        )
+    path = inside(data_dir, entry.get("file", name), f"{where}: files.{name}.file")
+    size = entry.get("bytes")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ConfigError(f"{where}: files.{name}.bytes={size!r}: no size; prepare the data again")
+    return path, size, sealed_hash(entry.get("sha256"), f"{where}: files.{name}.sha256")
+
+
+def sealed_file(data_dir: str | os.PathLike, name: str, meta: dict[str, Any] | None = None) -> Path:
+    """The path of ``name`` after checking it against meta.json (size, then sha256 once per process and file
+    version): what the task builder, the trainer and the evaluation read instead of the bare file."""
+    meta = meta if meta is not None else read_meta(data_dir)
+    path, size, expected = sealed_entry(data_dir, meta, name)
+    if not path.is_file():
+        raise ConfigError(f"{path} is missing (listed in {Path(data_dir) / 'meta.json'})")
+    if (have := path.stat().st_size) != size:
+        raise _refuse(path, f"{have} bytes, meta.json expects {size}")
+    if _stamp(path, expected) not in _VERIFIED:
+        if (actual := sha256_file(path)) != expected:
+            raise _refuse(path, f"sha256 {actual} ({size} bytes), meta.json expects {expected}")
+        _VERIFIED.add(_stamp(path, expected))
+    return path
 
 
 def _refuse(path: Path, why: str) -> ConfigError:
@@ -106,13 +185,14 @@ def _sha256(path: Path, bar: tqdm) -> str:
     return h.hexdigest()
 
 
-# Files this process has hashed and found as meta.json says: (resolved path, size, mtime_ns, sha256).
-_VERIFIED: set[tuple[str, int, int, str]] = set()
+# Files this process has hashed and found as meta.json says: (resolved path, size, mtime_ns, ctime_ns, sha256).
+# ctime_ns too: a rewrite that puts the old mtime back (touch -d) still moves the ctime, which no user can set.
+_VERIFIED: set[tuple[str, int, int, int, str]] = set()
 
 
-def _stamp(path: Path, sha: str) -> tuple[str, int, int, str]:
+def _stamp(path: Path, sha: str) -> tuple[str, int, int, int, str]:
     st = path.stat()
-    return (str(path.resolve()), st.st_size, st.st_mtime_ns, sha)
+    return (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ctime_ns, sha)
 
 
 def _files_of(data_dir: Path, meta: dict[str, Any], split: str) -> list[tuple[Path, str | None]]:
@@ -126,13 +206,12 @@ def _files_of(data_dir: Path, meta: dict[str, Any], split: str) -> list[tuple[Pa
 
 def verify_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] | None = None) -> None:
     """Hash every shard (and levels file) of ``split`` against meta.json, once per process and file version;
-    a mismatch is a ConfigError naming the file and both hashes. A file without a recorded sha256 is skipped."""
+    a mismatch is a ConfigError naming the file and both hashes (an entry without a sha256 is refused by
+    :func:`split_shards`)."""
     data_dir = Path(data_dir)
-    meta = meta if meta is not None else json.loads((data_dir / "meta.json").read_text())
+    meta = meta if meta is not None else read_meta(data_dir)
     todo = []
     for path, expected in _files_of(data_dir, meta, split):
-        if expected is None:
-            continue
         if not path.is_file():
             raise ConfigError(f"{path} is missing (listed in {data_dir / 'meta.json'})")
         if _stamp(path, expected) not in _VERIFIED:
@@ -146,19 +225,57 @@ def verify_split(data_dir: str | os.PathLike, split: str, meta: dict[str, Any] |
             _VERIFIED.add(_stamp(path, expected))
 
 
-def verify_folder(data_dir: str | os.PathLike, marker: str | os.PathLike) -> None:
-    """Check the token files of every split against meta.json once per run: the result is kept in ``marker``
-    (in the run's scratch), so a resumed run does not read the tokens again. Sizes are still checked on every
-    open (:func:`memmap_shard`)."""
+def _file_record(path: Path, sha: str) -> dict[str, Any]:
+    st = path.stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "sha256": sha}
+
+
+def verify_folder(data_dir: str | os.PathLike, marker: str | os.PathLike, required: tuple[str, ...] = ()) -> None:
+    """Check every token file of every split, and the sealed files ``required`` (``files`` of meta.json, e.g.
+    tokenizer.json), against meta.json; ``marker`` (in the run's scratch) keeps per file its size, mtime_ns,
+    ctime_ns and the sha256 found, so a resumed run hashes again exactly the files that changed since (any change
+    of size, mtime or ctime, or of meta.json itself). Sizes are still checked on every open (:func:`memmap_shard`)."""
     data_dir, marker = Path(data_dir), Path(marker)
-    meta = json.loads((data_dir / "meta.json").read_text())
-    files = {str(p.relative_to(data_dir)): sha for s in SPLITS for p, sha in _files_of(data_dir, meta, s)}
-    record = {"data": str(data_dir.resolve()), "sha256": {k: v for k, v in sorted(files.items()) if v}}
-    if marker.is_file() and json.loads(marker.read_text()) == record:
-        return
+    meta = read_meta(data_dir)
+    want: dict[str, tuple[Path, str, int | None]] = {}
     for s in SPLITS:
-        verify_split(data_dir, s, meta)
-    write_json_atomic(marker, record)
+        for path, sha in _files_of(data_dir, meta, s):
+            want[str(path.relative_to(data_dir))] = (path, sha, None)
+    for name in required:
+        path, size, sha = sealed_entry(data_dir, meta, name)
+        want[name] = (path, sha, size)
+    meta_rec = _file_record(data_dir / "meta.json", hashlib.sha256((data_dir / "meta.json").read_bytes()).hexdigest())
+    old: dict[str, Any] = {}
+    if marker.is_file():
+        try:
+            prev = load_json_file(marker, "verification record")
+        except ConfigError:
+            prev = {}
+        if isinstance(prev, dict) and prev.get("data") == str(data_dir.resolve()) and prev.get("meta") == meta_rec:
+            old = prev.get("files") or {}
+    files: dict[str, Any] = {}
+    todo = []
+    for rel, (path, sha, size) in sorted(want.items()):
+        if not path.is_file():
+            raise ConfigError(f"{path} is missing (listed in {data_dir / 'meta.json'})")
+        rec = _file_record(path, sha)
+        if size is not None and rec["bytes"] != size:
+            raise _refuse(path, f"{rec['bytes']} bytes, meta.json expects {size}")
+        if old.get(rel) == rec:
+            files[rel] = rec
+        else:
+            todo.append((rel, path, sha))
+    total = sum(p.stat().st_size for _, p, _ in todo)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="sha256", disable=None, leave=False) as bar:
+        for rel, path, expected in todo:
+            actual = _sha256(path, bar)
+            if actual != expected:
+                raise _refuse(path, f"sha256 {actual} ({path.stat().st_size} bytes), meta.json expects {expected}")
+            files[rel] = _file_record(path, expected)
+            _VERIFIED.add(_stamp(path, expected))
+    record = {"data": str(data_dir.resolve()), "meta": meta_rec, "files": files}
+    if todo or not marker.is_file() or old != files:
+        write_json_atomic(marker, record)
 
 
 # ----------------------------------------------------------------------------------------------------

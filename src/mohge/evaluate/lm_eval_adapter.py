@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +40,7 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from mohge.data.tokenizer import decode, encode, eot_id, load_tokenizer
-from mohge.train.checkpoint import load_trained
+from mohge.train.checkpoint import load_trained, trained_tokenizer
 
 log = logging.getLogger("mohge.evaluate.lm_eval_adapter")
 
@@ -113,9 +112,7 @@ class MoHGELM(TemplateLM):
             raise ValueError(f"model_args precision={precision!r}: must be one of {PRECISIONS}")
         self._device = resolve_device(device)
         self.cfg, self.model = load_trained(pretrained, self._device)
-        tok_path = Path(tokenizer) if tokenizer else Path(pretrained) / "tokenizer.json"
-        if not tok_path.is_file():
-            raise FileNotFoundError(f"{tok_path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
+        tok_path = trained_tokenizer(pretrained, tokenizer)  # parses, round-trips, is the model's own
         self.tok = load_tokenizer(tok_path)
         self.eot = eot_id(self.tok, self.cfg.data_config.eot_token, tok_path)  # = the data's meta["eot_id"]
         self.batch_size = _batch_size(batch_size, max_batch_size)

@@ -50,6 +50,8 @@ from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.core.cli import user_errors
 from mohge.data import load_meta
 from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
+from mohge.data.loader import sealed_file
+from mohge.train.checkpoint import check_trained_on
 from mohge.train.heldout import heldout_loss
 
 log = logging.getLogger("mohge.evaluate")
@@ -168,7 +170,8 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
     Tasks that the data cannot support (graded tasks of a non-graded corpus) get no file."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     meta = load_meta(data_dir)
-    records = [json.loads(line) for line in (data_dir / "test_docs.jsonl").read_text().splitlines() if line]
+    docs_file = sealed_file(data_dir, "test_docs.jsonl", meta)  # size and sha256 as meta.json seals them
+    records = [json.loads(line) for line in docs_file.read_text(encoding="utf-8").splitlines() if line]
     texts = [r["text"] for r in records]
     docs = {
         "mohge_ppl": [{"text": p} for t in texts for p in passages(t, 2000)],
@@ -183,7 +186,8 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
         if rows:
             write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
             counts[name] = len(rows)
-    write_json_atomic(out_dir / "tasks.json", {"data_sha256": meta.get("sha256", {}), "docs": counts})
+    sealed = {"test_docs.jsonl": meta["files"]["test_docs.jsonl"]["sha256"]}
+    write_json_atomic(out_dir / "tasks.json", {"data_sha256": sealed, "docs": counts})
     return counts
 
 
@@ -274,6 +278,7 @@ def evaluate(
     from .lm_eval_adapter import MoHGELM
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
+    check_trained_on(ckpt, lm.cfg, data_dir)  # another tokenizer or data config: refused, naming both
     # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
     ec = load_run_config(eval_config).eval if eval_config else lm.cfg.eval
     limit = ec.limit if limit is None else limit

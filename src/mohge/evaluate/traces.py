@@ -53,9 +53,9 @@ from mohge.config import LEVEL_NAMES, load_run_config
 from mohge.core.atomic import write_bytes_atomic, write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.data import TokenStream
-from mohge.train.checkpoint import load_trained
+from mohge.train.checkpoint import check_trained_on, load_trained
 
-log = logging.getLogger("mohge.traces")
+log = logging.getLogger("mohge.evaluate.traces")
 
 WIDTHS_3B = (384, 512, 640, 768, 896, 1024, 1152, 1280)
 # Group popularity skewed toward small groups, as L_G pushes it (docs/method.md §5.1): 0.75**g, the demo default.
@@ -395,6 +395,7 @@ def trace_checkpoint(
 ) -> dict[str, Any]:
     """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz); returns the trace."""
     cfg, model = load_trained(ckpt, device)
+    check_trained_on(ckpt, cfg, data_dir)  # another tokenizer or data config: refused, naming both
     ec = load_run_config(eval_config).eval if eval_config else cfg.eval  # the workflow's current eval section
     trace, raw = collect_trace(
         model,

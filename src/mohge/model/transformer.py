@@ -128,7 +128,7 @@ def model_parts(cfg: ModelConfig, loss: LossConfig) -> list[tuple[str, Callable[
     """The top-level parts of :class:`LanguageModel` (embed, blocks.i, norm, head), each with the function that
     builds it, in construction order: the order in which their initialisations draw from torch's RNG. Building
     them one at a time in this order gives the weights of the whole model built at once (the meta-device path,
-    :mod:`mohge.distributed.meta_init`, holds one part at a time)."""
+    :mod:`mohge.train.distributed.meta_init`, holds one part at a time)."""
     std = cfg.init_std
     out_std = std / math.sqrt(2 * cfg.n_layers)  # Megatron's scaled init of output projections
     dense_first = cfg.n_layers if cfg.ffn.kind == "dense" else cfg.ffn.dense_layers

@@ -43,11 +43,16 @@ import torch
 
 from mohge.config import ConfigError, RunConfig, load_run_config, to_dict
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
+from mohge.core.strict import load_json_file
 
 log = logging.getLogger("mohge.train.checkpoint")
 
 MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "state.pt", "data.json", "config.json")
+# What a final model folder's manifest must list: the weights, the run config and the tokenizer the model reads
+# with (a manifest without tokenizer.json would let a swapped vocabulary change lm-eval's scores unnoticed).
+MODEL_FILES = ("model.safetensors", "config.json", "tokenizer.json")
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 # train fields that may change between a checkpoint and its resumption without changing the trajectory
 RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
@@ -208,41 +213,64 @@ def remove_stale_temps(scratch: str | Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def write_manifest(folder: str | Path, names: list[str]) -> Path:
-    """``folder/manifest.json`` = ``{"files": {name: sha256}}`` of ``names``, written last and atomically (the
-    final model folder's seal; :func:`verify_manifest` checks it)."""
+def write_manifest(folder: str | Path, names: list[str], data: dict[str, Any] | None = None) -> Path:
+    """``folder/manifest.json`` = ``{"files": {name: sha256}}`` of ``names``, written last and
+    atomically (the final model folder's seal; :func:`verify_manifest` checks it). ``data``: what the folder
+    records of the data it was trained on (meta.json's and tokenizer.json's size and sha256)."""
     folder = Path(folder)
     files = {name: sha256_file(folder / name) for name in sorted(names)}
-    write_json_atomic(folder / MANIFEST, {"format_version": 1, "files": files})
+    manifest: dict[str, Any] = {"format_version": 1, "files": files}
+    if data is not None:
+        manifest["data"] = data
+    write_json_atomic(folder / MANIFEST, manifest)
     return folder / MANIFEST
+
+
+def _manifest_files(mpath: Path, manifest: Any) -> dict[str, tuple[str, int | None]]:
+    """name -> (sha256, bytes or None) of a manifest; an entry naming a path (``../x``, ``a/b``, absolute) or
+    without a sha256 is refused: it would escape the folder or go unchecked."""
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{mpath} is unreadable: no `files` mapping")
+    out = {}
+    for name, entry in files.items():
+        if not name or name in (".", "..") or "/" in name or "\\" in name or Path(name).is_absolute():
+            raise CheckpointError(f"{mpath} lists {name!r}, not a file of {mpath.parent}")
+        sha = entry if isinstance(entry, str) else entry.get("sha256") if isinstance(entry, dict) else None
+        if not isinstance(sha, str) or not _HEX64.fullmatch(sha):
+            raise CheckpointError(f"{mpath}: {name} has no sha256, so it is not sealed")
+        size = entry.get("bytes") if isinstance(entry, dict) else None
+        out[name] = (sha, size if isinstance(size, int) and not isinstance(size, bool) else None)
+    return out
 
 
 def verify_manifest(folder: str | Path, required: tuple[str, ...] = ()) -> dict[str, Any]:
     """Check every file a folder's manifest lists (entries ``sha256`` or ``{"sha256": ..., "bytes": ...}``);
-    return the manifest, or raise CheckpointError naming the file (and both hashes on a mismatch)."""
+    return the manifest, or raise CheckpointError naming the file (and both hashes on a mismatch). A manifest
+    that does not list every name of ``required``, lists a path outside the folder or an entry without a
+    sha256 is refused by name."""
     path = Path(folder)
     mpath = path / MANIFEST
     if not mpath.is_file():
         raise CheckpointError(f"{mpath} is missing: {path} is incomplete or was not written by mohge.train")
     try:
-        manifest = json.loads(mpath.read_text())
-        files = {k: v if isinstance(v, str) else v["sha256"] for k, v in manifest["files"].items()}
-    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(f"{mpath} is unreadable: {err!r}") from err
+        manifest = load_json_file(mpath, "manifest")
+    except ConfigError as err:
+        raise CheckpointError(f"{err}; {path} is incomplete or was changed") from err
+    files = _manifest_files(mpath, manifest)
     missing = [f for f in required if f not in files]
     if missing:
-        raise CheckpointError(f"{mpath} does not list {missing}")
-    for name, expected in files.items():
+        raise CheckpointError(f"{mpath} does not list {missing}: {path} is incomplete or its manifest was edited")
+    for name, (expected, nbytes) in files.items():
         fpath = path / name
         if not fpath.is_file():
             raise CheckpointError(f"{fpath} is missing (listed in {MANIFEST})")
-        actual = sha256_file(fpath)
+        size = fpath.stat().st_size
+        actual = sha256_file(fpath) if nbytes is None or size == nbytes else "-"
         if actual != expected:
-            entry = manifest["files"][name]
-            size = f", manifest expects {entry['bytes']} bytes" if isinstance(entry, dict) else ""
+            want = f", manifest expects {nbytes} bytes" if nbytes is not None else ""
             raise CheckpointError(
-                f"{fpath} is corrupted: sha256 {actual} ({fpath.stat().st_size} bytes), "
-                f"manifest expects {expected}{size}"
+                f"{fpath} is corrupted: sha256 {actual} ({size} bytes), manifest expects {expected}{want}"
             )
     return manifest
 
@@ -271,17 +299,29 @@ def find_latest_valid(scratch: str | Path, required: tuple[str, ...] = FILES) ->
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Verify and read a checkpoint folder: {"model": state dict, "state": train state, "step", "data" (the data
-    position of data.json), "config"}."""
+    position of data.json), "config"}. A sealed file that does not load (a resealed state.pt holding other than
+    tensors and plain values, say) is a CheckpointError naming it."""
     path = Path(path)
     verify_checkpoint(path)
-    data = json.loads((path / "data.json").read_text())
-    return {
-        "model": safetensors.torch.load_file(path / "model.safetensors", device=str(map_location)),
-        "state": torch.load(path / "state.pt", map_location=map_location, weights_only=True),
-        "step": data["step"],
-        "data": data,
-        "config": json.loads((path / "config.json").read_text()),
-    }
+    try:
+        data = load_json_file(path / "data.json", "checkpoint file")
+        config = load_json_file(path / "config.json", "checkpoint file")
+    except ConfigError as err:
+        raise CheckpointError(str(err)) from err
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        raise CheckpointError(f"{path / 'data.json'}: no step")
+    try:
+        model = safetensors.torch.load_file(path / "model.safetensors", device=str(map_location))
+    except Exception as err:  # safetensors raises its own error types
+        raise CheckpointError(f"{path / 'model.safetensors'} does not load: {str(err).splitlines()[0]}") from err
+    try:
+        state = torch.load(path / "state.pt", map_location=map_location, weights_only=True)
+    except Exception as err:  # pickle.UnpicklingError, RuntimeError, ...: never retried with weights_only=False
+        raise CheckpointError(
+            f"{path / 'state.pt'} does not load as tensors and plain values ({type(err).__name__}); it was not "
+            "written by mohge.train"
+        ) from err
+    return {"model": model, "state": state, "step": data["step"], "data": data, "config": config}
 
 
 def resolved_config(cfg: RunConfig) -> dict[str, Any]:
@@ -320,18 +360,30 @@ def start_window(data: dict[str, Any] | None, order: str, where: Path | None) ->
 def resume_point(
     scratch: Path, resolved: dict[str, Any], main: bool, world: int, device: torch.device, require: bool
 ) -> dict[str, Any] | None:
-    """The newest valid checkpoint of ``scratch`` loaded (``load_checkpoint`` plus its "path"), checked against
-    the run's resolved config; None when there is none (CheckpointError with ``require``). Under several
-    processes rank 0 chooses and broadcasts the folder, so every rank loads the same one."""
+    """The newest checkpoint of ``scratch`` that verifies and loads (``load_checkpoint`` plus its "path"), checked
+    against the run's resolved config; a newer one that fails either is skipped with a warning naming the file.
+    None when there is none (CheckpointError with ``require``). Under several processes rank 0 chooses and
+    broadcasts the folder, so every rank loads the same one."""
+    state, problems = None, []
     if main:
         remove_stale_temps(scratch)
-    found = [str(find_latest_valid(scratch)[0] or "")] if main else [""]
+        for _, path in list_checkpoints(scratch):
+            try:
+                state = {**load_checkpoint(path, map_location=device), "path": path}
+                break
+            except CheckpointError as err:
+                problems.append(str(err))
+                log.warning("skipping checkpoint: %s", err)
+        if state is not None and problems:
+            log.warning("falling back to the previous valid checkpoint %s", state["path"])
+    found = [str(state["path"]) if state is not None else ""]
     if world > 1:
         torch.distributed.broadcast_object_list(found)
     if found[0]:
-        state = load_checkpoint(found[0], map_location=device)
+        if state is None:
+            state = {**load_checkpoint(found[0], map_location=device), "path": Path(found[0])}
         check_same_run(state["config"], resolved, Path(found[0]))
-        return {**state, "path": Path(found[0])}
+        return state
     if require:
         raise CheckpointError(f"--require-resume: no valid checkpoint in {scratch}")
     if list_checkpoints(scratch):
@@ -348,7 +400,8 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     for name in ("model.safetensors", "config.json"):
         if not (path / name).is_file():
             raise FileNotFoundError(f"{path / name} is missing: not a trained-model folder")
-    verify_manifest(path, ("model.safetensors", "config.json"))  # a flipped bit fails here, naming the file
+    # a flipped bit fails here, naming the file; a final folder must seal its tokenizer, a checkpoint its state
+    verify_manifest(path, FILES if _STEP_DIR.match(path.name) else MODEL_FILES)
     cfg = load_run_config(path / "config.json")
     model = LanguageModel(cfg.model, cfg.loss)
     state = safetensors.torch.load_file(path / "model.safetensors")
@@ -356,6 +409,57 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     if missing or unexpected:
         raise ValueError(f"{path / 'model.safetensors'}: missing keys {missing}, unexpected keys {unexpected}")
     return cfg, model.to(device).eval()
+
+
+def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Path:
+    """The tokenizer.json a model reads with: the folder's own (sealed by its manifest), or ``given`` (a step_*
+    checkpoint has none), which must parse and round-trip, and be the folder's own when it has one. Every
+    refusal is one line naming the file."""
+    from .tokenizer import check_tokenizer
+
+    folder = Path(folder)
+    own = folder / "tokenizer.json"
+    path = Path(given) if given else own
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
+    check_tokenizer(path)
+    if given and own.is_file() and sha256_file(path) != sha256_file(own):
+        raise ConfigError(
+            f"tokenizer={path} is not the tokenizer {own} the model was trained with (sha256 "
+            f"{sha256_file(path)[:12]}..., the model's {sha256_file(own)[:12]}...); leave it out to use the model's"
+        )
+    return path
+
+
+def check_trained_on(folder: str | Path, cfg: RunConfig, data_dir: str | Path) -> None:
+    """Refuse a data folder the model in ``folder`` was not trained on: another data config (meta.json's
+    ``config`` against the model's ``data`` section) or another tokenizer (its sealed sha256 against the model
+    folder's tokenizer.json), in one line naming both folders."""
+    from .config import DataConfig
+    from .data.loader import read_meta, sealed_entry
+
+    folder, data_dir = Path(folder), Path(data_dir)
+    meta = read_meta(data_dir)
+    try:
+        have = json.loads(json.dumps(DataConfig.from_dict(meta.get("config") or {}).to_dict()))
+    except ValueError as err:
+        raise ConfigError(f"{data_dir / 'meta.json'}: its data config does not load ({err})") from err
+    want = json.loads(json.dumps(cfg.data_config.to_dict()))
+    diff = sorted(k for k in set(have) | set(want) if have.get(k) != want.get(k))
+    if diff:
+        detail = ", ".join(f"{k}: data {have.get(k)!r}, model {want.get(k)!r}" for k in diff[:4])
+        raise ConfigError(
+            f"--data {data_dir} was prepared with another data config than the model {folder} was trained on "
+            f"({detail}); evaluate on the data folder of its config"
+        )
+    own = folder / "tokenizer.json"
+    if own.is_file():
+        _, _, data_sha = sealed_entry(data_dir, meta, "tokenizer.json")
+        if (model_sha := sha256_file(own)) != data_sha:
+            raise ConfigError(
+                f"--data {data_dir}: its tokenizer.json (sha256 {data_sha[:12]}...) is not the tokenizer of the "
+                f"model {own} (sha256 {model_sha[:12]}...); evaluate on the data folder the model was trained on"
+            )
 
 
 def write_model(path: str | Path, model_state: dict[str, torch.Tensor]) -> None:
@@ -367,6 +471,7 @@ def write_model(path: str | Path, model_state: dict[str, torch.Tensor]) -> None:
 __all__ = [
     "CheckpointError",
     "capture_rng",
+    "check_trained_on",
     "find_latest_valid",
     "list_checkpoints",
     "load_checkpoint",
@@ -375,6 +480,7 @@ __all__ = [
     "remove_stale_temps",
     "restore_rng",
     "save_checkpoint",
+    "trained_tokenizer",
     "verify_checkpoint",
     "verify_manifest",
     "write_manifest",

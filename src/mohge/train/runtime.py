@@ -12,20 +12,33 @@ connection is reset), after the timeout when it stalls. :func:`peer_failure` rec
 then ends the rank with one line and ``EXIT_PEER`` (6), without the teardown that would wait on the lost peer.
 On NCCL a collective that never completes is ended by PyTorch's watchdog after the same timeout (it aborts the
 process; torchrun names the rank), and torchrun ends the ranks of a node whose worker died.
+
+Stopping on a signal (:class:`GracefulStop`): SIGTERM (what SLURM sends before a time limit or on preemption,
+``--signal`` in workflow/profiles/slurm) and SIGINT (Ctrl-C) during the step loop only ask the loop to stop; it
+finishes the step it is in, every rank agrees on the step (one all-reduce of the flag per step), writes a
+checkpoint of that step and raises :class:`Stopped`, which the command reports in one line with exit status
+128 + the signal's number (143, 130; docs/errors.md). A second SIGINT, or a signal outside the loop, stops at
+once: :class:`mohge.core.cli.Interrupted`, also one line and the same status, the checkpoints written so far kept. A
+second SIGTERM in the loop is ignored: under SLURM every process of the job gets one and torchrun forwards its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
 import logging
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from mohge.config import ParallelConfig, TrainConfig
+from mohge.core.cli import Interrupted
 
 log = logging.getLogger("mohge.train")
 
@@ -123,3 +136,69 @@ def wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:
     )
     ids = [rt.device.index] if rt.device.type == "cuda" else None
     return ddp(model, device_ids=ids, **{quiet: False})
+
+
+# ---------------------------------------------------------------- stopping on SIGTERM / SIGINT
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Stopped(Exception):
+    """The step loop stopped on a signal after checkpointing ``step`` (``path``); one line, 128 + signum."""
+
+    def __init__(self, signum: int, step: int, path: object):
+        self.signum, self.step, self.path = signum, step, path
+        super().__init__(
+            f"{signal.Signals(signum).name} received: stopped after step {step} with a checkpoint in {path}; "
+            "the same command resumes from it"
+        )
+
+
+class GracefulStop:
+    """While installed (:meth:`installed`), SIGTERM and SIGINT raise :class:`Interrupted` at once, except inside
+    :meth:`in_loop`, where the first one only sets a flag that :meth:`requested` reports after the current step
+    (a second SIGINT there stops at once, a second SIGTERM is ignored)."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._loop = False
+
+    def _handler(self, signum: int, frame: object) -> None:
+        if self._loop and not self.signum:
+            self.signum = signum
+            log.warning(
+                "%s received: finishing this step, then a checkpoint (Ctrl-C again stops at once)",
+                signal.Signals(signum).name,
+            )
+            return
+        if self._loop and signum == signal.SIGTERM:  # a repeat: torchrun forwards the one SLURM sent to all
+            return
+        raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[GracefulStop]:
+        if threading.current_thread() is not threading.main_thread():  # handlers belong to the main thread
+            yield self
+            return
+        old = {sig: signal.signal(sig, self._handler) for sig in STOP_SIGNALS}
+        try:
+            yield self
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def in_loop(self) -> Iterator[GracefulStop]:
+        self._loop = True
+        try:
+            yield self
+        finally:
+            self._loop = False
+
+    def requested(self, rt: Runtime) -> int:
+        """The signal number when any rank got a stop signal (0: go on); a collective when world > 1."""
+        if rt.world == 1:
+            return self.signum
+        flag = torch.tensor([self.signum], dtype=torch.int64, device=rt.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())

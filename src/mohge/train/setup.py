@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from mohge.config import ConfigError, RunConfig
-from mohge.core.atomic import write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
 from mohge.data import load_meta, prepare
+from mohge.data.loader import sealed_entry, verify_folder
+from mohge.data.tokenizer import check_tokenizer, eot_id
 from mohge.model.params import count_params
 
 from . import checkpoint as ckpt
@@ -33,7 +36,10 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
         data_dir = Path(data_arg)
     else:
         data_dir = scratch / "data"
-        fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        try:
+            fresh = (data_dir / "meta.json").is_file() and load_meta(data_dir).get("config") == want
+        except ValueError:  # a truncated or older meta.json in the scratch copy: prepared again
+            fresh = False
         if rt.main and not fresh:
             log.info("preparing the data of the config into %s", data_dir)
             prepare(cfg.data_config, data_dir)
@@ -49,6 +55,39 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
     return data_dir
 
 
+def check_data(cfg: RunConfig, data_dir: Path, scratch: Path) -> None:
+    """Before the first step (rank 0), on every start and resume: every token file and tokenizer.json match
+    meta.json (hashed again where size, mtime or ctime changed; SCRATCH/data_verified.json), the tokenizer parses,
+    round-trips and gives data.eot_token the id the shards hold, and the val split holds one window."""
+    verify_folder(data_dir, scratch / "data_verified.json", required=("tokenizer.json",))
+    eot_token = cfg.data_config.eot_token
+    tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
+    # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
+    # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
+    meta = load_meta(data_dir)
+    if (have := meta["eot_id"]) != eot_id(tok, eot_token):
+        raise ConfigError(
+            f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
+            f"the id {eot_id(tok, eot_token)}; prepare the data again"
+        )
+    S, val = cfg.data_config.seq_len, meta["tokens"]["val"]
+    if val < S + 1:  # the val loss (and summary.json's val_ppl) would cover a fraction of one window
+        raise ConfigError(
+            f"data.seq_len={S}: the val split of {data_dir} holds {val} tokens, fewer than one window of "
+            f"seq_len + 1 = {S + 1}; hold out more (data.val_tokens, val documents) or shorten data.seq_len"
+        )
+
+
+def data_seal(data_dir: Path) -> dict[str, Any]:
+    """What the model folder's manifest records of its data: meta.json's and tokenizer.json's size and sha256."""
+    meta_path = data_dir / "meta.json"
+    _, size, sha = sealed_entry(data_dir, load_meta(data_dir), "tokenizer.json")
+    return {
+        "meta.json": {"bytes": meta_path.stat().st_size, "sha256": sha256_file(meta_path)},
+        "tokenizer.json": {"bytes": size, "sha256": sha},
+    }
+
+
 def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time, val=None) -> dict:
     """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary. With
     ``val`` (the validation loss, computed by the caller) and no ``model``, the caller has written the weights
@@ -58,7 +97,13 @@ def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, traine
         (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
         ckpt.write_model(out / "model.safetensors", model.state_dict())
     write_json_atomic(out / "config.json", resolved)
-    write_bytes_atomic(out / "tokenizer.json", (Path(data_dir) / "tokenizer.json").read_bytes())
+    tok_bytes = (Path(data_dir) / "tokenizer.json").read_bytes()
+    _, _, tok_sha = sealed_entry(data_dir, load_meta(data_dir), "tokenizer.json")
+    if ckpt.sha256_bytes(tok_bytes) != tok_sha:  # changed since the start: never sealed into the model folder
+        raise ConfigError(
+            f"{Path(data_dir) / 'tokenizer.json'} changed during training (sha256 differs from meta.json's)"
+        )
+    write_bytes_atomic(out / "tokenizer.json", tok_bytes)
     write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
     if val is None:
         val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)

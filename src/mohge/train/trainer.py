@@ -21,9 +21,13 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
 * Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.core.atomic.output_lock),
-  the run passes mohge.config.preflight, tokenizer.json round-trips, the token shards match meta.json's sha256
-  (:func:`mohge.data.loader.verify_folder`, once per run) and their sizes (on every open).
-* OUT is sealed last by manifest.json (sha256 of each file); exit codes are mohge.core.cli's (docs/errors.md).
+  neither holds committed files of another run, the run passes mohge.config.preflight, the token shards and
+  tokenizer.json match meta.json's sha256 (:func:`mohge.train.setup.check_data`: at every start and resume,
+  re-hashing the files whose size, mtime or ctime changed) and their sizes (on every open), tokenizer.json round-trips.
+* OUT is sealed last by manifest.json (sha256 of each file, and the sha256 of the data folder's meta.json and
+  tokenizer.json it was trained on); exit codes are mohge.core.cli's (docs/errors.md).
+* SIGTERM / SIGINT (mohge.train.runtime.GracefulStop): the current step finishes, every rank checkpoints that step,
+  the locks are released and the command exits 128 + the signal's number with one line; the run resumes.
 
 Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
 to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
@@ -57,16 +61,24 @@ from tqdm import tqdm
 from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight
 from mohge.core.atomic import append_line, output_lock, write_json_atomic, write_text_atomic
 from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, user_errors
-from mohge.data import TokenStream, load_meta
-from mohge.data.loader import verify_folder
+from mohge.data import TokenStream
 from mohge.data.stream import TrainBatches
-from mohge.data.tokenizer import check_tokenizer, eot_id
 from mohge.model import LanguageModel
 
 from . import checkpoint as ckpt
 from .heldout import heldout_loss
-from .runtime import LaunchError, PeerLostError, Runtime, peer_failure, set_deterministic, setup_runtime, wrap_ddp
-from .setup import FINAL_FILES, finish, resolve_data
+from .runtime import (
+    GracefulStop,
+    LaunchError,
+    PeerLostError,
+    Runtime,
+    Stopped,
+    peer_failure,
+    set_deterministic,
+    setup_runtime,
+    wrap_ddp,
+)
+from .setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
 from .step import NonFiniteLossError, WindowMeter, build_optimizer, compute_loss, lr_at, optimizer_step, read_log
 
 log = logging.getLogger("mohge.train")
@@ -86,6 +98,12 @@ def train(
 ) -> dict[str, Any]:
     """Train ``cfg`` (resuming from SCRATCH when it holds a valid checkpoint); returns the summary."""
     out, scratch = Path(out), Path(scratch) if scratch else Path(out) / ".scratch"
+    if scratch.resolve() == out.resolve():
+        raise ConfigError(
+            f"--scratch {scratch} is --out: the checkpoints need a folder of their own (default OUT/.scratch)"
+        )
+    for folder, what in ((out, "--out"), (scratch, "--scratch")):  # committed results: only their own run
+        preflight.check_not_committed(folder, what, cfg)
     for folder, what in ((out, "--out"), (scratch, "--scratch")):
         preflight.check_writable(folder, what)
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
@@ -100,11 +118,12 @@ def train(
         if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.train.distributed
             from .distributed.trainer import train_parallel as run
         with contextlib.ExitStack() as locks:
+            stop = locks.enter_context(GracefulStop().installed())
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
             try:
-                return run(cfg, out, scratch, data, require_resume, rt)
+                return run(cfg, out, scratch, data, require_resume, rt, stop)
             except RuntimeError as err:
                 if rt.world == 1 or not peer_failure(err):
                     raise
@@ -122,23 +141,23 @@ def train(
             dist.destroy_process_group()
 
 
-def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: Runtime) -> dict:
+def _train(
+    cfg: RunConfig,
+    out: Path,
+    scratch: Path,
+    data: str | None,
+    require_resume: bool,
+    rt: Runtime,
+    stop: GracefulStop | None = None,
+) -> dict:
     wall0, tc = time.perf_counter(), cfg.train
+    stop = stop or GracefulStop()
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
-        eot_token = cfg.data_config.eot_token
-        tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
-        # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
-        # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
-        if (have := load_meta(data_dir)["eot_id"]) != eot_id(tok, eot_token):
-            raise ConfigError(
-                f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
-                f"the id {eot_id(tok, eot_token)}; prepare the data again"
-            )
-        verify_folder(data_dir, scratch / "data_verified.json")
+        check_data(cfg, data_dir, scratch)
     rt.barrier()
     stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
     resolved = ckpt.resolved_config(cfg)
@@ -201,7 +220,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
-    with bar:
+    with bar, stop.in_loop():
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
             lr = lr_at(s, tc)
@@ -244,8 +263,11 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
                     rows.append(row)
                     append_line(log_path, json.dumps(row))
                 rt.barrier()
-            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
+            signum = stop.requested(rt)  # SIGTERM / SIGINT on any rank: every rank checkpoints this step
+            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps or signum:
                 last_good = save(s + 1)
+            if signum:
+                raise Stopped(signum, s + 1, last_good or scratch / ckpt.step_dir_name(s + 1))
 
     summary: dict[str, Any] = {}
     if rt.main:
@@ -253,7 +275,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
         summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
+        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete, sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
@@ -267,7 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
         "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "
-        "6 another rank died or stalled past train.parallel.timeout_s (see docs/errors.md).",
+        "6 another rank died or stalled past train.parallel.timeout_s, "
+        "143 / 130 stopped by SIGTERM / SIGINT after checkpointing the current step (see docs/errors.md).",
     )
     ap.add_argument("--config", required=True, help="resolved run config (JSON, or YAML written by hand)")
     ap.add_argument(
@@ -305,9 +328,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("%s", err)
         logging.shutdown()
         os._exit(EXIT_PEER)  # not sys.exit: the broken process group's destructors would wait on the lost peer
-    except (NonFiniteLossError, LaunchError) as err:
+    except (NonFiniteLossError, LaunchError, Stopped) as err:
         if os.environ.get("MOHGE_DEBUG"):
             raise
         log.error("%s", err)
+        if isinstance(err, Stopped):
+            return 128 + err.signum
         return EXIT_NONFINITE if isinstance(err, NonFiniteLossError) else EXIT_USER
     return EXIT_OK

@@ -51,6 +51,7 @@ from torch.distributed.tensor import DTensor
 
 from mohge.config import ModelConfig
 from mohge.core.atomic import atomic_path, write_bytes_atomic, write_json_atomic
+from mohge.core.strict import load_json_file
 from mohge.model import LanguageModel
 
 from .. import checkpoint as ckpt
@@ -134,16 +135,22 @@ def resume(
             raise ckpt.CheckpointError(f"--require-resume: no valid checkpoint in {root}")
         return 0, None, None
     path = Path(found)
-    saved = json.loads((path / "config.json").read_text())
+    saved = load_json_file(path / "config.json", "checkpoint file")
     ckpt.check_same_run(_without_parallel(saved), _without_parallel(resolved), path)
     state = _state(model, opt)
     dcp.load(state, checkpoint_id=path)
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
-    data = json.loads((path / "data.json").read_text())
+    data = load_json_file(path / "data.json", "checkpoint file")
     # the same rank's RNG at the same world size (exact resume); rank 0's otherwise
     rng = path / f"rng_{rank if data['world_size'] == world else 0:05d}.pt"
-    ckpt.restore_rng(torch.load(rng, weights_only=True))
+    try:
+        rng_state = torch.load(rng, weights_only=True)
+    except Exception as err:  # a resealed file of other than tensors and plain values: never weights_only=False
+        raise ckpt.CheckpointError(
+            f"{rng} does not load as tensors and plain values ({type(err).__name__}); it was not written by mohge.train"
+        ) from err
+    ckpt.restore_rng(rng_state)
     if data["world_size"] != world and rank == 0:
         log.warning("resuming a checkpoint of %d ranks on %d: resharded", data["world_size"], world)
     return int(data["step"]), path, data

@@ -6,9 +6,10 @@ whole model would be built from on one process. After :func:`mohge.train.distrib
 (EP drops the other ranks' experts, FSDP2 shards the rest, all still on meta), :func:`materialize`:
 
 1. allocates this rank's shards (``to_empty``: FSDP2 gives each sharded parameter its local piece);
-2. restores the RNG state and builds the model's top-level parts (:func:`mohge.model.transformer.model_parts`: embed, each
-   block, norm, head) one at a time, on the CPU, in construction order, so every part draws from the RNG exactly
-   as it does when the whole model is built at once: the weights equal the single-process ones bit for bit;
+2. restores the RNG state and builds the model's top-level parts
+   (:func:`mohge.model.transformer.model_parts`: embed, each block, norm, head) one at a time, on the CPU, in
+   construction order, so every part draws from the RNG exactly as it does when the whole model is built at
+   once: the weights equal the single-process ones bit for bit;
 3. copies from each part this rank's piece of every parameter (an EP layer's experts: the rows ``w1.<c>[j]`` of
    its own experts e = c * n + j; an FSDP2 parameter: its shard, cut by ``distribute_tensor`` without any
    communication), then drops the part.

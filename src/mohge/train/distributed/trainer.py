@@ -37,7 +37,6 @@ from tqdm import tqdm
 from mohge.config import ConfigError, RunConfig
 from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.data import TokenStream
-from mohge.data.loader import verify_folder
 from mohge.data.stream import TrainBatches
 from mohge.model import LanguageModel
 from mohge.model.moe import LayerStats
@@ -45,8 +44,8 @@ from mohge.model.moe import LayerStats
 from .. import checkpoint as ckpt
 from .. import step as training
 from ..heldout import heldout_loss
-from ..runtime import Runtime
-from ..setup import FINAL_FILES, finish, resolve_data
+from ..runtime import GracefulStop, Runtime, Stopped
+from ..setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
 from . import dcp
 from .ep_layer import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
@@ -87,17 +86,24 @@ def step_expert_flops(model: LanguageModel, layers: list[LayerStats]) -> torch.T
 
 
 def train_parallel(
-    cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_resume: bool, rt: Runtime
+    cfg: RunConfig,
+    out: Path,
+    scratch: Path,
+    data: str | None,
+    require_resume: bool,
+    rt: Runtime,
+    stop: GracefulStop | None = None,
 ) -> dict[str, Any]:
     """Train ``cfg`` on the layout ``cfg.train.parallel`` over the world of ``rt``; returns the summary."""
+    stop = stop or GracefulStop()
     layout = check_layout(cfg, rt.world)
     wall0, tc = time.perf_counter(), cfg.train
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)
-    if rt.main:  # before the first step, as one process does: a changed shard is named, not trained on
-        verify_folder(data_dir, scratch / "data_verified.json")
+    if rt.main:  # before the first step, as one process does: a changed shard or tokenizer is named, not trained on
+        check_data(cfg, data_dir, scratch)
     rt.barrier()
     S = cfg.data_config.seq_len
     stream = TokenStream.open(data_dir, "train")
@@ -132,53 +138,57 @@ def train_parallel(
     bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=30)
     log_fh = open(log_path, "a") if rt.main else None  # noqa: SIM115 (closed below)
     try:
-        for s in range(start, tc.steps):
-            t0 = time.perf_counter()
-            lr = training.lr_at(s, tc)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x_BS, y_BS = batches.batch(s)
-            sums = torch.zeros(3, device=rt.device)
-            for m in range(tc.grad_accum):
-                sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter per step, after the last micro-batch
-                xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
-                with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
-                    total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
-                (total / tc.grad_accum).backward()
-                sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
-                meter.add_micro(layers)
-                flops_window += step_expert_flops(model, layers)
-            scale_expert_grads(model, layout)
-            dist.all_reduce(sums)
-            sums /= rt.world
-            gnorm = clip_grad_norm(model, tc.grad_clip, layout)
-            vals = training.optimizer_step(s, sums, gnorm, opt, rt, last_good)
-            dt = time.perf_counter() - t0
-            train_time += dt
-            trained_tokens += tokens_per_step
-            meter.add_step(vals, tokens_per_step, dt)
-            bar.update(1)
-            if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
-                row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
-                row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device))
-                if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
-                    row["data"] = batches.position(s + 1)
-                meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
-                if rt.main:
-                    rows.append(row)
-                    log_fh.write(json.dumps(row) + "\n")
-                    log_fh.flush()
-            if tc.eval_every and (s + 1) % tc.eval_every == 0:  # every rank runs the sharded model on the same batches
-                with torch.no_grad():
-                    val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
-                if rt.main:
-                    rows.append({"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]})
-                    log_fh.write(json.dumps(rows[-1]) + "\n")
-                    log_fh.flush()
-            if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps:
-                last_good = dcp.save(
-                    dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints, batches.position(s + 1)
-                )
+        with stop.in_loop():
+            for s in range(start, tc.steps):
+                t0 = time.perf_counter()
+                lr = training.lr_at(s, tc)
+                for group in opt.param_groups:
+                    group["lr"] = lr
+                x_BS, y_BS = batches.batch(s)
+                sums = torch.zeros(3, device=rt.device)
+                for m in range(tc.grad_accum):
+                    sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter a step, after the last micro-batch
+                    xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
+                    with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
+                        total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
+                    (total / tc.grad_accum).backward()
+                    sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
+                    meter.add_micro(layers)
+                    flops_window += step_expert_flops(model, layers)
+                scale_expert_grads(model, layout)
+                dist.all_reduce(sums)
+                sums /= rt.world
+                gnorm = clip_grad_norm(model, tc.grad_clip, layout)
+                vals = training.optimizer_step(s, sums, gnorm, opt, rt, last_good)
+                dt = time.perf_counter() - t0
+                train_time += dt
+                trained_tokens += tokens_per_step
+                meter.add_step(vals, tokens_per_step, dt)
+                bar.update(1)
+                if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
+                    row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
+                    row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device))
+                    if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
+                        row["data"] = batches.position(s + 1)
+                    meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
+                    if rt.main:
+                        rows.append(row)
+                        log_fh.write(json.dumps(row) + "\n")
+                        log_fh.flush()
+                if tc.eval_every and (s + 1) % tc.eval_every == 0:  # every rank: the sharded model, the same batches
+                    with torch.no_grad():
+                        val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
+                    if rt.main:
+                        rows.append({"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]})
+                        log_fh.write(json.dumps(rows[-1]) + "\n")
+                        log_fh.flush()
+                signum = stop.requested(rt)  # SIGTERM / SIGINT on any rank: every rank checkpoints this step
+                if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps or signum:
+                    last_good = dcp.save(
+                        dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints, batches.position(s + 1)
+                    )
+                if signum:
+                    raise Stopped(signum, s + 1, last_good)
     finally:
         bar.close()
         if log_fh is not None:
@@ -205,7 +215,7 @@ def train_parallel(
         )
         summary["wall_time_s"] = time.perf_counter() - wall0
         write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES))  # last: the folder is complete and sealed
+        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete and sealed
         log.info("done: %s", json.dumps(summary))
     rt.barrier()
     return summary
