@@ -35,7 +35,7 @@ GATE_MODES = ("code_exact", "product_renorm")
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
 PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 ATTENTION_KINDS = ("mha", "mla")
-BACKENDS = ("auto", "triton", "torch", "loop")
+BACKENDS = ("auto", "triton", "grouped_mm", "torch", "loop")
 EXPERT_AUX_MODES = ("code", "per_group")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -73,7 +73,11 @@ class FFNConfig(_Section):
     dense_width: int = knob(6144, "hidden width of a dense FFN", gt=0)
     placement: str = knob("all_size", "how experts are laid out over expert-parallel ranks", choices=PLACEMENTS)
     ep_size: int = knob(1, "expert-parallel ranks the placement plans for", gt=0)
-    backend: str = knob("auto", "expert compute: Triton kernels, grouped torch, or a per-expert loop", choices=BACKENDS)
+    backend: str = knob(
+        "auto",
+        "expert compute: Triton kernels, F.grouped_mm per width class, grouped torch, or a per-expert loop",
+        choices=BACKENDS,
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     @property
