@@ -270,7 +270,8 @@ class TrainConfig(_Section):
     """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
 
     ``batch_size`` is sequences per optimizer step *per process*; ``grad_accum`` splits it into micro-batches.
-    ``precision: auto`` trains fp32 on a CPU (bf16 is ~20x slower there) and bf16 autocast on CUDA.
+    ``precision: auto`` trains fp32 on a CPU and bf16 autocast on CUDA; ``bf16`` on a CPU is fast only where it has
+    bf16 units (detected and measured at start, recorded in the run's summary: mohge.kernels.cpu_gemm).
     """
 
     steps: int = knob(200, "optimizer steps", gt=0)
