@@ -21,7 +21,7 @@ import torch
 Tensor = torch.Tensor
 
 
-def _clock() -> float:
+def clock() -> float:
     return time.thread_time() if torch.get_num_threads() == 1 else time.perf_counter()
 
 
@@ -46,9 +46,9 @@ def time_gemm(m: int, k: int, n: int, dtype: torch.dtype, reps: int = 10) -> flo
         a @ b
     ts = []
     for _ in range(reps):
-        t0 = _clock()
+        t0 = clock()
         a @ b
-        ts.append(_clock() - t0)
+        ts.append(clock() - t0)
     return statistics.median(ts)
 
 
