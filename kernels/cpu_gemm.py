@@ -63,12 +63,18 @@ def gemm_rate(shapes: Sequence[tuple[int, int, int, int]], dtype: torch.dtype, r
 
 
 def cpu_bf16_support(m: int = 256, k: int = 256, n: int = 256, reps: int = 10) -> dict:
-    """ISA flags plus a measured fp32 / bf16 GEMM time ratio (> 1: bf16 is faster), interleaved in one run."""
+    """ISA flags plus a measured fp32 / bf16 GEMM time ratio (> 1: bf16 is faster), interleaved in one run, on one
+    thread (CPU-time clock: robust to other processes on the machine; the caller's thread count is restored)."""
     flags = isa_flags()
     f32, b16 = [], []
-    for _ in range(3):
-        f32.append(time_gemm(m, k, n, torch.float32, reps))
-        b16.append(time_gemm(m, k, n, torch.bfloat16, reps))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for _ in range(3):
+            f32.append(time_gemm(m, k, n, torch.float32, reps))
+            b16.append(time_gemm(m, k, n, torch.bfloat16, reps))
+    finally:
+        torch.set_num_threads(threads)
     ratio = statistics.median(f32) / statistics.median(b16)
     units = flags.get("avx512_bf16", False) or flags.get("amx_bf16", False)
     return {
@@ -76,5 +82,5 @@ def cpu_bf16_support(m: int = 256, k: int = 256, n: int = 256, reps: int = 10) -
         "bf16_units": bool(units and flags["mkldnn_bf16"]),
         "gemm_shape": [m, k, n],
         "gemm_fp32_over_bf16_time": ratio,
-        "threads": torch.get_num_threads(),
+        "threads": 1,
     }

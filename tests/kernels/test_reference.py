@@ -148,3 +148,24 @@ def test_auto_on_cuda_falls_back_to_grouped_mm_once(monkeypatch):
         y2 = k.expert_swiglu(*case, "auto")
     assert calls == [1] and torch.equal(y, y2)
     torch.testing.assert_close(y, k.swiglu_loop(*case), rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_expert_parallel_local_compute_runs_grouped_mm(dtype):
+    """Under expert parallelism a rank runs its local experts through the same dispatch (distributed/ep.py
+    ``compute``: the received rows, local expert ids, class-stacked weights): grouped_mm there equals the loop."""
+    from mohge.distributed.ep import ExpertParallelExperts
+
+    widths_E, D = [16, 16, 32, 32, 48, 48], 24
+    g = torch.Generator().manual_seed(0)
+    weights = {e: (0.3 * torch.randn(2 * h, D, generator=g), 0.3 * torch.randn(D, h, generator=g)) for e, h in
+               enumerate(widths_E)}  # fmt: skip
+    ranks = [0, 1, 0, 1, 0, 1]  # this rank (0) holds experts 0, 2, 4: one per width class
+    xs_RD = torch.randn(37, D, generator=g).to(dtype)
+    le_R = torch.tensor([0] * 5 + [2] * 32, dtype=torch.int64)  # local expert 1 gets no row
+    outs = {}
+    for backend in ("loop", "grouped_mm"):
+        mod = ExpertParallelExperts(widths_E, ranks, 0, D, weights, backend=backend).to(dtype)
+        outs[backend] = mod.compute(xs_RD, le_R)
+    tol = 2e-6 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(outs["grouped_mm"].float(), outs["loop"].float(), rtol=tol, atol=tol)
