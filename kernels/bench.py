@@ -1,4 +1,10 @@
-"""GPU benchmark of the grouped SwiGLU experts at the release's shapes (docs/method.md §1).
+"""Benchmark of the grouped SwiGLU experts: on a GPU at the release's shapes, on a CPU at the CPU-training shapes.
+
+Without CUDA (or with ``--cpu``) it times, forward+backward in fp32 and bf16, ``grouped_mm`` vs ``torch`` vs
+``loop`` vs an equal-FLOP ``dense`` SwiGLU at two CPU model sizes (the claims study's D 128 and the ``bench train``
+model's D 256, 8 widths x 4 experts, top-4, uniform random routing), each at T and 4T tokens, one thread, CPU time
+of the thread, interleaved repetitions, median; it prints each path's time ratio for 4x the routed FLOPs (target
+>= 3) and writes a JSON (``--json``) with the load average. On a GPU:
 
 d_model 1024, 8 groups x 8 experts of widths 384, 512, ..., 1280, top-4 groups then top-6 experts among the
 32 candidates (random routing, as the router does at initialisation), bf16. For each T it times, forward
@@ -7,7 +13,8 @@ and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
 * ``triton`` - :func:`mohge.kernels.swiglu.swiglu_grouped_triton`;
 * ``dense``  - one dense SwiGLU pair of equal FLOPs: [T, D] x [D, 2 F] and [T, F] x [F, D], F = K * mean width;
 * ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
-* ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`.
+* ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`;
+* ``grouped_mm`` - one ``F.grouped_mm`` per width class (:mod:`mohge.kernels.torch_grouped_mm`).
 
 FLOPs = 2 T K D 3 h_mean forward (h_mean the routed slots' mean width), twice that for the backward.
 Prints a table (ratios last: triton/dense and triton/loop are throughput ratios, > 1 means triton is
@@ -20,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +37,14 @@ import torch.nn.functional as F
 
 D_MODEL, GROUPS, PER_GROUP, GROUP_TOPK, TOPK = 1024, 8, 8, 4, 6
 WIDTHS = [384 + 128 * g for g in range(GROUPS)]
-PATHS = ("triton", "dense", "loop", "torch")
+PATHS = ("triton", "grouped_mm", "dense", "loop", "torch")
+CPU_PATHS = ("grouped_mm", "torch", "loop", "dense")
+SIZE_KEYS = ("name", "d_model", "widths", "per_width", "topk", "T")
+# CPU-training sizes: (name, d_model, widths, experts per width, top-k, T)
+CPU_SIZES = (
+    ("study_d128", 128, tuple(96 + 32 * g for g in range(8)), 4, 4, 512),
+    ("bench_train_d256", 256, tuple(128 + 32 * g for g in range(8)), 4, 4, 512),
+)
 PASSES = ("fwd", "fwd+bwd")
 
 
@@ -56,6 +71,7 @@ def _runners(T: int, dtype: torch.dtype, seed: int):
     """{path: (forward thunk, forward+backward thunk, FLOPs of the forward)}."""
     from .reference import swiglu_grouped_torch, swiglu_loop
     from .swiglu import swiglu_grouped_triton
+    from .torch_grouped_mm import swiglu_grouped_mm
 
     x, idx, gates, w1s, w2s = release_problem(T, dtype, seed)
     h_mean = torch.tensor(WIDTHS, device=idx.device)[idx // PER_GROUP].float().mean().item()
@@ -74,6 +90,7 @@ def _runners(T: int, dtype: torch.dtype, seed: int):
 
     return {
         "triton": moe(swiglu_grouped_triton),
+        "grouped_mm": moe(swiglu_grouped_mm),
         "dense": timed(lambda: _dense_swiglu(x, w1d, w2d), [x, w1d, w2d], 2 * T * D_MODEL * 3 * F_dense),
         "loop": moe(swiglu_loop),
         "torch": moe(swiglu_grouped_torch),
@@ -95,6 +112,80 @@ def _table(rows: list[dict], paths: list[str]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(cells, widths, strict=True)) for cells in [head, *lines])
 
 
+def cpu_problem(T: int, D: int, widths, per: int, K: int, dtype: torch.dtype, seed: int = 0):
+    """Uniform random top-K routing over all experts; weights as the model initialises them (std 0.02)."""
+    g = torch.Generator().manual_seed(seed)
+    idx_TK = torch.rand(T, per * len(widths), generator=g).topk(K, dim=1).indices
+    gates_TK = torch.softmax(torch.randn(T, K, generator=g), dim=1).to(dtype).requires_grad_()
+    x_TD = torch.randn(T, D, generator=g).to(dtype).requires_grad_()
+    w1s = [(0.02 * torch.randn(per, 2 * h, D, generator=g)).to(dtype).requires_grad_() for h in widths]
+    w2s = [(0.02 * torch.randn(per, D, h, generator=g)).to(dtype).requires_grad_() for h in widths]
+    F_dense = K * sum(widths) // len(widths)
+    dense = [(0.02 * torch.randn(*s, generator=g)).to(dtype).requires_grad_() for s in ((2 * F_dense, D), (D, F_dense))]
+    return x_TD, idx_TK, gates_TK, w1s, w2s, dense
+
+
+def cpu_step(path: str, prob) -> None:
+    """One forward + backward of ``path`` on ``prob`` (:func:`cpu_problem`)."""
+    from . import expert_swiglu
+
+    x, idx, gates, w1s, w2s, (w1d, w2d) = prob
+    y = _dense_swiglu(x, w1d, w2d) if path == "dense" else expert_swiglu(x, idx, gates, w1s, w2s, path)
+    y.backward(torch.ones_like(y))
+
+
+def cpu_main(args) -> int:
+    import os
+    import statistics
+
+    from .cpu_gemm import clock, cpu_bf16_support
+
+    torch.set_num_threads(args.threads)
+    rows, ratios = [], {}
+    for name, D, widths, per, K, T in CPU_SIZES:
+        for dt_name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+            probs = {t: cpu_problem(t, D, widths, per, K, dtype, args.seed) for t in (T, 4 * T)}
+            times = {(p, t): [] for p in CPU_PATHS for t in probs}
+            for r in range(args.reps + 2):  # two warm-up rounds (bf16 kernels are built per shape)
+                for p in CPU_PATHS if r % 2 else reversed(CPU_PATHS):
+                    for t, prob in probs.items():
+                        t0 = clock()
+                        cpu_step(p, prob)
+                        if r >= 2:
+                            times[(p, t)].append(clock() - t0)
+            for p in CPU_PATHS:
+                ms = {t: 1e3 * statistics.median(times[(p, t)]) for t in probs}
+                ratio = ms[4 * T] / ms[T]
+                ratios[f"{name}_{dt_name}_{p}_time_4x_flops"] = ratio
+                for t in probs:
+                    rows.append({"size": name, "dtype": dt_name, "T": t, "path": p, "ms_fwd_bwd": ms[t]})
+                line = f"{name:17s} {dt_name} {p:10s} T {T:5d}: {ms[T]:8.2f} ms  4T: {ms[4 * T]:8.2f} ms"
+                print(f"{line}  time ratio for 4x FLOPs {ratio:.2f} (target >= 3)", flush=True)
+            by = {(r["path"], r["T"]): r["ms_fwd_bwd"] for r in rows if r["size"] == name and r["dtype"] == dt_name}
+            for t in probs:
+                gd = by[("grouped_mm", t)] / by[("dense", t)]
+                print(f"{name:17s} {dt_name} T {t:5d}: grouped_mm / dense {gd:.2f}, loop / grouped_mm "
+                      f"{by[('loop', t)] / by[('grouped_mm', t)]:.2f}, torch / grouped_mm "
+                      f"{by[('torch', t)] / by[('grouped_mm', t)]:.2f}")  # fmt: skip
+    out = {
+        "bench": "kernels_cpu",
+        "threads": torch.get_num_threads(),
+        "clock": "thread_time" if torch.get_num_threads() == 1 else "wall",
+        "reps": args.reps,
+        "loadavg": list(os.getloadavg()),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu_bf16": cpu_bf16_support(),
+        "sizes": [dict(zip(SIZE_KEYS, c, strict=True)) for c in CPU_SIZES],
+        "rows": rows,
+        **ratios,
+    }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mohge.kernels.bench", description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, nargs="+", default=[4096, 16384, 65536], help="token counts")
@@ -104,10 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-ms", type=float, default=50.0)
     ap.add_argument("--rep-ms", type=float, default=200.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpu", action="store_true", help="the CPU benchmark (the default without CUDA)")
+    ap.add_argument("--reps", type=int, default=7, help="CPU: timed repetitions per path and size")
+    ap.add_argument("--threads", type=int, default=1, help="CPU: torch threads (1: CPU-time clock)")
+    ap.add_argument("--json", help="CPU: write the timings and ratios here")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("mohge.kernels.bench: no CUDA device visible; this benchmark needs a GPU.", file=sys.stderr)
-        raise SystemExit(2)
+    if args.cpu or not torch.cuda.is_available():
+        return cpu_main(args)
     from triton.testing import do_bench
 
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]

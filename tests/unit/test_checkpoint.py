@@ -203,7 +203,6 @@ def test_broken_tokenizer_is_refused_before_training(data_dir, tmp_path):
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     from mohge.config import ConfigError
-    from mohge.config.preflight import verify_token_files
     from mohge.data.loader import split_shards, verify_folder
 
     data = tmp_path / "data"
@@ -219,6 +218,6 @@ def test_changed_token_file_is_named_once_per_run(data_dir, tmp_path, damage):
     shard.write_bytes(bytes(raw))
     # the record in the scratch is keyed by each file's size, mtime and ctime: a changed file is hashed again
     with pytest.raises(ConfigError, match=re.escape(f"{shard.name} was changed or truncated")):
-        verify_token_files(data, tmp_path / "verified.json")
+        verify_folder(data, tmp_path / "verified.json")
     with pytest.raises(ConfigError, match=re.escape(f"{shard.name} was changed or truncated")):
         train(RunConfig.from_dict(RUN), tmp_path / "out", data=str(data))

@@ -187,7 +187,7 @@ def test_committed_schema_is_the_generated_one():
 def test_schema_carries_enums_ranges_and_descriptions():
     schema = workflow_schema()
     ffn = schema["properties"]["model"]["properties"]["ffn"]
-    assert ffn["properties"]["backend"]["enum"] == ["auto", "triton", "torch", "loop"]
+    assert ffn["properties"]["backend"]["enum"] == ["auto", "triton", "grouped_mm", "torch", "loop"]
     assert ffn["properties"]["num_experts"]["exclusiveMinimum"] == 0
     assert ffn["properties"]["expert_widths"]["minItems"] == 1
     assert ffn["properties"]["expert_widths"]["items"]["exclusiveMinimum"] == 0

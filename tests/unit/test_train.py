@@ -97,6 +97,8 @@ def test_outputs_log_and_summary(tmp_path, data_dir):
     assert row["activated_expert_width"][0] == pytest.approx(2 * row["mean_expert_width"][0])
     assert summary["steps"] == 16 and math.isfinite(summary["val_loss"]) and summary["tokens_per_s"] > 0
     assert summary["params_total"] > summary["params_activated"] > 0
+    assert summary["precision"] == "fp32" and isinstance(summary["cpu_bf16"]["bf16_units"], bool)  # detected, measured
+    assert summary["cpu_bf16"]["gemm_fp32_over_bf16_time"] > 0
     assert [s for s, _ in list_checkpoints(out / ".scratch")] == [16, 12]  # keep_checkpoints = 2
 
 

@@ -6,10 +6,11 @@
     python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
-the MoHGE layer through the grouped torch path, the same layer through the per-expert loop the official
-release runs, and a dense SwiGLU whose width is the MoHGE layer's activated width under uniform routing
-(top-k x mean expert width + shared width), i.e. the same activated FLOPs. Median of ``--reps`` runs after
-one warm-up run.
+the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
+per-expert loop the official release runs, and a dense SwiGLU whose width is the MoHGE layer's activated
+width under uniform routing (top-k x mean expert width + shared width), i.e. the same activated FLOPs.
+Median of ``--reps`` runs after one warm-up run, the paths interleaved; with one thread (the default) the
+clock is the thread's CPU time.
 
 Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
 tokens/s of MoHGE against a homogeneous MoE) and `data` (the data preparation against ``encode_batch``).
@@ -22,30 +23,42 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import statistics
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
+from mohge.kernels.cpu_gemm import clock
 from mohge.model.experts import SwiGLU
 from mohge.model.moe import MoELayer
 
 
 def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:
-    """Seconds per forward+backward, one warm-up run first."""
+    """Seconds per forward+backward, one warm-up run first (CPU time of the thread with one torch thread)."""
     times = []
     for i in range(reps + 1):
         x.grad = None
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(x).sum().backward()
         if x.is_cuda:
             torch.cuda.synchronize()
         if i:
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
+    return times
+
+
+def time_interleaved(paths: dict[str, Callable], x: torch.Tensor, reps: int) -> dict[str, list[float]]:
+    """:func:`time_fwd_bwd` of every path, one repetition of each in turn (order flipped every round)."""
+    for fn in paths.values():
+        time_fwd_bwd(fn, x, 0)
+    times: dict[str, list[float]] = {name: [] for name in paths}
+    for r in range(reps):
+        for name in sorted(paths, reverse=bool(r % 2)):
+            times[name] += time_fwd_bwd(paths[name], x, 1)
     return times
 
 
@@ -61,6 +74,8 @@ def layer_bench(args: argparse.Namespace) -> dict:
     mohge = MoELayer(D, ffn, router, LossConfig(), std, out_std)
     loop = MoELayer(D, dataclasses.replace(ffn, backend="loop"), router, LossConfig(), std, out_std)
     loop.load_state_dict(mohge.state_dict())
+    gmm = MoELayer(D, dataclasses.replace(ffn, backend="grouped_mm"), router, LossConfig(), std, out_std)
+    gmm.load_state_dict(mohge.state_dict())
     dense_width = int(round(args.topk * sum(widths) / G)) + shared
     dense = SwiGLU(D, dense_width, std, out_std)
     x = torch.randn(1, T, D, requires_grad=True)
@@ -68,18 +83,19 @@ def layer_bench(args: argparse.Namespace) -> dict:
     def moe_fn(layer: MoELayer) -> Callable[[torch.Tensor], torch.Tensor]:
         return lambda inp: layer(inp)[0]
 
-    paths = {"mohge": moe_fn(mohge), "dense": dense, "loop": moe_fn(loop)}
+    paths = {"mohge": moe_fn(mohge), "dense": dense, "loop": moe_fn(loop), "grouped_mm": moe_fn(gmm)}
     results = {}
-    for name, fn in paths.items():
-        ts = time_fwd_bwd(fn, x, args.reps)
+    for name, ts in time_interleaved(paths, x, args.reps).items():
         results[name] = statistics.median(ts)
         flops = 3 * 2 * T * D * 3 * dense_width  # fwd + bwd of the activated FFN
         print(f"  {name:<6} {1e3 * results[name]:9.1f} ms   {flops / results[name] / 1e9:7.1f} GFLOP/s (activated)")
     ratios = {
         "mohge_over_dense": results["mohge"] / results["dense"],
         "loop_over_mohge": results["loop"] / results["mohge"],
+        "grouped_mm_over_dense": results["grouped_mm"] / results["dense"],
     }
-    print(f"ratio MoHGE / dense = {ratios['mohge_over_dense']:.2f}   (target <= 1.3)")
+    print(f"ratio MoHGE / dense = {ratios['mohge_over_dense']:.2f}   (target <= 1.25 at T 1024, <= 1.10 at T 8192)")
+    print(f"ratio MoHGE grouped_mm / dense = {ratios['grouped_mm_over_dense']:.2f}")
     print(f"ratio loop / MoHGE  = {ratios['loop_over_mohge']:.2f}   (target >= 2)")
     return {
         "bench": "layer",
@@ -91,6 +107,8 @@ def layer_bench(args: argparse.Namespace) -> dict:
         "group_topk": args.group_topk,
         "dense_width": dense_width,
         "threads": torch.get_num_threads(),
+        "clock": "thread_time" if torch.get_num_threads() == 1 else "wall",
+        "loadavg": list(os.getloadavg()),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "seconds": results,
         **ratios,
@@ -108,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lay.add_argument("--topk", type=int, default=6)
     lay.add_argument("--group-topk", type=int, default=4)
     lay.add_argument("--reps", type=int, default=3)
+    lay.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock; 0: torch's default)")
     lay.add_argument("--json", help="write the timings and ratios here")
     # these two forward every argument, --help included, to their own parsers
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs dense matmul, loop and torch path (GPU)")
@@ -128,6 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return data_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     print(f"layer benchmark: d_model {args.d_model}, T {args.tokens}, {args.groups}x{args.experts_per_group} experts")
     out = layer_bench(args)
     if args.json:

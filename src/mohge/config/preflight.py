@@ -244,13 +244,3 @@ def check_not_committed(folder: str | Path, what: str, cfg: RunConfig) -> None:
             f"{what} {folder} holds {len(tracked)} committed file(s) ({tracked[0]}, ...) of another run: "
             "committed results are not overwritten; give an --out outside the repository's tracked folders"
         )
-
-
-def verify_token_files(data_dir: str | Path, marker: str | Path) -> None:
-    """Check the token files of a prepared folder (every shard) against the sha256
-    meta.json records, once per run: the result is kept in ``marker`` (in the run's scratch), so a resumed run
-    does not read the tokens again. A changed or truncated file is a ConfigError naming it.
-    (:func:`mohge.data.loader.verify_folder`, which the trainer calls.)"""
-    from mohge.data.loader import verify_folder
-
-    verify_folder(data_dir, marker)

@@ -60,7 +60,11 @@ class FFNConfig(_Section):
     dense_width: int = knob(6144, "hidden width of a dense FFN", gt=0)
     placement: str = knob("all_size", "how experts are laid out over expert-parallel ranks", choices=PLACEMENTS)
     ep_size: int = knob(1, "expert-parallel ranks the placement plans for", gt=0)
-    backend: str = knob("auto", "expert compute: Triton kernels, grouped torch, or a per-expert loop", choices=BACKENDS)
+    backend: str = knob(
+        "auto",
+        "expert compute: Triton kernels, F.grouped_mm per width class, grouped torch, or a per-expert loop",
+        choices=BACKENDS,
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     @property
@@ -256,7 +260,8 @@ class TrainConfig(_Section):
     """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
 
     ``batch_size`` is sequences per optimizer step *per process*; ``grad_accum`` splits it into micro-batches.
-    ``precision: auto`` trains fp32 on a CPU (bf16 is ~20x slower there) and bf16 autocast on CUDA.
+    ``precision: auto`` trains fp32 on a CPU and bf16 autocast on CUDA; ``bf16`` on a CPU is fast only where it has
+    bf16 units (detected and measured at start, recorded in the run's summary: mohge.kernels.cpu_gemm).
     """
 
     steps: int = knob(200, "optimizer steps", gt=0)
