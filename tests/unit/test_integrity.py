@@ -142,7 +142,7 @@ def test_a_swapped_tokenizer_is_refused_by_the_model_readers(base, tmp_path):
 
 
 def test_evaluation_and_tracing_refuse_another_tokenizer_or_data_config(base, tmp_path):
-    from mohge.traces import trace_checkpoint
+    from mohge.evaluate.traces import trace_checkpoint
 
     other_cfg = tmp_path / "reseeded"
     prepare(DataConfig.from_dict({**DATA, "seed": 1}), other_cfg)

@@ -212,7 +212,7 @@ def tracked_files(folder: str | Path) -> list[str]:
 
 def _training_part(cfg: RunConfig) -> dict[str, Any]:
     """What a trained model depends on (the eval section and the cadence/thread knobs aside)."""
-    from .sections import to_dict
+    from mohge.core.strict import to_dict
 
     d = to_dict(cfg)
     skip = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")

@@ -415,7 +415,7 @@ def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Pa
     """The tokenizer.json a model reads with: the folder's own (sealed by its manifest), or ``given`` (a step_*
     checkpoint has none), which must parse and round-trip, and be the folder's own when it has one. Every
     refusal is one line naming the file."""
-    from .tokenizer import check_tokenizer
+    from mohge.data.tokenizer import check_tokenizer
 
     folder = Path(folder)
     own = folder / "tokenizer.json"
@@ -435,8 +435,8 @@ def check_trained_on(folder: str | Path, cfg: RunConfig, data_dir: str | Path) -
     """Refuse a data folder the model in ``folder`` was not trained on: another data config (meta.json's
     ``config`` against the model's ``data`` section) or another tokenizer (its sealed sha256 against the model
     folder's tokenizer.json), in one line naming both folders."""
-    from .config import DataConfig
-    from .data.loader import read_meta, sealed_entry
+    from mohge.config import DataConfig
+    from mohge.data.loader import read_meta, sealed_entry
 
     folder, data_dir = Path(folder), Path(data_dir)
     meta = read_meta(data_dir)
