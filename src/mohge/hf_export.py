@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .atomic import share
 from .checkpoint import load_trained
 from .cli import user_errors
 from .config import ModelConfig, RunConfig
@@ -143,6 +144,9 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
     hf.save_pretrained(tmp, safe_serialization=True)
     hf_tokenizer(tok_path, context_length(cfg), eot_token).save_pretrained(tmp)
     (tmp / "mohge_run_config.json").write_text((ckpt / "config.json").read_text())
+    for f in tmp.iterdir():  # save_pretrained writes model.safetensors through a 0600 temporary file
+        if f.is_file():
+            share(f)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -65,7 +65,9 @@ from .data.stream import TrainBatches
 from .evaluate import heldout_loss
 from .model import LanguageModel
 from .params import count_params
+from .provenance import code_version
 from .runtime import LaunchError, Runtime, set_deterministic, setup_runtime, wrap_ddp
+from .strict import to_dict
 from .tokenizer import check_tokenizer, eot_id
 from .training import (
     NonFiniteLossError,
@@ -316,6 +318,8 @@ def _finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, train
         "params_activated": params["activated_sum"],
         "params_total_non_embedding": params["total_non_embedding"],
         "params_activated_non_embedding": params["activated_non_embedding"],
+        # which code made it, from which config (mohge.provenance): the training config, without eval
+        "code": code_version({k: v for k, v in to_dict(cfg).items() if k != "eval"}),
     }
 
 
