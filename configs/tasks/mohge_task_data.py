@@ -5,7 +5,7 @@ lm-eval finds them in the folder given as ``--metadata '{"task_data": "DIR"}'`` 
 the working directory) or, without it, in ``./mohge_tasks`` of the working directory::
 
     python -m mohge.evaluate build-tasks --data data/<source> --ckpt MODEL --out mohge_tasks
-    lm_eval --model hf --model_args pretrained=HF_DIR,trust_remote_code=True --device cpu \
+    lm_eval --model hf --model_args pretrained=HF_DIR,trust_remote_code=True,logits_cache=False --device cpu \
         --include_path configs/tasks --tasks mohge_ppl,mohge_cloze [--metadata '{"task_data": "mohge_tasks"}']
 
 ``--ckpt MODEL`` (or ``--max-length N``) builds the documents for the model's context: a choice document is kept

@@ -8,7 +8,7 @@ Every flag is lm-eval's (``python -m mohge.lm_eval --help``); ``--model mohge`` 
 (its ``model_args``: pretrained, device, batch_size, max_batch_size, max_gen_toks, max_length, tokenizer,
 precision or HFLM's name dtype); ``--help`` says so before lm-eval's own help. The same tasks run on the
 exported Hugging Face model (``python -m mohge.hf_export``) with lm-eval alone, with equal scores:
-``lm_eval --model hf --model_args pretrained=HF_DIR,trust_remote_code=True ...``.
+``lm_eval --model hf --model_args pretrained=HF_DIR,trust_remote_code=True,logits_cache=False ...`` (README).
 A user mistake (an unknown model argument, a missing task file) is one line and exit status 2.
 """
 

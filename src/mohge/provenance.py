@@ -47,7 +47,9 @@ while (PACKAGE.parent / "__init__.py").is_file():  # the top of the mohge packag
     PACKAGE = PACKAGE.parent
 TASKS = PACKAGE.parents[1] / "configs" / "tasks"
 ENTRY_POINTS = ("mohge.data", "mohge.train", "mohge.evaluate", "mohge.traces")
-OUTSIDE = ("mohge.kernels", __name__)  # not in the scope: the kernels (module docstring) and this bookkeeping
+# not in the scope: the kernels (module docstring) and this bookkeeping (named by its path: under python -m it
+# runs as __main__)
+OUTSIDE = ("mohge.kernels", ".".join(Path(__file__).resolve().relative_to(PACKAGE.parent).with_suffix("").parts))
 DROPPED_NAMES = {"__all__", "__version__"}
 
 

@@ -137,3 +137,11 @@ def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_pat
     config["train"]["lr"] *= 1.01
     (run / "config.json").write_text(json.dumps(config))
     assert all("another config" in why for why in prov.stale([tmp_path / "old"]).values())
+
+
+def test_the_command_line_gives_the_digest_results_record():
+    """`python -m mohge.provenance` runs the module as __main__: its digest must still be the one imports compute."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mohge.provenance"], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["sources_sha256"] == prov.sources_sha256()

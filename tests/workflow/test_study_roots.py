@@ -177,7 +177,7 @@ def test_readme_commands_in_a_fresh_clone(tmp_path):
 
     assert planned(run("-n", "--configfile", "configs/smoke.yaml"))["train"] == 8
     assert planned(run("-n"))["train"] == 11  # the default study: its models are not committed
-    run("--cores", "2", "--configfile", "configs/smoke.yaml", timeout=2400)  # ~90 s on an idle 2-core machine
+    run("--cores", "2", "--configfile", "configs/smoke.yaml", timeout=2400)  # 4 min 8 s of CPU time (README)
     assert (clone / "figures" / "smoke" / "F4_gpu_load.pdf").stat().st_size > 0
     assert "Nothing to be done" in run("-n", "--configfile", "configs/smoke.yaml")
 
