@@ -44,8 +44,8 @@ def lm(run):
 
 def test_task_documents_are_deterministic_and_well_formed(run, tmp_path):
     _, data = run
-    counts = ev.build_tasks(data, tmp_path / "a")
-    ev.build_tasks(data, tmp_path / "b")
+    counts = ev.build_tasks(data, tmp_path / "a", max_length=10**6)
+    ev.build_tasks(data, tmp_path / "b", max_length=10**6)
     assert set(counts) == set(ev.LOCAL_TASKS)
     for name in counts:
         assert (tmp_path / "a" / f"{name}.jsonl").read_bytes() == (tmp_path / "b" / f"{name}.jsonl").read_bytes()
@@ -162,8 +162,53 @@ def test_hub_tasks_need_allow_hub(run, tmp_path):
 
 
 def test_build_tasks_cli(run, tmp_path, capsys):
-    assert ev.main(["build-tasks", "--data", str(run[1]), "--out", str(tmp_path), "--max-docs", "5"]) == 0
+    model, data = run
+    args = ["build-tasks", "--data", str(data), "--out", str(tmp_path / "a"), "--max-docs", "5"]
+    assert ev.main([*args, "--ckpt", str(model)]) == 0
     assert all(n <= 5 for n in json.loads(capsys.readouterr().out).values())
+    assert json.loads((tmp_path / "a" / "tasks.json").read_text())["max_length"] == 24  # the model's seq_len
+    with pytest.raises(SystemExit) as err:  # the builder must know the model's context
+        ev.main(args)
+    assert err.value.code == 2 and "--ckpt" in capsys.readouterr().err
+
+
+def test_tasks_are_built_for_the_models_context(run, tmp_path):
+    """A choice document is kept only when every choice, as the tokens lm-eval scores (TemplateLM's pair encoding,
+    the adapter's own), fits in max_length: the same documents then give one answer on both lm-eval routes."""
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
+
+    model, data = run
+    full = ev.build_tasks(data, tmp_path / "full", max_length=10**6)
+    lm = MoHGELM(str(model), device="cpu", max_length=8)
+    cut = ev.build_tasks(data, tmp_path / "cut", max_length=8)
+    dropped = json.loads((tmp_path / "cut" / "tasks.json").read_text())["dropped"]
+    assert dropped and "mohge_ppl" not in dropped  # rolling perplexity is scored in windows: never dropped
+    for name, n in full.items():
+        assert cut.get(name, 0) + dropped.get(name, 0) == n, name
+        if name == "mohge_ppl" or name not in cut:
+            continue
+        for line in (tmp_path / "cut" / f"{name}.jsonl").read_text().splitlines():
+            doc = json.loads(line)
+            for c in doc["choices"]:
+                n_cont = len(lm._encode_pair(doc["context"], c)[1])
+                assert n_cont == ev.continuation_tokens(lm.tok, doc["context"], c, lm.eot) and n_cont <= 8
+    assert ev.continuation_tokens(lm.tok, "a b ", "c", lm.eot) == len(lm._encode_pair("a b ", "c")[1])
+    with pytest.raises(ValueError, match="max_length"):
+        ev.build_tasks(data, tmp_path / "bad", max_length=0)
+
+
+def test_a_continuation_longer_than_the_context_is_refused_naming_the_task(lm):
+    """Where lm-eval's hf model stops on a bare assert, the adapter says which task and document, and the lengths."""
+
+    class Inst(Req):
+        task_name, doc_id = "mohge_graded_easy", 7
+
+    long = " ".join(["cat"] * (2 * lm.max_length))
+    with pytest.raises(ValueError, match=r"task mohge_graded_easy doc 7: a continuation of \d+ tokens .* 24 tokens"):
+        lm.loglikelihood([Inst("the", " " + long)])
+    with pytest.raises(ValueError, match="longer than"):
+        lm.loglikelihood([Inst("", long)])
+    assert lm.loglikelihood([Inst("the dog", " sat")])[0][0] < 0  # what fits is scored
 
 
 def test_cli_without_a_subcommand_needs_ckpt_data_out(capsys):

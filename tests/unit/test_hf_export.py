@@ -2,6 +2,7 @@
 trust_remote_code (no mohge import), caches keys/values and handles left padding; the tokenizer is ours."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,38 @@ def test_transformers_generate_equals_the_adapter(exported):
             self.args = args
 
     assert lm.generate_until([Req(p, {"until": []}) for p in prompts]) == texts
+
+
+def test_export_files_are_shared_0644(exported):
+    """save_pretrained writes model.safetensors through a 0600 temporary file: the export gives every file the mode
+    a plain open would (0666 less the umask)."""
+    _, out = exported
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert modes and all(m == 0o666 & ~umask for m in modes.values()), modes
+
+
+def test_the_tokenizer_loads_quietly(exported, tmp_path):
+    """The export's tokenizer is a plain PreTrainedTokenizerFast (tokenizer_config.json: TokenizersBackend): it
+    loads with no prompt and no warning by its class, running no remote code, and, as lm-eval loads it, by
+    AutoTokenizer with trust_remote_code=True (which runs only configuration_mohge.py). transformers 5.24's
+    AutoTokenizer resolves the model's AutoConfig first, so without trust_remote_code it asks about config.json's
+    custom code whatever the tokenizer files say (README)."""
+    _, out = exported
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
+    script = f"""
+import sys, warnings
+warnings.simplefilter("always")
+sys.modules["mohge"] = None
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
+a = PreTrainedTokenizerFast.from_pretrained({str(out)!r})
+b = AutoTokenizer.from_pretrained({str(out)!r}, trust_remote_code=True)
+assert a("a cat.")["input_ids"] == b("a cat.")["input_ids"]
+print("ok", type(a).__name__, type(b).__name__)
+"""
+    res = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, stdin=subprocess.DEVNULL
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.startswith("ok") and res.stderr.strip() == "", res.stderr

@@ -25,3 +25,21 @@ def test_kernels_import_from_elsewhere_without_pythonpath(tmp_path):
     assert kernels_init.name == "__init__.py" and reference.parent == kernels_init.parent
     # An editable install maps mohge.kernels to this checkout's kernels/; a regular one to site-packages.
     assert kernels_init.parent == ROOT / "kernels" or kernels_init.parent.parts[-2:] == ("mohge", "kernels")
+
+
+def test_license_is_an_spdx_string_and_the_build_backend_does_not_warn(tmp_path):
+    """pyproject's `license` is the SPDX string (PEP 639), not the TOML table setuptools deprecates: building the
+    metadata, as `pip install -e .` in setup.sh does, prints no warning and records License-Expression."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+    assert not any("License ::" in c for c in project.get("classifiers", []))  # PEP 639: no license classifier
+    code = f"import setuptools.build_meta as b; print(b.prepare_metadata_for_build_wheel({str(tmp_path)!r}))"
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Warning" not in done.stdout + done.stderr, done.stderr
+    (metadata,) = tmp_path.glob("*.dist-info/METADATA")
+    assert "License-Expression: Apache-2.0" in metadata.read_text()

@@ -9,8 +9,17 @@ rule tables:
         params="results/{study}/params.csv",
         util="results/{study}/utilization_summary.csv",
     output:
+        # the Markdown tables also go into `snakemake --report` (category Tables), beside the figures
         **{
-            f"{t}_{ext}": f"results/{{study}}/tables/{t}.{ext}"
+            f"{t}_{ext}": (
+                report(
+                    f"results/{{study}}/tables/{t}.{ext}",
+                    caption=f"../report/{t}.rst",
+                    category="Tables",
+                )
+                if ext == "md"
+                else f"results/{{study}}/tables/{t}.{ext}"
+            )
             for t in ["T1_main", "T2_params", "T3_balance"]
             for ext in ["csv", "md", "tex"]
         },

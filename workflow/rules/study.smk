@@ -11,8 +11,17 @@ rule study_analysis:
         groups="results/{study}/groups_by_level.csv",
         traces=study_traces,
     output:
+        # the Markdown tables also go into `snakemake --report` (category Study tables)
         **{
-            f"{t}_{ext}": f"results/{{study}}/study/{t}.{ext}"
+            f"{t}_{ext}": (
+                report(
+                    f"results/{{study}}/study/{t}.{ext}",
+                    caption="../report/study_tables.rst",
+                    category="Study tables",
+                )
+                if ext == "md"
+                else f"results/{{study}}/study/{t}.{ext}"
+            )
             for t in STUDY_TABLES
             for ext in ["csv", "md"]
         },
@@ -22,7 +31,9 @@ rule study_analysis:
     conda:
         "../envs/train.yaml"
     params:
-        cfg=lambda wc: study_config(wc.study),
+        # canonical JSON: the merged config compared as data, so the order of its keys (a --configfile run
+        # against the figures target's merge) does not rerun the job
+        cfg=lambda wc: json.dumps(study_config(wc.study), sort_keys=True),
     script:
         "../scripts/study_analysis.py"
 

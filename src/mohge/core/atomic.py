@@ -18,6 +18,14 @@ from pathlib import Path
 from typing import Any
 
 
+def share(path: str | Path) -> None:
+    """Give ``path`` the mode a plain ``open`` would (0666 less the umask, 0644 usually): temporary files are
+    made 0600 (``mkstemp``, and so by writers that use it, such as ``save_pretrained``), results are shared."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; on success it replaces ``path``, on error it is removed."""
@@ -25,9 +33,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; results are shared files
+    share(tmp)
     try:
         yield Path(tmp)
         with open(tmp, "rb+") as fh:

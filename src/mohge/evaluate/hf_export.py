@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from mohge.config import ModelConfig, RunConfig
+from mohge.core.atomic import share
 from mohge.core.cli import user_errors
 from mohge.data.tokenizer import eot_id, load_tokenizer
 from mohge.train.checkpoint import load_trained, trained_tokenizer
@@ -141,6 +142,9 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
     hf.save_pretrained(tmp, safe_serialization=True)
     hf_tokenizer(tok_path, context_length(cfg), eot_token).save_pretrained(tmp)
     (tmp / "mohge_run_config.json").write_text((ckpt / "config.json").read_text())
+    for f in tmp.iterdir():  # save_pretrained writes model.safetensors through a 0600 temporary file
+        if f.is_file():
+            share(f)
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)

@@ -14,7 +14,9 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
   ``tokenizer.json``: 0 for our BPE, 50256 for GPT-2's);
 * ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored;
   requests sorted by length, ``batch_size`` at a time, right-padded (harmless: attention is causal and routing is
-  per token);
+  per token). A continuation longer than ``max_length`` is refused (ValueError naming the task, the document and
+  both lengths), where lm-eval's ``hf`` model stops on a bare assert: scoring only its last tokens would be a
+  different quantity. ``python -m mohge.evaluate build-tasks`` builds only documents that fit;
 * ``loglikelihood_rolling``: disjoint windows of ``max_length`` tokens (lm-eval's ``get_rolling_token_windows``,
   context_len 1, EOT first), each token predicted once;
 * ``generate_until``: greedy, ``batch_size`` requests at a time, left-padded, with a KV cache (the forward pass of
@@ -22,7 +24,8 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
   max_gen_toks`` tokens; a row stops at EOT, after ``max_gen_toks`` tokens or when a string of ``until`` appears,
   and its text is cut before that string.
 
-``max_length`` defaults to the context length the model was trained at (``data.seq_len``). ``model_args`` other
+``max_length`` defaults to the context length the model was trained at (``data.seq_len``). ``dtype`` is accepted
+as HFLM's name for ``precision`` (``float32``/``fp32``, ``bfloat16``/``bf16``, ``auto``). ``model_args`` other
 than those of ``__init__`` are refused (ValueError naming the argument). A CUDA device asked for on a machine
 without one (lm-eval's default is ``cuda:0``) falls back to the CPU with a warning, as lm-eval's HF model does.
 """
@@ -45,6 +48,7 @@ from mohge.train.checkpoint import load_trained, trained_tokenizer
 log = logging.getLogger("mohge.evaluate.lm_eval_adapter")
 
 PRECISIONS = ("auto", "fp32", "bf16")
+DTYPES = {"auto": "auto", "float32": "fp32", "fp32": "fp32", "bfloat16": "bf16", "bf16": "bf16"}  # HFLM's dtype=
 # lm-eval passes these with every model (CLI --batch_size, --max_batch_size, --device; --trust_remote_code)
 MODEL_ARGS = (
     "pretrained",
@@ -55,6 +59,7 @@ MODEL_ARGS = (
     "max_length",
     "tokenizer",
     "precision",
+    "dtype",
     "trust_remote_code",
 )
 
@@ -98,6 +103,7 @@ class MoHGELM(TemplateLM):
         max_length: int | None = None,
         tokenizer: str | None = None,
         precision: str = "auto",
+        dtype: str | None = None,  # HFLM's name for precision
         trust_remote_code: bool = False,  # accepted for lm-eval's --trust_remote_code; there is no remote code here
         **unknown: Any,
     ) -> None:
@@ -108,6 +114,12 @@ class MoHGELM(TemplateLM):
                 f"model_args {name}={unknown[name]!r}: unknown argument of the mohge model "
                 f"(it takes {', '.join(MODEL_ARGS)})"
             )
+        if dtype is not None:
+            if str(dtype) not in DTYPES:
+                raise ValueError(f"model_args dtype={dtype!r}: must be one of {sorted(DTYPES)}")
+            if precision != "auto" and precision != DTYPES[str(dtype)]:
+                raise ValueError(f"model_args dtype={dtype!r} and precision={precision!r} disagree: give one")
+            precision = DTYPES[str(dtype)]
         if precision not in PRECISIONS:
             raise ValueError(f"model_args precision={precision!r}: must be one of {PRECISIONS}")
         self._device = resolve_device(device)
@@ -163,12 +175,31 @@ class MoHGELM(TemplateLM):
         with self._autocast():
             return self.model(x.to(self._device)).logits.float()
 
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """TemplateLM's, after refusing a continuation longer than the context (one line naming the task)."""
+        for req in requests:
+            context, continuation = req.args
+            if context:
+                n = len(self._encode_pair(context, continuation)[1])
+            else:  # TemplateLM: an empty context is the end-of-text token, or the continuation's first token
+                ids = self.tok_encode(continuation)
+                n = len(ids) - (1 if ids and ids[0] == self.prefix_token_id else 0)
+            if n > self.max_length:
+                task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
+                raise ValueError(
+                    f"task {task} doc {doc}: a continuation of {n} tokens is longer than the model's context of "
+                    f"{self.max_length} tokens (max_length); build the tasks for this context (python -m "
+                    "mohge.evaluate build-tasks --ckpt MODEL ...) or give a larger max_length"
+                )
+        return super().loglikelihood(requests, disable_tqdm)
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """(sum log p(continuation | context), is greedy) per (cache key, context ids, continuation ids)."""
         L = self.max_length
         prepared = []
-        for _, ctx, cont in requests:
-            cont = cont[-L:]
+        for key, ctx, cont in requests:
+            if len(cont) > L:
+                raise ValueError(f"{key!r}: a continuation of {len(cont)} tokens is longer than max_length={L}")
             full = (ctx + cont)[-(L + 1) :]
             prepared.append((full[:-1], cont))
         order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))

@@ -1,7 +1,7 @@
 """Evaluation of a trained model: lm-eval tasks built from held-out data, and held-out loss, fully offline.
 
     python -m mohge.evaluate --ckpt results/<run>/model --data data/<source> --out metrics.json [--tasks ...]
-    python -m mohge.evaluate build-tasks --data data/<source> --out TASKDIR
+    python -m mohge.evaluate build-tasks --data data/<source> --ckpt MODEL --out TASKDIR   (or --max-length N)
     python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= python -m mohge.traces)
 
 Local tasks: the YAMLs in ``configs/tasks`` are used as shipped, here and by lm-eval's own CLI
@@ -17,6 +17,12 @@ document index, so the same data folder always gives byte-identical task files:
                        distractors are held-out words seen at least twice, case matched to the answer.
 * ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
 * ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
+
+Every task is built for one context length ``max_length`` (the model's: ``min(data.seq_len, model.max_seq_len)``):
+a choice document is kept only when every choice, as the tokens lm-eval scores (the pair encoding of
+``TemplateLM``), fits in it. Longer ones are dropped, counted in ``tasks.json``: lm-eval's ``hf`` model stops on
+them (an assert) and any truncation would score a different quantity, so a document that no route can score
+whole is no test. Both routes then give the same answer on every built document.
 
 Tasks named with ``--tasks`` must have documents; of the run config's ``eval.tasks`` (the default), those the
 data folder cannot build (graded tasks on Shakespeare) are skipped with a warning and listed in metrics.json.
@@ -46,11 +52,14 @@ from typing import Any
 import yaml
 
 from mohge.config import load_run_config
+from mohge.config.provenance import code_version
 from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.core.cli import user_errors
+from mohge.core.strict import to_dict
 from mohge.data import load_meta
 from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 from mohge.data.loader import sealed_file
+from mohge.data.tokenizer import encode, load_tokenizer
 from mohge.train.checkpoint import check_trained_on
 from mohge.train.heldout import heldout_loss
 
@@ -165,11 +174,40 @@ def graded_docs(records: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, A
     return out
 
 
-def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000) -> dict[str, int]:
+def continuation_tokens(tok: Any, context: str, continuation: str, eot: int) -> int:
+    """Tokens lm-eval scores for (context, continuation): ``TemplateLM.loglikelihood`` and ``_encode_pair``
+    (context's trailing whitespace moved to the continuation; the pair encoded whole and split at the context's
+    length; an empty context is the end-of-text token)."""
+    if not context:
+        ids = encode(tok, continuation)
+        return len(ids) - 1 if ids and ids[0] == eot else len(ids)
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        context, continuation = context[:-n_spaces], context[-n_spaces:] + continuation
+    return len(encode(tok, context + continuation)) - len(encode(tok, context))
+
+
+def fits(doc: dict[str, Any], tok: Any, max_length: int, eot: int) -> bool:
+    """Every choice of a choice document fits in ``max_length`` tokens (lm-eval's ``hf`` asserts it); text
+    documents (rolling perplexity) always fit: they are scored in windows."""
+    if "choices" not in doc:
+        return True
+    return all(continuation_tokens(tok, doc["context"], c, eot) <= max_length for c in doc["choices"])
+
+
+def build_tasks(
+    data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000, *, max_length: int, tokenizer: Any = None
+) -> dict[str, int]:
     """Write ``{task}.jsonl`` for every local task into ``out_dir`` (deterministic); return docs per task.
-    Tasks that the data cannot support (graded tasks of a non-graded corpus) get no file."""
+    Only documents whose every choice fits in ``max_length`` tokens are kept (module docstring); ``tokenizer``
+    defaults to the data folder's. Tasks that the data cannot support (graded tasks of a non-graded corpus, or
+    none of whose documents fits) get no file."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
+    if max_length < 1:
+        raise ValueError(f"max_length={max_length}: the model's context length must be >= 1")
     meta = load_meta(data_dir)
+    tok = tokenizer if tokenizer is not None else load_tokenizer(data_dir / "tokenizer.json")
+    eot = int(meta.get("eot_id", 0))
     docs_file = sealed_file(data_dir, "test_docs.jsonl", meta)  # size and sha256 as meta.json seals them
     records = [json.loads(line) for line in docs_file.read_text(encoding="utf-8").splitlines() if line]
     texts = [r["text"] for r in records]
@@ -180,14 +218,31 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
     }
     if meta.get("source") == "graded":
         docs.update(graded_docs(records))
-    counts = {}
+    counts, dropped = {}, {}
     for name, rows in docs.items():
-        rows = rows[:max_docs]
-        if rows:
-            write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-            counts[name] = len(rows)
-    sealed = {"test_docs.jsonl": meta["files"]["test_docs.jsonl"]["sha256"]}
-    write_json_atomic(out_dir / "tasks.json", {"data_sha256": sealed, "docs": counts})
+        kept = [r for r in rows if fits(r, tok, max_length, eot)]
+        if len(kept) < len(rows):
+            dropped[name] = len(rows) - len(kept)
+            log.info(
+                "%s: %d of %d documents have a choice longer than %d tokens: dropped",
+                name,
+                dropped[name],
+                len(rows),
+                max_length,
+            )
+        kept = kept[:max_docs]
+        if kept:
+            write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+            counts[name] = len(kept)
+    write_json_atomic(
+        out_dir / "tasks.json",
+        {
+            "data_sha256": {"test_docs.jsonl": meta["files"]["test_docs.jsonl"]["sha256"]},
+            "docs": counts,
+            "max_length": max_length,
+            "dropped": dropped,
+        },
+    )
     return counts
 
 
@@ -280,13 +335,14 @@ def evaluate(
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
     check_trained_on(ckpt, lm.cfg, data_dir)  # another tokenizer or data config: refused, naming both
     # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
-    ec = load_run_config(eval_config).eval if eval_config else lm.cfg.eval
+    run_cfg = load_run_config(eval_config) if eval_config else lm.cfg
+    ec = run_cfg.eval
     limit = ec.limit if limit is None else limit
     lm.batch_size = batch_size or ec.batch_size
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
         folder = Path(task_data) if task_data else Path(tmp)
-        built = build_tasks(data_dir, folder)
+        built = build_tasks(data_dir, folder, max_length=lm.max_length, tokenizer=lm.tok)
         log.info("task documents in %s: %s", folder, built)
         skipped = []
         if tasks is None:  # the config's list serves every dataset: skip the tasks this data cannot build
@@ -302,6 +358,7 @@ def evaluate(
             lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast
         )
     metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built, "skipped": skipped}
+    metrics["code"] = code_version(to_dict(run_cfg))  # which code made it, from which config (mohge.provenance)
     return metrics
 
 
@@ -317,6 +374,9 @@ def _parser() -> argparse.ArgumentParser:
     bt.add_argument("--data", required=True, help="prepared data folder (python -m mohge.data)")
     bt.add_argument("--out", required=True, help="folder for {task}.jsonl and tasks.json")
     bt.add_argument("--max-docs", type=int, default=1000, help="documents per task at most (default 1000)")
+    ctx = bt.add_mutually_exclusive_group(required=True)
+    ctx.add_argument("--ckpt", help="trained model folder: the tasks fit its context (min(data.seq_len, max_seq_len))")
+    ctx.add_argument("--max-length", type=int, help="the model's context length in tokens (instead of --ckpt)")
     sub.add_parser("trace", add_help=False, help="routing traces (takes the flags of python -m mohge.traces)")
     ap.add_argument("--ckpt", help="trained model folder (model.safetensors, config.json, tokenizer)")
     ap.add_argument("--data", help="prepared data folder the model was trained on")
@@ -345,7 +405,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "build-tasks":
-        print(json.dumps(build_tasks(args.data, args.out, args.max_docs)))
+        if args.ckpt:
+            cfg = load_run_config(Path(args.ckpt) / "config.json")
+            args.max_length = min(cfg.data_config.seq_len, cfg.model.max_seq_len)  # = hf_export.context_length
+        print(json.dumps(build_tasks(args.data, args.out, args.max_docs, max_length=args.max_length)))
         return 0
     missing = [f"--{k}" for k in ("ckpt", "data", "out") if getattr(args, k) is None]
     if missing:

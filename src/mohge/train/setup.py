@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from mohge.config import ConfigError, RunConfig
+from mohge.config.provenance import code_version
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.core.strict import to_dict
 from mohge.data import load_meta, prepare
 from mohge.data.loader import sealed_entry, verify_folder
 from mohge.data.tokenizer import check_tokenizer, eot_id
@@ -129,4 +131,6 @@ def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, traine
         "params_activated": params["activated_sum"],
         "params_total_non_embedding": params["total_non_embedding"],
         "params_activated_non_embedding": params["activated_non_embedding"],
+        # which code made it, from which config (mohge.config.provenance): the training config, without eval
+        "code": code_version({k: v for k, v in to_dict(cfg).items() if k != "eval"}),
     }

@@ -1,0 +1,305 @@
+"""Which code made a result: the git commit, whether the deciding sources were clean, a hash of those sources and
+one of the run config, recorded as ``"code"`` in every run's ``summary.json`` (training) and ``metrics.json``
+(evaluation).
+
+    python -m mohge.provenance                 # today's digest and its scope (the files it reads)
+    python -m mohge.provenance check [ROOT...] # the committed run results not made by today's code (exit 1)
+    python -m mohge.provenance restamp --from OLD --reason TEXT [ROOT...]   # after a change that alters no result
+
+``sources_sha256``, the deciding sources: every module of the package that the entry points of data preparation,
+training, evaluation and tracing (``mohge.data``, ``mohge.train``, ``mohge.evaluate``, ``mohge.traces``) import,
+transitively, imports inside functions included, and the local task definitions (``configs/tasks``: the YAMLs
+and ``mohge_task_data.py``). ``mohge.kernels`` is outside it (CPU results run the pure-torch reference, which the
+kernels are tested against), and so is this module, which only records. The hash is of a normalized form, so
+that only what can change a number changes it:
+
+* each file's AST, which drops comments and formatting, without docstrings (any bare string statement),
+  import statements (wherever they are), ``__all__``/``__version__`` and ``logging.getLogger`` assignments;
+* the top-level statements of all files together, as a sorted multiset of their AST dumps: moving a function to
+  another module, or a module to another package, leaves the digest as it was (imports are what such a move
+  changes), while any change of a function body, a constant or a default moves it;
+* the task YAMLs as parsed data (key order, comments and quoting do not count).
+
+Documentation (README, docs/, configs/README.md) is outside it. ``config_sha256`` is the sha256 of the run
+config as the code reads it (``to_dict(RunConfig)``, keys sorted): without its ``eval`` section for training, whole
+for evaluation. ``commit`` is ``git rev-parse HEAD`` and ``clean`` whether ``git status`` shows none of the hashed
+files changed (both null outside a git checkout). tests/unit/test_provenance.py fails when a committed result's
+``sources_sha256`` or ``config_sha256`` differs from today's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import hashlib
+import json
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+PACKAGE = Path(__file__).resolve().parent
+while (PACKAGE.parent / "__init__.py").is_file():  # the top of the mohge package, wherever this module sits in it
+    PACKAGE = PACKAGE.parent
+TASKS = PACKAGE.parents[1] / "configs" / "tasks"
+ENTRY_POINTS = ("mohge.data", "mohge.train", "mohge.evaluate", "mohge.traces")
+# not in the scope: the kernels (module docstring) and this bookkeeping (named by its path: under python -m it
+# runs as __main__)
+OUTSIDE = ("mohge.kernels", ".".join(Path(__file__).resolve().relative_to(PACKAGE.parent).with_suffix("").parts))
+DROPPED_NAMES = {"__all__", "__version__"}
+
+
+# ----------------------------------------------------------------------------------------------------
+# The deciding modules: the import closure of the entry points
+# ----------------------------------------------------------------------------------------------------
+
+
+def _module_file(name: str) -> Path | None:
+    """The source file of package module ``name`` (a module or a package's ``__init__``), None if not ours."""
+    parts = name.split(".")
+    if parts[0] != "mohge" or any(name == o or name.startswith(o + ".") for o in OUTSIDE):
+        return None
+    base = PACKAGE.joinpath(*parts[1:])
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
+def _name_of(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path) -> set[str]:
+    """Package modules that ``path`` imports anywhere in its code (relative imports resolved)."""
+    here = _name_of(path)
+    package = here if path.name == "__init__.py" else here.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            out.add(target)
+            out.update(f"{target}.{a.name}" for a in node.names)  # `from pkg import module`
+    return {m for m in out if m.startswith("mohge")}
+
+
+def _with_parents(name: str) -> list[str]:
+    """``a.b.c`` and the packages whose ``__init__`` importing it runs: ``a``, ``a.b``."""
+    parts = name.split(".")
+    return [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+@functools.cache
+def deciding_files() -> tuple[Path, ...]:
+    """The source files in the scope of ``sources_sha256`` (module docstring), sorted."""
+    todo = [m for e in ENTRY_POINTS for m in (*_with_parents(e), f"{e}.__main__")]
+    seen: dict[str, Path] = {}
+    while todo:
+        name = todo.pop()
+        if name in seen or (path := _module_file(name)) is None:
+            continue
+        seen[name] = path
+        todo.extend(p for m in _imported(path) for p in _with_parents(m))
+    files = set(seen.values()) | set(TASKS.glob("*.py")) | set(TASKS.glob("*.yaml"))
+    return tuple(sorted(files))
+
+
+# ----------------------------------------------------------------------------------------------------
+# The normalized form
+# ----------------------------------------------------------------------------------------------------
+
+
+def _dropped(stmt: ast.stmt) -> bool:
+    if isinstance(stmt, ast.Import | ast.ImportFrom):
+        return True
+    if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str):
+        return True  # a docstring, or any bare string
+    if isinstance(stmt, ast.Assign | ast.AnnAssign):
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+        if all(isinstance(t, ast.Name) and t.id in DROPPED_NAMES for t in targets):
+            return True
+        call = stmt.value
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "getLogger":
+            return True
+    return False
+
+
+class _Normalize(ast.NodeTransformer):
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if isinstance(stmts, list) and stmts and all(isinstance(s, ast.stmt) for s in stmts):
+                kept = [s for s in stmts if not _dropped(s)]
+                setattr(node, field, kept or [ast.Pass()])
+        return super().generic_visit(node)
+
+
+def python_units(source: str, where: str = "<source>") -> list[str]:
+    """The top-level statements of a Python source, normalized (module docstring), as AST dumps."""
+    tree = _Normalize().visit(ast.parse(source, where))
+    return [ast.dump(stmt) for stmt in tree.body if not isinstance(stmt, ast.Pass)]
+
+
+class _TagLoader(yaml.SafeLoader):
+    """Safe YAML that keeps lm-eval's tags (``!function``) as text."""
+
+
+_TagLoader.add_multi_constructor("!", lambda loader, tag, node: f"!{tag} {loader.construct_scalar(node)}")
+
+
+def _units(path: Path) -> list[str]:
+    if path.suffix == ".py":
+        return python_units(path.read_text(), str(path))
+    return [json.dumps({path.name: yaml.load(path.read_text(), _TagLoader)}, sort_keys=True)]
+
+
+def digest_units(units: Iterable[str]) -> str:
+    h = hashlib.sha256()
+    for unit in sorted(units):
+        h.update(unit.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def sources_sha256() -> str:
+    """The digest of today's deciding sources (module docstring)."""
+    return digest_units(u for path in deciding_files() for u in _units(path))
+
+
+def config_sha256(config: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=PACKAGE, capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout
+
+
+def code_version(config: dict[str, Any]) -> dict[str, Any]:
+    """The ``code`` record of a result made now from ``config`` (``to_dict`` of the RunConfig the code read)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", *map(str, deciding_files())) if commit else None
+    return {
+        "commit": commit.strip() if commit else None,
+        "clean": None if status is None else status.strip() == "",
+        "sources_sha256": sources_sha256(),
+        "config_sha256": config_sha256(config),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------
+# Committed results
+# ----------------------------------------------------------------------------------------------------
+
+
+def expected_configs(run_dir: Path) -> dict[str, str]:
+    """The ``config_sha256`` that ``summary.json`` and ``metrics.json`` of a run folder must hold, from its
+    ``config.json`` as today's code reads it."""
+    from mohge.core.strict import to_dict
+
+    from .sections import RunConfig
+
+    config = to_dict(RunConfig.from_dict(json.loads((run_dir / "config.json").read_text())))
+    return {
+        "summary.json": config_sha256({k: v for k, v in config.items() if k != "eval"}),
+        "metrics.json": config_sha256(config),
+    }
+
+
+def stale(roots: Sequence[Path]) -> dict[str, str]:
+    """``{result file: why}`` for every ``ROOT/runs/*/{summary,metrics}.json`` not made by today's code from its
+    run's config.json."""
+    out: dict[str, str] = {}
+    today = sources_sha256()
+    for root in roots:
+        for run_dir in sorted(Path(root).glob("runs/*")):
+            configs = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
+            for name in ("summary.json", "metrics.json"):
+                path = run_dir / name
+                if not path.is_file():
+                    continue
+                code = json.loads(path.read_text()).get("code")
+                if not isinstance(code, dict):
+                    out[str(path)] = "no code record (made before results recorded their code)"
+                elif code.get("sources_sha256") != today:
+                    out[str(path)] = (
+                        f"made by other code: sources {str(code.get('sources_sha256'))[:12]}, today {today[:12]}"
+                    )
+                elif name in configs and code.get("config_sha256") != configs[name]:
+                    out[str(path)] = "made from another config than its run's config.json"
+    return out
+
+
+def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
+    """Give today's ``sources_sha256`` to the results recorded with ``old`` (and the right config), noting
+    ``restamped_from`` and ``restamp_reason``: for a change shown not to alter any result (a move or rename of
+    code, with tests/golden exact and the lm-eval routes equal), never for one that may."""
+    if not reason.strip():
+        raise ValueError("restamp needs --reason: what shows the change leaves every result as it was")
+    today, done = sources_sha256(), []
+    for root in roots:
+        for run_dir in sorted(Path(root).glob("runs/*")):
+            configs = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
+            for name in ("summary.json", "metrics.json"):
+                path = run_dir / name
+                result = json.loads(path.read_text()) if path.is_file() else {}
+                code = result.get("code")
+                if not isinstance(code, dict) or code.get("sources_sha256") != old:
+                    continue
+                if configs.get(name) != code.get("config_sha256"):
+                    continue
+                code.update(sources_sha256=today, restamped_from=old, restamp_reason=reason)
+                path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+                done.append(path)
+    return done
+
+
+def _roots(given: Sequence[str]) -> list[Path]:
+    return [Path(r) for r in given] or sorted(p.parent for p in (PACKAGE.parents[1] / "results").glob("*/runs"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m mohge.provenance",
+        description="The digest of the sources that decide a result, and the committed results it no longer matches.",
+        epilog="restamp --from OLD --reason TEXT [ROOT...]: results recorded with digest OLD get today's (only for a "
+        "change shown to leave every result as it was, e.g. a move of code with tests/golden exact).",
+    )
+    ap.add_argument("command", nargs="?", choices=["digest", "check", "restamp"], default="digest")
+    ap.add_argument("roots", nargs="*", help="study roots (default: every results/<study> with runs/)")
+    ap.add_argument("--from", dest="old", help="restamp: the digest the results were recorded with")
+    ap.add_argument("--reason", default="", help="restamp: why the change leaves every result as it was")
+    args = ap.parse_args(argv)
+    if args.command == "digest":
+        print(json.dumps({"sources_sha256": sources_sha256(), "files": [str(p) for p in deciding_files()]}, indent=2))
+        return 0
+    if args.command == "restamp":
+        if not args.old:
+            ap.error("restamp needs --from OLD_DIGEST")
+        for path in restamp(_roots(args.roots), args.old, args.reason):
+            print(path)
+        return 0
+    found = stale(_roots(args.roots))
+    for path, why in found.items():
+        print(f"{path}: {why}")
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Committed results were made by today's code: every run's summary.json and metrics.json records (mohge.provenance)
+the commit, whether the tree was clean, a normalized hash of the sources that decide it and a hash of its config;
+the hash moves with the code that computes, not with documentation or imports."""
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from mohge.config import provenance as prov
+
+# Committed studies that were not rerun since results began to record their code, with what they lack. A study
+# leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
+NOT_RERUN = {
+    "default": "made before results recorded their code, graded-hmoe-s0's cloze acc by the adapter before it "
+    "adopted lm-eval's pair tokenization (0.6517, 0.6629 when rerun); its regeneration (21 min on an idle 2-core "
+    "machine) did not finish on the loaded machine of the session that added the record",
+    "ablations": "made before results recorded their code; not rerun since (22.6 min on 2 cores)",
+    "claims": "made before results recorded their code, S5's task scores by the adapter before it adopted "
+    "lm-eval's pair tokenization (README); not rerun since (about 2 h 40 min on 2 cores)",
+}
+STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
+
+
+@pytest.mark.parametrize(
+    "study",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=NOT_RERUN[s])) if s in NOT_RERUN else s
+        for s in STUDIES
+    ],
+)
+def test_committed_results_were_made_by_todays_code(study):
+    """Every results/<study>/runs/*/{summary,metrics}.json holds today's sources_sha256 and its run config's hash.
+    A change to what the training or evaluation computes fails this until the study is regenerated (or, for a
+    change shown to alter no result, such as a move of code, restamped: python -m mohge.provenance restamp)."""
+    root = ROOT / "results" / study
+    assert any(root.glob("runs/*/summary.json")), root
+    found = prov.stale([root])
+    assert not found, "\n".join(f"{p}: {why}" for p, why in found.items())
+
+
+def test_the_default_study_is_committed_and_checked():
+    assert "default" in STUDIES
+
+
+def _digest(source: str) -> str:
+    return prov.digest_units(prov.python_units(source))
+
+
+MODULE = '''"""A module."""
+import math
+from .x import y  # a comment
+import logging
+
+log = logging.getLogger("mohge.a")
+__all__ = ["f"]
+
+
+def f(a, b=2):
+    """Docstring."""
+    from .z import w
+    return math.sqrt(a) * b  # why
+
+
+class C:
+    """Doc."""
+
+    K = 3
+'''
+
+
+def test_the_digest_ignores_documentation_imports_formatting_and_moves():
+    base = _digest(MODULE)
+    doc_only = MODULE.replace('"""Docstring."""', '"""Another docstring, longer."""').replace("# why", "# because")
+    imports_moved = MODULE.replace("from .x import y", "from ..core.x import y").replace("import math\n", "")
+    reformatted = MODULE.replace("return math.sqrt(a) * b", "return (\n        math.sqrt(a)\n        * b\n    )")
+    logger_renamed = MODULE.replace('"mohge.a"', '"mohge.evaluate.a"')
+    for same in (doc_only, imports_moved, reformatted, logger_renamed):
+        assert _digest(same) == base
+    # a function moved to another module: the same multiset of top-level statements
+    a, b = MODULE.split("\n\nclass C:")
+    assert prov.digest_units(prov.python_units(a) + prov.python_units("class C:" + b)) == base
+
+
+@pytest.mark.parametrize(
+    "change",
+    [("b=2", "b=3"), ("* b", "+ b"), ("K = 3", "K = 4"), ("math.sqrt(a)", "math.sqrt(abs(a))")],
+)
+def test_the_digest_moves_with_any_change_of_what_is_computed(change):
+    assert _digest(MODULE.replace(*change)) != _digest(MODULE)
+
+
+def test_the_scope_is_the_import_closure_of_training_and_evaluation():
+    files = {p.relative_to(ROOT).as_posix() for p in prov.deciding_files()}
+    package = Path(prov.PACKAGE).relative_to(ROOT).as_posix()
+    for module in ("routing", "losses", "model", "lm_eval_model", "tokenizer"):  # reached by import, lazy included
+        assert any(f.startswith(package) and f.endswith(f"/{module}.py") for f in files), module
+    assert {"configs/tasks/mohge_cloze.yaml", "configs/tasks/mohge_task_data.py"} <= files
+    assert not any("kernels/" in f or f.endswith("provenance.py") or f.endswith(".md") for f in files)
+    assert prov.sources_sha256() == prov.sources_sha256() and len(prov.sources_sha256()) == 64
+
+
+def test_a_result_records_commit_clean_and_hashes():
+    code = prov.code_version({"model": {"d_model": 8}})
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert code["commit"] == head and isinstance(code["clean"], bool)
+    assert code["sources_sha256"] == prov.sources_sha256()
+    assert code["config_sha256"] == prov.config_sha256({"model": {"d_model": 8}})
+
+
+def _fake_run(root: Path, code: dict | None) -> Path:
+    run = root / "runs" / "r"
+    run.mkdir(parents=True)
+    config = json.loads(next((ROOT / "results" / "default" / "runs").glob("*/config.json")).read_text())
+    (run / "config.json").write_text(json.dumps(config))
+    want = prov.expected_configs(run)
+    for name in ("summary.json", "metrics.json"):
+        body = {"x": 1} if code is None else {"x": 1, "code": {**code, "config_sha256": want[name]}}
+        (run / name).write_text(json.dumps(body))
+    return run
+
+
+def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_path):
+    _fake_run(tmp_path / "none", None)
+    assert all("no code record" in why for why in prov.stale([tmp_path / "none"]).values())
+    run = _fake_run(tmp_path / "old", {"sources_sha256": "0" * 64})
+    assert len(prov.stale([tmp_path / "old"])) == 2
+    assert prov.main(["check", str(tmp_path / "old")]) == 1
+    assert prov.restamp([tmp_path / "old"], "0" * 64, "a move of code; tests/golden exact") == [
+        run / "summary.json",
+        run / "metrics.json",
+    ]
+    assert prov.stale([tmp_path / "old"]) == {} and prov.main(["check", str(tmp_path / "old")]) == 0
+    assert json.loads((run / "summary.json").read_text())["code"]["restamped_from"] == "0" * 64
+    with pytest.raises(ValueError, match="reason"):
+        prov.restamp([tmp_path / "old"], "0" * 64, " ")
+    config = json.loads((run / "config.json").read_text())
+    config["train"]["lr"] *= 1.01
+    (run / "config.json").write_text(json.dumps(config))
+    assert all("another config" in why for why in prov.stale([tmp_path / "old"]).values())
+
+
+def test_the_command_line_gives_the_digest_results_record():
+    """`python -m mohge.provenance` runs the module as __main__: its digest must still be the one imports compute."""
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "mohge.provenance"], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout)["sources_sha256"] == prov.sources_sha256()
