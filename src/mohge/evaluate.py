@@ -17,6 +17,9 @@ document index, so the same data folder always gives byte-identical task files:
                        distractors are held-out words seen at least twice, case matched to the answer.
 * ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
 * ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
+* ``mohge_facts``      facts source only: every fact's value scored after ``<eot> key`` (loglikelihood), the
+                       bits stored and exact recall (mohge.capacity); built from the fact table (a function of the
+                       data config in meta.json), never capped, and metrics.json's ``facts`` holds B.
 
 Tasks named with ``--tasks`` must have documents; of the run config's ``eval.tasks`` (the default), those the
 data folder cannot build (graded tasks on Shakespeare) are skipped with a warning and listed in metrics.json.
@@ -50,7 +53,7 @@ import yaml
 
 from .atomic import write_json_atomic, write_text_atomic
 from .cli import user_errors
-from .config import load_run_config
+from .config import DataConfig, load_run_config
 from .data import TokenStream, load_meta
 from .graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 
@@ -58,7 +61,8 @@ log = logging.getLogger("mohge.evaluate")
 
 TASK_TEMPLATES = Path(__file__).resolve().parents[2] / "configs" / "tasks"
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
-LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS)
+FACTS_TASK = "mohge_facts"  # facts source only: every fact, uncapped (mohge.capacity)
+LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS, FACTS_TASK)
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
 _SUM = re.compile(r"\d+(?:\+\d+)+=\d+")
 _VERB_FLIP = {**VERBS, **{pl: sg for sg, pl in VERBS.items()}}
@@ -179,9 +183,13 @@ def build_tasks(data_dir: str | Path, out_dir: str | Path, max_docs: int = 1000)
     }
     if meta.get("source") == "graded":
         docs.update(graded_docs(records))
+    if meta.get("source") == "facts":
+        from .data.facts import task_docs
+
+        docs[FACTS_TASK] = task_docs(DataConfig.from_dict(meta["config"]))
     counts = {}
     for name, rows in docs.items():
-        rows = rows[:max_docs]
+        rows = rows if name == FACTS_TASK else rows[:max_docs]  # B is a sum over every fact
         if rows:
             write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
             counts[name] = len(rows)
@@ -321,6 +329,10 @@ def evaluate(
         results = run_lm_eval(lm, tasks, folder, limit, allow_hub, Path(templates)) if tasks else {}
     lm_eval_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {"checkpoint": str(ckpt), "data": str(data_dir), "tasks": results}
+    if FACTS_TASK in results:  # the capacity endpoint, from lm-eval's per-fact log-likelihoods
+        from .capacity import from_lm_eval
+
+        metrics["facts"] = from_lm_eval(results[FACTS_TASK], DataConfig.from_dict(load_meta(data_dir)["config"]))
     for split in ("val", "test"):
         metrics[split] = heldout_loss(
             lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast

@@ -60,6 +60,7 @@ from .atomic import append_line, output_lock, write_bytes_atomic, write_json_ato
 from .cli import EXIT_NONFINITE, EXIT_OK, EXIT_USER, user_errors
 from .config import ConfigError, RunConfig, load_run_config
 from .data import TokenStream, load_meta, prepare
+from .data.facts import tokenizer_probe
 from .data.loader import verify_folder
 from .data.stream import TrainBatches
 from .evaluate import heldout_loss
@@ -157,7 +158,7 @@ def _train(cfg: RunConfig, out: Path, scratch: Path, data: str | None, require_r
     data_dir = resolve_data(cfg, data, scratch, rt)
     if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
         eot_token = cfg.data_config.eot_token
-        tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
+        tok = check_tokenizer(data_dir / "tokenizer.json", eot_token, tokenizer_probe(cfg.data_config))
         # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
         # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
         if (have := load_meta(data_dir)["eot_id"]) != eot_id(tok, eot_token):

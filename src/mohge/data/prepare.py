@@ -27,6 +27,8 @@ from typing import Any
 from mohge.atomic import atomic_path, sha256_file, write_json_atomic
 from mohge.cli import user_errors
 from mohge.config import ConfigError, DataConfig, load_yaml_or_json
+from mohge.data.facts import tokenizer_probe
+from mohge.data.facts import write_tokenizer as write_facts_tokenizer
 from mohge.data.manifest import TOKENIZER_INFO, gather, load_meta
 from mohge.data.shards import MAX_META_DOC_NAMES, SHARDS, prepare_shard, token_dtype
 from mohge.data.sources import default_cache_dir, iter_tokenizer_sample, split_record
@@ -76,6 +78,9 @@ def prepare_tokenizer(
         }
         if counted["docs"] == 0:
             raise ValueError(f"data.source={cfg.source!r}: the train split is empty")
+    elif cfg.tokenizer_kind == "facts":  # one word per symbol (mohge.data.facts, docs/method.md §12.5)
+        write_facts_tokenizer(cfg, target)
+        info["source"] = "facts"
     elif cfg.tokenizer_kind == "file":
         check_tokenizer(cfg.tokenizer_file, cfg.eot_token)  # parse + round trip + end token before anything is copied
         with atomic_path(target) as tmp:
@@ -89,7 +94,7 @@ def prepare_tokenizer(
         with atomic_path(target) as tmp:
             Tokenizer.from_pretrained(cfg.tokenizer_hub).save(str(tmp))
         info["source"] = cfg.tokenizer_hub
-    tok = check_tokenizer(target)
+    tok = check_tokenizer(target, probe=tokenizer_probe(cfg))
     eot = eot_id(tok, cfg.eot_token, f"the tokenizer {info.get('source', target)}")  # none: refused, naming the key
     n = tok.get_vocab_size()
     if cfg.tokenizer_kind != "trained":
