@@ -222,7 +222,7 @@ def _kbits(b: float, lo: float, hi: float) -> str:
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """The capacity study's tables and figure."""
-    p = {**DEFAULTS, **params}
+    p = {**DEFAULTS, **params.get("settings", {}), **{k: v for k, v in params.items() if k != "settings"}}
     runs = pd.read_csv(inputs["runs"])
     runs = runs[runs["bits_stored"].notna()] if "bits_stored" in runs else runs.iloc[0:0]
     main_runs, quarter = runs[runs["dataset"] == p["dataset"]], runs[runs["dataset"] == p["quarter"]]
