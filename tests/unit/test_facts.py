@@ -63,8 +63,8 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
     assert meta["eot_id"] == 0 and meta["vocab_size"] == 514 and meta["split"]["total_bits"] == N * 16.0
     train = read_split(data_dir, "train").astype(np.int64)
     L = facts.fact_len(cfg())
-    assert len(train) == 3 * N * L
-    rows = train.reshape(3, N, L)
+    assert len(train) == 1 + 3 * N * L and train[0] == 0  # the shard opens with a lone end-of-text token
+    rows = train[1:].reshape(3, N, L)
     assert (rows[..., -1] == 0).all()  # every fact ends with the end-of-text token
     want = Counter(map(tuple, capacity.fact_rows(cfg())[:, 1:].numpy().tolist()))
     orders = []
@@ -73,8 +73,19 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
         orders.append(rows[e, :, 0] * 1000 + rows[e, :, 1])
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
     # val/test: one copy in table order
-    test = read_split(data_dir, "test").astype(np.int64).reshape(N, L)
+    test = read_split(data_dir, "test").astype(np.int64)[1:].reshape(N, L)
     assert np.array_equal(test[:, :-1], capacity.fact_rows(cfg())[:, 1:].numpy())
+
+
+def test_every_training_window_starts_with_the_scored_context(data_dir):
+    from mohge.data.stream import TokenStream
+
+    stream = TokenStream.open(data_dir, "train")
+    S, n_windows = cfg().seq_len, 3 * N * 5 // cfg().seq_len
+    x, y = stream.window_batch(0, n_windows, S, seed=0)  # what train.data_order: sequential reads, one epoch
+    assert (x[:, 0] == 0).all() and (y[:, -1] == 0).all()  # <eot> first, whole facts, <eot> last
+    scored = {tuple(r) for r in capacity.fact_rows(cfg()).tolist()}
+    assert all(tuple(row) in scored for row in x[:, :5].tolist())  # the window's first fact: exactly its scored row
 
 
 def test_the_word_level_tokenizer_is_a_real_tokenizer_json(data_dir):

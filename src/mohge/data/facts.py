@@ -12,11 +12,13 @@ so an embedding row holds one symbol and cannot hold a fact; the end-of-text tok
 (``data.eot_token``), so an lm-eval context can name it.
 
 Documents. A fact is one document, ``K12 K57 V3 V200``; the pipeline appends the end-of-text token after
-every document, so the train stream reads ``k1 k2 v1 v2 <eot> k1 k2 v1 v2 <eot> ...`` and every fact but the
-first of a window is read as ``<eot> k1 k2 -> v1 v2``, the context in which it is scored. The train split holds
-``facts_epochs`` copies of the table, each in its own order (a permutation drawn from (seed, epoch)), so
-``train.data_order: sequential`` reads every fact exactly ``facts_epochs`` times, freshly shuffled every epoch,
-and ``data.seq_len`` must be a multiple of the fact length (key + value + 1): no window cuts a fact.
+every document, and every shard opens with an empty document (a lone end-of-text token), so a shard reads
+``<eot> k1 k2 v1 v2 <eot> k1 k2 v1 v2 <eot> ...``. The train split holds ``facts_epochs`` copies of the table,
+each in its own order (a permutation drawn from (seed, epoch)), so ``train.data_order: sequential`` reads every
+fact exactly ``facts_epochs`` times, freshly shuffled every epoch. ``data.seq_len`` must be a multiple of the
+fact length L (key + value + 1): every window then starts with ``<eot>`` and a whole fact, which is exactly the
+context a fact is scored in (``<eot> key -> value`` at positions 0..L-1); with ``seq_len = L`` every fact is read
+in that context alone (docs/method.md §12.5 says why the study does so).
 val and test hold one copy of the table in table order (the study scores the trained facts: there is no held-out
 knowledge to measure).
 """
@@ -35,6 +37,7 @@ from mohge.atomic import atomic_path
 from mohge.config import SPLITS, DataConfig
 
 UNK = "<unk>"  # WordLevel needs one; no generated document contains an unknown word
+START = "start"  # the empty document that opens every shard: its end-of-text token aligns the windows
 
 
 def key_word(k: int) -> str:
@@ -120,16 +123,19 @@ def epoch_order(cfg: DataConfig, epoch: int) -> np.ndarray:
 
 
 def iter_fact_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterator[tuple[str, Any]]:
-    """(split, Doc) of shard job `index`: its contiguous run of train epochs (epochs are never split, so every
-    shard starts on a fact), then its run of the val and test copies. Streamed: nothing holds the E copies."""
+    """(split, Doc) of shard job `index`: an empty document (its end-of-text token opens the shard), then its
+    contiguous run of train epochs (epochs are never split); the same for its run of the val and test copies.
+    Streamed: nothing holds the E copies."""
     from mohge.data.sources import Doc
 
     texts = fact_texts(cfg)
     E, n = cfg.facts_epochs, len(texts)
+    yield "train", Doc(START, "")  # a lone end-of-text token: every window starts with "<eot> k1 k2 v1 v2"
     for e in range(index * E // num_shards, (index + 1) * E // num_shards):
         for i in epoch_order(cfg, e).tolist():
             yield "train", Doc(f"fact-{i:07d}", texts[i])
     for split in SPLITS[1:]:
+        yield split, Doc(START, "")
         for i in range(index * n // num_shards, (index + 1) * n // num_shards):
             yield split, Doc(f"fact-{i:07d}", texts[i])
 
