@@ -116,7 +116,7 @@ def decide(main: pd.DataFrame, quarter: pd.DataFrame, p: dict) -> tuple[pd.DataF
     g1.update(test="G1 reference > iso", threshold=f"95% low > {p['gate_ratio']}")
     g1["verdict"] = "pass" if g1["ci_low"] > p["gate_ratio"] else ("fail" if g1["n"] >= 2 else "needs 2 seeds")
     fit = sweep_fit(main, p["sweep"])
-    g2 = {"test": "G2 sweep slope", "a": "+".join(p["sweep"]), "b": "log P", "n": fit["n"], "estimate": fit["slope"]}
+    g2 = {"test": "G2 sweep slope", "a": ", ".join(p["sweep"]), "b": "log P", "n": fit["n"], "estimate": fit["slope"]}
     g2.update(ci_low=fit.get("slope_low", math.nan), ci_high=fit.get("slope_high", math.nan), p=fit.get("p", math.nan))
     g2["threshold"] = f">= {p['gate_slope']}"
     enough = fit["widths"] >= 4
