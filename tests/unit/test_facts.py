@@ -199,3 +199,12 @@ def test_lm_eval_gives_the_direct_bits_and_the_oracle_all_of_them(run, tmp_path)
 def test_a_limited_facts_task_is_refused():
     with pytest.raises(ValueError, match="eval.limit"):
         capacity.from_lm_eval({"perplexity": 2.0, "acc": 0.0, "n_samples": 10}, cfg())
+
+
+def test_a_limited_facts_task_is_refused_at_plan_time():
+    from mohge.config import RunConfig
+    from mohge.preflight import check_run
+
+    check_run(RunConfig.from_dict(RUN), inputs=False)
+    with pytest.raises(ConfigError, match=r"eval\.limit=5"):
+        check_run(RunConfig.from_dict({**RUN, "eval": {**RUN["eval"], "limit": 5}}), inputs=False)
