@@ -31,12 +31,64 @@ from mohge.data.facts import fact_len, total_bits
 from mohge.params import count_params
 
 
+def score(rc, scratch: Path) -> list[dict]:
+    """B (direct route) of every checkpoint in SCRATCH, by step."""
+    tokens_per_step = rc.train.batch_size * rc.data_config.seq_len
+    per_exposure = rc.data_config.facts_num * fact_len(rc.data_config)
+    rows = []
+    for step, folder in sorted(list_checkpoints(scratch)):
+        _, model = load_trained(folder)
+        b = bits_stored(model, rc.data_config)
+        rows.append(
+            {
+                "step": step,
+                "exposures": step * tokens_per_step / per_exposure,
+                "bits_stored": b["bits_stored"],
+                "recall": b["recall"],
+            }
+        )
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def write_curve(rows: list[dict], out: Path) -> None:
+    with open(out / "curve.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def partial(rc, scratch: Path, out: Path) -> int:
+    """A run stopped before its last step (the session ended): its checkpoints' curve, marked partial. Up to
+    the last checkpoint its schedule is the full run's, so it compares with another run at the same steps."""
+    rows = score(rc, scratch)
+    write_curve(rows, out)
+    log = [json.loads(line) for line in (scratch / "train_log.jsonl").read_text().splitlines()]
+    speeds = [r["tokens_per_s"] for r in log if r.get("tokens_per_s")]
+    summary = {
+        "name": rc.name,
+        "partial": True,
+        "steps_done": rows[-1]["step"],
+        "steps": rc.train.steps,
+        "tokens_per_s": sum(speeds) / len(speeds),
+        "params": count_params(rc.model),
+        "final_direct": rows[-1],
+        "final_lm_eval": None,
+        "total_bits": total_bits(rc.data_config),
+    }
+    write_json_atomic(out / "summary.json", summary)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("spec")
     ap.add_argument("name")
     ap.add_argument("--work", default="work/capacity-pilot")
     ap.add_argument("--results", default="results/capacity/pilot")
+    ap.add_argument(
+        "--partial", action="store_true", help="score the checkpoints a stopped run left (no training, no lm-eval)"
+    )
     args = ap.parse_args(argv)
     spec = yaml.safe_load(Path(args.spec).read_text())
     points = int(spec.pop("curve_points", 10))
@@ -49,8 +101,11 @@ def main(argv=None) -> int:
     data_key = hashlib.sha256(json.dumps(cfg["data"], sort_keys=True).encode()).hexdigest()[:12]
     data_dir = work / "data" / data_key
     cfg_path = out / "config.json"
-    write_json_atomic(cfg_path, cfg)
+    if not args.partial:
+        write_json_atomic(cfg_path, cfg)
     rc = load_run_config(cfg_path)  # strict: a bad key is refused here, naming it
+    if args.partial:
+        return partial(rc, work / "scratch" / args.name, out)
     py = sys.executable
     if not (data_dir / "meta.json").is_file():
         subprocess.run([py, "-m", "mohge.data", "--config", str(cfg_path), "--out", str(data_dir)], check=True)
@@ -74,25 +129,8 @@ def main(argv=None) -> int:
         check=True,
     )
     wall = time.time() - t0
-    tokens_per_step = rc.train.batch_size * rc.data_config.seq_len
-    per_exposure = rc.data_config.facts_num * fact_len(rc.data_config)
-    rows = []
-    for step, folder in sorted(list_checkpoints(scratch)):
-        _, model = load_trained(folder)
-        b = bits_stored(model, rc.data_config)
-        rows.append(
-            {
-                "step": step,
-                "exposures": step * tokens_per_step / per_exposure,
-                "bits_stored": b["bits_stored"],
-                "recall": b["recall"],
-            }
-        )
-        print(json.dumps(rows[-1]), flush=True)
-    with open(out / "curve.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    rows = score(rc, scratch)
+    write_curve(rows, out)
     summary = json.loads((run_dir / "summary.json").read_text())
     params = count_params(rc.model)
     res = subprocess.run(

@@ -49,12 +49,13 @@ def rows(pilot: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "weight_decay": tr["weight_decay"],
                 "tokens_per_s": round(s["tokens_per_s"]),
                 "B_kbit": last.bits_stored / 1e3,
-                "B_kbit_lm_eval": s["final_lm_eval"]["bits_stored"] / 1e3,
+                "B_kbit_lm_eval": s["final_lm_eval"]["bits_stored"] / 1e3 if s["final_lm_eval"] else float("nan"),
                 "B_kbit_at_75pct": half.bits_stored / 1e3,
                 "bits_per_param": last.bits_stored / p_ne,
                 "fraction_of_data": last.bits_stored / s["total_bits"],
                 "recall": last.recall,
-                "started_utc": s["started_utc"],
+                "partial": bool(s.get("partial", False)),  # stopped early: its last checkpoint, same schedule
+                "started_utc": s.get("started_utc"),
             }
         )
     return pd.DataFrame(table), (pd.concat(curves) if curves else pd.DataFrame())
