@@ -162,8 +162,9 @@ def test_shipped_task_yamls_load_with_include_path(trained, monkeypatch):
         assert "@TASK_DATA@" not in path.read_text(), path
     manager = TaskManager(include_path=str(TASK_CONFIGS), include_defaults=False, metadata=dict(OFFLINE))
     monkeypatch.chdir(trained["tasks"].parent)  # the documented default: ./mohge_tasks
-    loaded = manager.load(list(ev.LOCAL_TASKS))["tasks"]
     counts = json.loads((trained["tasks"] / "tasks.json").read_text())["docs"]
+    assert set(counts) == set(ev.LOCAL_TASKS) - {ev.FACTS_TASK}  # mohge_facts: facts data only (test_facts.py)
+    loaded = manager.load(list(counts))["tasks"]
     assert {name: len(list(task.test_docs())) for name, task in loaded.items()} == counts
     monkeypatch.chdir(trained["root"])  # elsewhere: the folder named by the task_data metadata
     named = TaskManager(
