@@ -170,7 +170,16 @@ def test_plan_and_schema_refuse_the_same_configs(case):
     assert not schema_accepts(cfg), f"the schema accepts what plan() refuses: {case}"
 
 
-@pytest.mark.parametrize("names", [["config.yaml"], ["smoke.yaml"], ["paper.yaml"], ["config.yaml", "ablations.yaml"]])
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["config.yaml"],
+        ["smoke.yaml"],
+        ["paper.yaml"],
+        ["config.yaml", "ablations.yaml"],
+        ["config.yaml", "capacity.yaml"],
+    ],
+)
 def test_shipped_configs_pass_plan_and_schema(names):
     cfg: dict = {}
     for name in names:  # merged in order, as with --configfile

@@ -59,7 +59,9 @@ def test_lint_clean():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-@pytest.mark.parametrize("configfile", ["configs/config.yaml", "configs/smoke.yaml", "configs/paper.yaml"])
+@pytest.mark.parametrize(
+    "configfile", ["configs/config.yaml", "configs/smoke.yaml", "configs/paper.yaml", "configs/capacity.yaml"]
+)
 def test_dry_run(configfile, tmp_path):
     work = copy_workflow(tmp_path)
     out = smk("-n", "--configfile", configfile, cwd=work)
@@ -69,6 +71,8 @@ def test_dry_run(configfile, tmp_path):
         assert rule in text
     runs = yaml.safe_load((ROOT / configfile).read_text())["experiments"]
     assert runs
+    if configfile == "configs/capacity.yaml":  # the declared capacity analysis, not the claims study's tables
+        assert "capacity_analysis" in text and "study_analysis" not in text
 
 
 @pytest.mark.parametrize(

@@ -428,10 +428,51 @@ def study_config(study):
     return config if study == STUDY else study_settings(study)["config"]
 
 
+CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused"]
+
+
+def capacity_settings(study):
+    """What workflow/scripts/capacity_analysis.py takes from a capacity study's config: the declared analysis,
+    the main dataset (the first experiment's) and the MoHGE arms on it ("mohge", "mohge+<variant>").
+    """
+    cfg = study_config(study)
+    a, main = cfg["analysis"], cfg["experiments"][0]["dataset"]
+    arms = ["mohge"] + [
+        f"mohge+{v}"
+        for e in cfg["experiments"]
+        if e["dataset"] == main and "mohge" in e["families"]
+        for v in (e.get("variants") or {})
+    ]
+    return {
+        "reference": a.get("reference_family", "moe"),
+        "iso": a.get("iso_family", "moe_equal"),
+        "sweep": list(a["sweep"]),
+        "mohge": list(dict.fromkeys(arms)),
+        "dataset": main,
+        "quarter": a.get("quarter_dataset"),
+        "alpha": a.get("alpha", 0.05),
+        "margin": a.get("equivalence_margin", 0.03),
+        "gate_ratio": a.get("gate_ratio", 1.05),
+        "gate_slope": a.get("gate_slope", 0.5),
+        "unused_share": a.get("unused_share", 0.01),
+    }
+
+
 def study_outputs(study):
     """The study tables and figures of `study`, or nothing when its config declares no analysis."""
     if "analysis" not in study_config(study):
         return []
+    if (
+        study_config(study)["analysis"].get("design") == "capacity"
+    ):  # rules/study.smk: capacity_analysis
+        return expand(
+            "results/{study}/study/{table}.{ext}",
+            study=study,
+            table=CAPACITY_TABLES,
+            ext=["csv", "md", "tex"],
+        ) + expand(
+            "figures/{study}/C1_bits_params.{ext}", study=study, ext=["png", "pdf"]
+        )
     return (
         expand(
             "results/{study}/study/{table}.{ext}",

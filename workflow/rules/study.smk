@@ -168,3 +168,32 @@ rule fig_study_difficulty:
         "../envs/plot.yaml"
     script:
         "../scripts/study_difficulty.py"
+
+
+rule capacity_analysis:
+    # The capacity study's declared tests (docs/study.md "The capacity study"): gate, claim 1, the sweep fit,
+    # heterogeneity, unused experts; tables C1-C3 and the bits-stored-vs-parameters figure.
+    input:
+        runs="results/{study}/runs.csv",
+        traces=study_traces,
+    output:
+        **{
+            f"{t}_{ext}": f"results/{{study}}/study/{t}.{ext}"
+            for t in CAPACITY_TABLES
+            for ext in ["csv", "md", "tex"]
+        },
+        png=report(
+            "figures/{study}/C1_bits_params.png",
+            caption="../report/C1_bits_params.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/C1_bits_params.pdf",
+    log:
+        "logs/{study}/capacity_analysis.log",
+    localrule: True
+    conda:
+        "../envs/train.yaml"  # scipy
+    params:
+        settings=lambda wc: capacity_settings(wc.study),
+    script:
+        "../scripts/capacity_analysis.py"

@@ -77,6 +77,13 @@ def run_row(results: Path, run: str) -> dict:
         for metric, value in sorted(values.items()):
             if metric in TASK_METRICS and isinstance(value, int | float):
                 row[f"task:{task}:{metric}"] = value
+    if facts := metrics.get("facts"):  # the capacity endpoint (facts source, mohge.capacity): only such runs get it
+        row["bits_stored"], row["fact_recall"], row["data_bits"] = (
+            facts["bits_stored"],
+            facts["recall"],
+            facts["total_bits"],
+        )
+        row["total_params_non_embedding"] = params["total_non_embedding"]
     return row
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from mohge.core.strict import _fail, _Section, from_dict, knob, to_dict
 
-DATA_SOURCES = ("shakespeare", "graded", "text", "hf")
+DATA_SOURCES = ("shakespeare", "graded", "text", "hf", "facts")
 SPLITS = ("train", "val", "test")
 # The graded corpus's vocabulary (mohge.data.graded generates it; the config checks against it).
 LEVEL_NAMES = ("easy", "medium", "hard")
@@ -69,6 +69,12 @@ class DataConfig(_Section):
     graded_sum_extra: tuple[tuple[int, int, int], ...] = knob(
         (), "sums design: extra rungs [a, b, level]: more sums of a level (0-2), or -1 for sums no task scores"
     )
+    facts_num: int = knob(16384, "facts source: number of facts N", ge=1)
+    facts_key_tokens: int = knob(256, "facts source: key tokens K (a key is facts_key_len of them)", ge=1)
+    facts_key_len: int = knob(2, "facts source: tokens per key", ge=1, le=8)
+    facts_value_tokens: int = knob(256, "facts source: value tokens V (a value is facts_value_len of them)", ge=2)
+    facts_value_len: int = knob(2, "facts source: tokens per value (facts_value_len x log2 V bits a fact)", ge=1)
+    facts_epochs: int = knob(100, "facts source: copies of the facts in train, each epoch in its own order", ge=1)
     text_files: tuple[str, ...] = knob((), "paths or globs of UTF-8 text files (source text)")
     hf_name: str | None = knob(None, "HF hub dataset name (source hf)")
     hf_config: str | None = knob(None, "HF dataset config name")
@@ -158,10 +164,31 @@ class DataConfig(_Section):
         if self.hf_data_files and set(self.hf_splits) != {"train"}:
             why = "hf_data_files are one pool (train); val/test are held out from it by hash: use {train: train}"
             _fail(self.key("hf_splits"), self.hf_splits, why)
+        if self.source == "facts":
+            self._check_facts()
         if self.tokenizer_file is not None and self.tokenizer_hub is not None:
             _fail(
                 self.key("tokenizer_hub"), self.tokenizer_hub, f"and tokenizer_file={self.tokenizer_file!r}: give one"
             )
+
+    def _check_facts(self) -> None:
+        """The facts source (mohge.data.facts): its own word-level vocabulary, windows that never cut a fact."""
+        want = 2 + self.facts_key_tokens + self.facts_value_tokens
+        if self.vocab_size != want:
+            why = f"source 'facts' has {want} tokens (end-of-text, unk, key and value tokens): set it to {want}"
+            _fail(self.key("vocab_size"), self.vocab_size, why)
+        n_fact = self.facts_key_len + self.facts_value_len + 1
+        if self.seq_len % n_fact:
+            why = f"source 'facts' needs a multiple of the fact length {n_fact} (key + value + end-of-text)"
+            _fail(self.key("seq_len"), self.seq_len, why + ", so that no training window cuts a fact")
+        if self.facts_num > self.facts_key_tokens**self.facts_key_len:
+            why = f"more than the {self.facts_key_tokens}^{self.facts_key_len} distinct keys"
+            _fail(self.key("facts_num"), self.facts_num, why)
+        for key in ("tokenizer_file", "tokenizer_hub"):
+            if getattr(self, key) is not None:
+                _fail(self.key(key), getattr(self, key), "source 'facts' writes its own word-level tokenizer")
+        if any(ch.isspace() for ch in self.eot_token):
+            _fail(self.key("eot_token"), self.eot_token, "source 'facts' needs a word without whitespace")
 
     @property
     def hf_is_local(self) -> bool:
@@ -170,7 +197,10 @@ class DataConfig(_Section):
 
     @property
     def tokenizer_kind(self) -> str:
-        """trained (our BPE on a bounded sample of train), file (tokenizer_file) or hub (tokenizer_hub)."""
+        """trained (our BPE on a bounded sample of train), file (tokenizer_file), hub (tokenizer_hub) or facts
+        (the facts source's word-level vocabulary, mohge.data.facts)."""
+        if self.source == "facts":
+            return "facts"
         return "file" if self.tokenizer_file else "hub" if self.tokenizer_hub else "trained"
 
     @property

@@ -27,6 +27,7 @@ from mohge.core.cli import user_errors
 from mohge.core.strict import (
     NAME_PATTERN,
     ConfigError,
+    _fail,
     _Section,
     check_bounds,
     check_name,
@@ -75,18 +76,41 @@ class ClusterConfig(_Section):
     _path: str = field(default="cluster", repr=False, compare=False)
 
 
+DESIGNS = ("claims", "capacity")
+
+
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
-    """A study's pre-declared statistical analysis (mohge.analysis.study; docs/study.md)."""
+    """A study's pre-declared statistical analysis (docs/study.md): the claims study's (mohge.analysis.study) or the
+    capacity study's (workflow/scripts/capacity_analysis.py, `design: capacity`)."""
 
+    design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C3)", choices=DESIGNS)
     alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)
-    equivalence_margin: float = knob(0.03, "TOST margin on the perplexity ratio (0.03: +-3 %)", gt=0, lt=1)
-    primary_metric: str = knob("test_ppl", "primary endpoint (full split)", choices=("test_ppl", "val_ppl"))
+    equivalence_margin: float = knob(
+        0.03, "TOST margin on the perplexity ratio (claims); non-inferiority margin on B (capacity)", gt=0, lt=1
+    )
+    primary_metric: str = knob(
+        "test_ppl",
+        "primary endpoint (full split; capacity: bits_stored)",
+        choices=("test_ppl", "val_ppl", "bits_stored"),
+    )
     reference_family: str = knob("moe", "Q1: the MoE that MoHGE should equal", choices=FAMILIES)
     iso_family: str = knob("moe_equal", "Q1b: the iso-parameter MoE that MoHGE should beat", choices=FAMILIES)
     balance_ep: int = knob(4, "Q2: EP size the balance bar is read at (E / EP a multiple of G)", gt=0)
     balance_bar: float = knob(1.10, "Q2: all-size's max/mean interval must lie below this", gt=1)
+    gate_ratio: float = knob(1.05, "capacity gate G1: 95 % lower bound of B_reference / B_iso above this", gt=1)
+    gate_slope: float = knob(0.5, "capacity gate G2: the sweep's slope of log B on log parameters at least this", gt=0)
+    unused_share: float = knob(0.01, "capacity: an expert is unused below this share of a uniform share", gt=0, lt=1)
+    sweep: tuple[str, ...] = knob((), "capacity: the width sweep's models as runs.csv names them (family+variant)")
+    quarter_dataset: str | None = knob(None, "capacity gate G3: the dataset of the saturation control")
     _path: str = field(default="analysis", repr=False, compare=False)
+
+    def check(self) -> None:
+        if (self.design == "capacity") != (self.primary_metric == "bits_stored"):
+            why = "bits_stored goes with design: capacity, and only with it"
+            _fail(self.key("primary_metric"), self.primary_metric, why)
+        if self.design == "capacity" and len(self.sweep) < 4:
+            _fail(self.key("sweep"), list(self.sweep), "the capacity gate needs a sweep of at least four widths")
 
 
 # Top-level keys of the workflow config (besides the sections above): see configs/README.md.

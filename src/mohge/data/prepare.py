@@ -35,6 +35,8 @@ from mohge.core.atomic import atomic_path, sha256_file, write_json_atomic
 from mohge.core.cli import user_errors
 
 from .docs import CANDIDATE, Doc
+from .facts import tokenizer_probe
+from .facts import write_tokenizer as write_facts_tokenizer
 from .holdout import CandidateWriter
 from .manifest import TOKENIZER_INFO, gather, load_meta
 from .shards import MAX_META_DOC_NAMES, SHARDS, SplitShardWriter, part_name, token_dtype
@@ -84,6 +86,9 @@ def prepare_tokenizer(
         }
         if counted["docs"] == 0:
             raise ValueError(f"data.source={cfg.source!r}: the train split is empty")
+    elif cfg.tokenizer_kind == "facts":  # one word per symbol (mohge.data.facts, docs/method.md §12.5)
+        write_facts_tokenizer(cfg, target)
+        info["source"] = "facts"
     elif cfg.tokenizer_kind == "file":
         check_tokenizer(cfg.tokenizer_file, cfg.eot_token)  # parse + round trip + end token before anything is copied
         with atomic_path(target) as tmp:
@@ -95,7 +100,7 @@ def prepare_tokenizer(
         with atomic_path(target) as tmp:
             Tokenizer.from_pretrained(cfg.tokenizer_hub).save(str(tmp))
         info["source"] = cfg.tokenizer_hub
-    tok = check_tokenizer(target)
+    tok = check_tokenizer(target, probe=tokenizer_probe(cfg))
     eot = eot_id(tok, cfg.eot_token, f"the tokenizer {info.get('source', target)}")  # none: refused, naming the key
     n = tok.get_vocab_size()
     if cfg.tokenizer_kind != "trained":

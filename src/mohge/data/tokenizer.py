@@ -125,18 +125,20 @@ def decode(tok: Tokenizer, ids: Iterable[int]) -> str:
 PROBE = "MoHGE probe: na\u00efve caf\u00e9 \U0001f642\n\tx  =  123+456 <|endoftext|> end"
 
 
-def check_tokenizer(path: str | os.PathLike, eot_token: str | None = None) -> Tokenizer:
+def check_tokenizer(path: str | os.PathLike, eot_token: str | None = None, probe: str = PROBE) -> Tokenizer:
     """Load ``path`` and round-trip a probe string through it; a tokenizer that cannot be parsed or does not
     give back its input is a ConfigError naming the file (checked before training, never copied to outputs).
-    With ``eot_token`` (data.eot_token), a tokenizer without that token is a ConfigError naming the key."""
+    With ``eot_token`` (data.eot_token), a tokenizer without that token is a ConfigError naming the key.
+    ``probe``: any text for a byte-level tokenizer; a word-level one (the facts source) round-trips only its
+    own words (mohge.data.facts.tokenizer_probe)."""
     try:
         tok = load_tokenizer(path)
-        back = decode(tok, encode(tok, PROBE))
+        back = decode(tok, encode(tok, probe))
     except Exception as err:  # tokenizers raises plain Exception for a malformed file
         raise ConfigError(
             f"{path}: not a usable tokenizer ({str(err).splitlines()[0] if str(err) else err!r})"
         ) from err
-    if back != PROBE:
+    if back != probe:
         raise ConfigError(f"{path}: the tokenizer does not round-trip text (encode then decode gave {back[:40]!r})")
     if eot_token is not None:
         eot_id(tok, eot_token, path)

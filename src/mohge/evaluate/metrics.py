@@ -17,6 +17,9 @@ document index, so the same data folder always gives byte-identical task files:
                        distractors are held-out words seen at least twice, case matched to the answer.
 * ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
 * ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
+* ``mohge_facts``      facts source only: every fact's value scored after ``<eot> key`` (loglikelihood), the
+                       bits stored and exact recall (mohge.evaluate.capacity); built from the fact table (a
+                       function of the data config in meta.json), never capped, and metrics.json's ``facts`` holds B.
 
 Every task is built for one context length ``max_length`` (the model's: ``min(data.seq_len, model.max_seq_len)``):
 a choice document is kept only when every choice, as the tokens lm-eval scores (the pair encoding of
@@ -51,7 +54,7 @@ from typing import Any
 
 import yaml
 
-from mohge.config import load_run_config
+from mohge.config import DataConfig, load_run_config
 from mohge.config.provenance import code_version
 from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.core.cli import user_errors
@@ -67,7 +70,8 @@ log = logging.getLogger("mohge.evaluate")
 
 TASK_TEMPLATES = Path(__file__).resolve().parents[3] / "configs" / "tasks"
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
-LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS)
+FACTS_TASK = "mohge_facts"  # facts source only: every fact, uncapped (mohge.evaluate.capacity)
+LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS, FACTS_TASK)
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
 _SUM = re.compile(r"\d+(?:\+\d+)+=\d+")
 _VERB_FLIP = {**VERBS, **{pl: sg for sg, pl in VERBS.items()}}
@@ -218,9 +222,14 @@ def build_tasks(
     }
     if meta.get("source") == "graded":
         docs.update(graded_docs(records))
+    if meta.get("source") == "facts":
+        from mohge.data.facts import task_docs
+
+        docs[FACTS_TASK] = task_docs(DataConfig.from_dict(meta["config"]))
     counts, dropped = {}, {}
     for name, rows in docs.items():
-        kept = [r for r in rows if fits(r, tok, max_length, eot)]
+        # B is a sum over every fact: the facts task is neither filtered (a fact is 5 tokens) nor capped
+        kept = rows if name == FACTS_TASK else [r for r in rows if fits(r, tok, max_length, eot)]
         if len(kept) < len(rows):
             dropped[name] = len(rows) - len(kept)
             log.info(
@@ -230,7 +239,7 @@ def build_tasks(
                 len(rows),
                 max_length,
             )
-        kept = kept[:max_docs]
+        kept = kept if name == FACTS_TASK else kept[:max_docs]
         if kept:
             write_text_atomic(out_dir / f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
             counts[name] = len(kept)
@@ -353,6 +362,10 @@ def evaluate(
         results = run_lm_eval(lm, tasks, folder, limit, allow_hub, Path(templates)) if tasks else {}
     lm_eval_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {"checkpoint": str(ckpt), "data": str(data_dir), "tasks": results}
+    if FACTS_TASK in results:  # the capacity endpoint, from lm-eval's per-fact log-likelihoods
+        from .capacity import from_lm_eval
+
+        metrics["facts"] = from_lm_eval(results[FACTS_TASK], DataConfig.from_dict(load_meta(data_dir)["config"]))
     for split in ("val", "test"):
         metrics[split] = heldout_loss(
             lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast

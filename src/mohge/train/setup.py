@@ -17,6 +17,7 @@ from mohge.config.provenance import code_version
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
 from mohge.core.strict import to_dict
 from mohge.data import load_meta, prepare
+from mohge.data.facts import tokenizer_probe
 from mohge.data.loader import sealed_entry, verify_folder
 from mohge.data.tokenizer import check_tokenizer, eot_id
 from mohge.model.params import count_params
@@ -63,7 +64,7 @@ def check_data(cfg: RunConfig, data_dir: Path, scratch: Path) -> None:
     round-trips and gives data.eot_token the id the shards hold, and the val split holds one window."""
     verify_folder(data_dir, scratch / "data_verified.json", required=("tokenizer.json",))
     eot_token = cfg.data_config.eot_token
-    tok = check_tokenizer(data_dir / "tokenizer.json", eot_token)
+    tok = check_tokenizer(data_dir / "tokenizer.json", eot_token, tokenizer_probe(cfg.data_config))
     # The model folder gets this tokenizer.json and data.eot_token, from which evaluation and the HF export
     # take the end-of-text id: it must be the id the shards hold (meta["eot_id"]).
     meta = load_meta(data_dir)
