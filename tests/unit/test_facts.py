@@ -162,7 +162,7 @@ def run(tmp_path_factory):
 
 
 def test_the_facts_task_holds_every_fact_uncapped(run, tmp_path):
-    counts = ev.build_tasks(run[1], tmp_path)
+    counts = ev.build_tasks(run[1], tmp_path, max_length=5)  # one fact a window
     assert counts["mohge_facts"] == N
     rows = [json.loads(line) for line in (tmp_path / "mohge_facts.jsonl").read_text().splitlines()]
     keys, values = facts.fact_table(cfg())
@@ -187,7 +187,7 @@ def test_lm_eval_gives_the_direct_bits_and_the_oracle_all_of_them(run, tmp_path)
     # the oracle through lm-eval's route (our adapter, lm-eval's requests and aggregation)
     lm = MoHGELM(str(model_dir), device="cpu", batch_size=200)
     ev.go_offline()
-    ev.build_tasks(data_dir, tmp_path)
+    ev.build_tasks(data_dir, tmp_path, max_length=5)
     for know, want in ((True, N * 16.0), (False, 0.0)):
         lm.model = Oracle(cfg(), know=know)
         res = ev.run_lm_eval(lm, ["mohge_facts"], tmp_path)

@@ -173,14 +173,14 @@ def test_an_edited_test_docs_file_is_refused_by_the_task_builder(base, tmp_path)
     data = copy(base["data"], tmp_path / "data")
     meta = meta_of(data)
     assert {"tokenizer.json", "val.txt", "val_docs.jsonl", "test.txt", "test_docs.jsonl"} <= set(meta["files"])
-    assert build_tasks(data, tmp_path / "ok")
+    assert build_tasks(data, tmp_path / "ok", max_length=10**6)
     rewrite_same_size(data / "test_docs.jsonl")
     with pytest.raises(ConfigError, match=r"test_docs\.jsonl was changed or truncated: sha256"):
-        build_tasks(data, tmp_path / "tasks")
+        build_tasks(data, tmp_path / "tasks", max_length=10**6)
     del meta["files"]["test_docs.jsonl"]
     write_meta(data, meta)
     with pytest.raises(ConfigError, match=r"meta\.json does not list test_docs\.jsonl"):
-        build_tasks(data, tmp_path / "tasks")
+        build_tasks(data, tmp_path / "tasks", max_length=10**6)
 
 
 # ---------------------------------------------------------------- item 10: seals that cannot be bypassed

@@ -415,6 +415,7 @@ def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Pa
     """The tokenizer.json a model reads with: the folder's own (sealed by its manifest), or ``given`` (a step_*
     checkpoint has none), which must parse and round-trip, and be the folder's own when it has one. Every
     refusal is one line naming the file."""
+    from mohge.data.facts import tokenizer_probe
     from mohge.data.tokenizer import check_tokenizer
 
     folder = Path(folder)
@@ -422,7 +423,12 @@ def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Pa
     path = Path(given) if given else own
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
-    check_tokenizer(path)
+    # the text it must round-trip is the data source's (a word-level facts tokenizer has no bytes)
+    config = folder / "config.json"
+    if config.is_file():
+        check_tokenizer(path, probe=tokenizer_probe(load_run_config(config).data_config))
+    else:
+        check_tokenizer(path)
     if given and own.is_file() and sha256_file(path) != sha256_file(own):
         raise ConfigError(
             f"tokenizer={path} is not the tokenizer {own} the model was trained with (sha256 "
