@@ -25,8 +25,8 @@ import argparse
 import csv
 import io
 import os
-import socket
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -138,12 +138,13 @@ def _one_rank_group(device: torch.device) -> None:
     """A process group of one rank (FSDP2 needs one), unless torchrun started it."""
     if dist.is_initialized():
         return
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=0, world_size=1)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "MASTER_PORT" in os.environ:
+        dist.init_process_group(backend, rank=0, world_size=1)
+        return
+    # one rank: a file store, no TCP port (a port probed free can be taken by another process before the bind)
+    store = os.path.join(tempfile.mkdtemp(prefix="mohge-gpu-check-"), "store")
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
