@@ -279,6 +279,12 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
     return {**study, "experiments": ran}, done, declared
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the 37 declared arms of issue 21 in configs/study.yaml are missing inputs of collect, so a fresh clone "
+    "plans them and, with no prepared data there, retrains the committed runs of their datasets too (85 trainings); "
+    "fixed when committed per-run results count as sources (issue 20 item 6) or when the arms have run",
+)
 def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
     """git does not keep mtimes: after `python -m mohge.mtimes` a clone plans no training, evaluation or tracing for
     the committed runs of the claims study (at most tables and figures from the committed CSVs), with the committed
