@@ -4,6 +4,7 @@ the README's commands in a fresh clone of this repository (slow)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -279,36 +280,46 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
     return {**study, "experiments": ran}, done, declared
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the 37 declared arms of issue 21 in configs/study.yaml are missing inputs of collect, so a fresh clone "
-    "plans them and, with no prepared data there, retrains the committed runs of their datasets too (85 trainings); "
-    "fixed when committed per-run results count as sources (issue 20 item 6) or when the arms have run",
-)
 def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
-    """git does not keep mtimes: after `python -m mohge.mtimes` a clone plans no training, evaluation or tracing for
-    the committed runs of the claims study (at most tables and figures from the committed CSVs), with the committed
-    experiments alone and with configs/study.yaml, whose declared-not-run arms are planned only when asked for."""
+    """A clone of the claims study plans only what is not committed: the arms declared in configs/study.yaml and not
+    yet run (and their data), never a committed run, whose per-run results are sources (common.smk: committed_runs),
+    before and after `python -m mohge.mtimes`; with every arm run, tables and figures at most.
+    MOHGE_RERUN_COMMITTED=1 plans every run again."""
     clone = tmp_path / "mohge"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
     git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MOHGE_RERUN_COMMITTED", None)
     committed, done, declared = committed_part(clone / "configs" / "study.yaml", clone / "results" / "claims")
-    assert len(done) == 48 and len(declared) == 37  # the study that ran; the arms of issue 21, declared, not run
+    assert len(done) == 48  # the study that ran; the arms of issue 21 are declared and wait for their runs
     (tmp_path / "committed.yaml").write_text(yaml.safe_dump(committed))
 
-    def plan(configfile: str, *targets: str) -> dict[str, int]:
+    def plan(configfile: str, *targets: str, **extra: str) -> tuple[dict[str, int], str]:
         out = subprocess.run(
-            [*SNAKEMAKE, "-n", *targets, "--configfile", configfile], cwd=clone, env=env, capture_output=True, text=True
+            [*SNAKEMAKE, "-n", *targets, "--configfile", configfile],
+            cwd=clone,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
         )
         assert out.returncode == 0, out.stderr[-2000:]
-        return planned(out.stdout + out.stderr)
+        return planned(out.stdout + out.stderr), out.stdout + out.stderr
 
-    assert plan("configs/study.yaml").get("train") == len(done) + len(declared)  # a bare clone: retrain everything
+    def runs_of_jobs(text: str) -> set[str]:
+        return set(re.findall(r"^    wildcards: run=([\w.-]+)", text, re.M))
+
+    jobs, text = plan("configs/study.yaml")  # a bare clone: the committed runs are sources all the same
+    assert jobs.get("train", 0) == len(declared) and not runs_of_jobs(text) & set(done), jobs
+    assert f"{len(done)} of {len(done) + len(declared)} runs are committed" in text
     done_mtimes = subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, capture_output=True, text=True)
     assert done_mtimes.returncode == 0 and "set the commit time of" in done_mtimes.stdout, done_mtimes.stderr
-    jobs = plan("configs/study.yaml")
-    assert set(jobs) <= CHEAP | {j for j in jobs if j.startswith("fig_")}, jobs
+    jobs, text = plan("configs/study.yaml")
+    assert runs_of_jobs(text) == set(declared), sorted(runs_of_jobs(text) ^ set(declared))[:5]
+    assert jobs.get("train", 0) == len(declared), jobs
+    if not declared:
+        assert set(jobs) <= CHEAP | {j for j in jobs if j.startswith("fig_")}, jobs
+    # a reproduction: every run made again
+    assert plan("configs/study.yaml", MOHGE_RERUN_COMMITTED="1")[0]["train"] == len(done) + len(declared)
     # the committed experiments alone are another config of the committed study: refused before any job (issue 23)
     other = subprocess.run(
         [*SNAKEMAKE, "-n", "--configfile", str(tmp_path / "committed.yaml")],
@@ -319,9 +330,77 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     )
     assert other.returncode != 0 and "name another study" in other.stderr, other.stderr[-2000:]
     # the declared arms, asked for by name: exactly their trainings (and their data), no committed run
-    targets = [f"results/claims/runs/{run}/summary.json" for run in declared]
-    assert plan("configs/study.yaml", *targets).get("train") == len(declared)
+    if declared:
+        targets = [f"results/claims/runs/{run}/summary.json" for run in declared]
+        assert plan("configs/study.yaml", *targets)[0].get("train") == len(declared)
     assert git("status", "--porcelain", cwd=clone).strip() == ""
+
+
+def test_committed_runs_are_sources_until_their_config_changes(tmp_path, monkeypatch):
+    """In a study with an `analysis` section, a run whose per-run results git tracks, with today's resolved config,
+    is not made again: a key added to the config since (at its default) keeps it; any other change of its config,
+    a missing committed file or MOHGE_RERUN_COMMITTED=1 plans it again. A study without `analysis` is untouched."""
+    monkeypatch.delenv("MOHGE_RERUN_COMMITTED", raising=False)
+    work = copy_workflow(tmp_path)
+    git("init", "-q", cwd=work)
+    cap = ("--configfile", "configs/capacity.yaml")
+    kept = ["facts-moe-s0", "facts-mohge-s0"]
+    made = smk(*(f"results/capacity/runs/{r}/config.json" for r in kept), "--cores", "1", *cap, cwd=work)
+    assert made.returncode == 0, made.stderr[-2000:]
+    for run in kept:
+        for rel in (
+            *(f"runs/{run}/{n}" for n in ("summary.json", "train_log.jsonl", "metrics.json", "params.json")),
+            f"runs/{run}/trace.json",
+            f"utilization/{run}/summary.csv",
+            f"utilization/{run}/analytic.csv",
+        ):
+            (work / "results" / "capacity" / rel).parent.mkdir(parents=True, exist_ok=True)
+            (work / "results" / "capacity" / rel).write_text("{}\n")
+
+    def commit() -> None:
+        git("add", "-A", cwd=work)
+        git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "runs", cwd=work)
+
+    def trained() -> set[str]:
+        out = smk("-n", *cap, cwd=work)
+        assert out.returncode == 0, out.stderr[-2000:]
+        text = out.stdout + out.stderr
+        blocks = re.findall(r"^(?:local)?rule train:\n((?:    .*\n)+)", text, re.M)
+        return {re.search(r"wildcards: run=(\S+)", b)[1] for b in blocks}
+
+    commit()
+    everything = set(plan_runs(work / "configs" / "capacity.yaml"))
+    assert trained() == everything - set(kept)
+    # a key the code added since the run was recorded, at its default: still the same run
+    path = work / "results" / "capacity" / "runs" / "facts-mohge-s0" / "config.json"
+    recorded = json.loads(path.read_text())
+    from mohge.config.sections import TrainConfig
+
+    assert recorded["train"]["device"] == TrainConfig().device  # "auto", the default
+    del recorded["train"]["device"]
+    path.write_text(json.dumps(recorded, sort_keys=True, indent=2) + "\n")
+    commit()
+    assert trained() == everything - set(kept)
+    # its config changed: made again
+    recorded["train"]["lr"] *= 2
+    path.write_text(json.dumps(recorded, sort_keys=True, indent=2) + "\n")
+    commit()
+    assert trained() == everything - {"facts-moe-s0"}
+    monkeypatch.setenv("MOHGE_RERUN_COMMITTED", "1")  # a reproduction
+    assert trained() == everything
+    monkeypatch.delenv("MOHGE_RERUN_COMMITTED")
+    # a committed file gone: made again
+    git("rm", "-q", "results/capacity/runs/facts-moe-s0/trace.json", cwd=work)
+    commit()
+    assert trained() == everything
+
+
+def plan_runs(configfile: Path) -> list[str]:
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config, plan
+
+    base = load_yaml_or_json(ROOT / "configs" / "config.yaml")
+    return list(plan(merge_config(base, load_yaml_or_json(configfile)), preflight=False))
 
 
 @pytest.mark.slow

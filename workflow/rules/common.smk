@@ -13,7 +13,7 @@ import sys
 
 import jsonschema
 
-from mohge.config import SPLITS, DataConfig, load_yaml_or_json, to_dict
+from mohge.config import SPLITS, DataConfig, load_run_config, load_yaml_or_json, to_dict
 from mohge.config.runs import ClusterConfig, merge_config, plan
 
 
@@ -105,12 +105,6 @@ DATASETS = sorted({cfg.dataset for cfg in RUNS.values()})
 UTIL = config.get("utilization", {})
 # SLURM sizes of a training job; a CPU machine runs the default (one process, no GPU).
 CLUSTER = to_dict(ClusterConfig.from_dict(config.get("cluster") or {}, "cluster"))
-
-
-wildcard_constraints:
-    run="|".join(map(re.escape, RUNS)),
-    dataset="|".join(map(re.escape, DATASETS)),
-    study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
 def digest(obj):
@@ -262,6 +256,66 @@ def guard_committed_study(study, config):
 
 if not FROM_RESULTS:
     guard_committed_study(STUDY, config)
+
+
+def per_run_results(run):
+    """What a finished run leaves in results/<study>/: the files collect, the study tables and the figures read
+    (the routing summary and its utilization tables only for a traced run)."""
+    files = [
+        f"{RES}/runs/{run}/{name}"
+        for name in ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
+    ]
+    if run in trace_runs():
+        files += [f"{RES}/runs/{run}/trace.json"] + [
+            f"{RES}/utilization/{run}/{name}.csv" for name in ("summary", "analytic")
+        ]
+    return files
+
+
+def committed_runs():
+    """The runs of a pre-declared study (a config with an `analysis` section: it grows over sittings) whose
+    results git tracks, all of per_run_results, with a committed config.json that is today's resolved config of
+    the run (as today's code reads it: a key added since, at its default, is no change). They are sources: no
+    rule makes them, so a clone extends the study (new arms, their data prepared again) without retraining
+    them. A run whose config changed is not committed and reruns. MOHGE_RERUN_COMMITTED=1 makes every run again
+    (a reproduction: `git diff results/` then shows what moved).
+    """
+    if FROM_RESULTS or "analysis" not in config or os.environ.get("MOHGE_RERUN_COMMITTED", "") not in ("", "0"):
+        return set()
+    have = set(tracked(RES))
+    kept = set()
+    for run in RUNS:
+        if not all(f in have for f in per_run_results(run)):
+            continue
+        try:
+            recorded = load_run_config(f"{RES}/runs/{run}/config.json")
+        except (OSError, ValueError):  # ConfigError included: a key no longer known
+            continue
+        if resolved(recorded) == resolved(RUNS[run]):
+            kept.add(run)
+    return kept
+
+
+def resolved(cfg):
+    """A run config as the code reads it: a key added since a run was recorded counts at its default."""
+    return {**to_dict(cfg), "data": to_dict(cfg.data_config)}
+
+
+COMMITTED = committed_runs()
+# the runs the rules make: every run but the committed ones ("(?!)" matches nothing)
+MADE = [r for r in RUNS if r not in COMMITTED]
+if COMMITTED and not FROM_RESULTS:
+    print(
+        f"study {STUDY}: {len(COMMITTED)} of {len(RUNS)} runs are committed and read from {RES}/runs/ as they are"
+        " (MOHGE_RERUN_COMMITTED=1 makes them again)",
+        file=sys.stderr,
+    )
+
+
+wildcard_constraints:
+    run="|".join(map(re.escape, MADE)) or "(?!)",
+    dataset="|".join(map(re.escape, DATASETS)),
+    study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
 @functools.lru_cache
