@@ -263,7 +263,13 @@ def per_run_results(run):
     (the routing summary and its utilization tables only for a traced run)."""
     files = [
         f"{RES}/runs/{run}/{name}"
-        for name in ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
+        for name in (
+            "config.json",
+            "summary.json",
+            "train_log.jsonl",
+            "metrics.json",
+            "params.json",
+        )
     ]
     if run in trace_runs():
         files += [f"{RES}/runs/{run}/trace.json"] + [
@@ -280,7 +286,11 @@ def committed_runs():
     them. A run whose config changed is not committed and reruns. MOHGE_RERUN_COMMITTED=1 makes every run again
     (a reproduction: `git diff results/` then shows what moved).
     """
-    if FROM_RESULTS or "analysis" not in config or os.environ.get("MOHGE_RERUN_COMMITTED", "") not in ("", "0"):
+    if (
+        FROM_RESULTS
+        or "analysis" not in config
+        or os.environ.get("MOHGE_RERUN_COMMITTED", "") not in ("", "0")
+    ):
         return set()
     have = set(tracked(RES))
     kept = set()
