@@ -20,6 +20,10 @@ FAMILIES = {
     "mohge": {},
     "mohge-softmax-renorm": {"router": {"group_score": "softmax", "gate_mode": "product_renorm", "group_topk": 1}},
     "moe": {"ffn": {"kind": "moe", "expert_widths": [32], "placement": "contiguous"}, "router": {"topk": 2}},
+    "moe-probs-gate": {
+        "ffn": {"kind": "moe", "expert_widths": [32], "placement": "contiguous"},
+        "router": {"topk": 2, "flat_gate": "probs"},
+    },
     "hmoe": {"ffn": {"kind": "hmoe"}, "router": {"topk": 2}},
     "modse": {"ffn": {"kind": "modse", "placement": "modse_pairs"}, "router": {"topk": 2}},
     "dense-tied": {"ffn": {"kind": "dense"}, "tie_embeddings": True},

@@ -87,3 +87,20 @@ def test_flat_router_softmax_over_topk():
     probs = torch.softmax(router.router(x), -1)
     top = probs.gather(1, r.idx_TK)
     torch.testing.assert_close(r.gates_TK, top / top.sum(-1, keepdim=True))
+
+
+def test_flat_router_code_exact_form_gates_by_the_topk_probabilities():  # docs/method.md §2.4, router.flat_gate
+    ffn = FFNConfig(kind="moe", num_experts=8, expert_widths=(32,), placement="contiguous")
+    logits_gate = TopKRouter(16, ffn, RouterConfig(topk=4, init_std=0.5))
+    probs_gate = TopKRouter(16, ffn, RouterConfig(topk=4, init_std=0.5, flat_gate="probs"))
+    probs_gate.load_state_dict(logits_gate.state_dict())
+    x = torch.randn(200, 16)
+    a, b = logits_gate(x), probs_gate(x)
+    assert torch.equal(a.idx_TK, b.idx_TK)  # the same experts, other gates
+    top = torch.softmax(probs_gate.router(x), -1).gather(1, b.idx_TK)
+    torch.testing.assert_close(b.gates_TK, torch.softmax(top, -1))
+    e = math.e
+    assert b.gates_TK.min() >= 1 / (4 - 1 + e) - 1e-6 and b.gates_TK.max() <= e / (4 - 1 + e) + 1e-6  # nearly uniform
+    assert (a.gates_TK - b.gates_TK).abs().max() > 0.05
+    b.gates_TK[:, 0].sum().backward()  # the gate is differentiable in the router weights
+    assert probs_gate.router.weight.grad.abs().sum() > 0

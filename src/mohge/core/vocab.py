@@ -7,6 +7,7 @@ Dependency-free on purpose: ``mohge.config`` declares its knobs with them (and r
 
 FFN_KINDS = ("dense", "moe", "mohge", "hmoe", "modse")
 GATE_MODES = ("code_exact", "product_renorm")
+FLAT_GATES = ("logits", "probs")  # the flat router's gate: softmax over the top-k logits, or over their probabilities
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
 PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 ATTENTION_KINDS = ("mha", "mla")

@@ -40,6 +40,7 @@ class MoHGEConfig(PretrainedConfig):
     group_topk: int = 1
     group_score: str = "sigmoid"  # sigmoid | softmax
     gate_mode: str = "code_exact"  # code_exact | product_renorm
+    flat_gate: str = "logits"  # logits | probs (the flat router of moe, hmoe, modse)
     use_cache: bool = True
     bos_token_id: int | None = 0
     eos_token_id: int | None = 0

@@ -83,6 +83,7 @@ def hf_config(m: ModelConfig, max_length: int, eot_id: int) -> MoHGEConfig:
         group_topk=r.group_topk,
         group_score=r.group_score,
         gate_mode=r.gate_mode,
+        flat_gate=r.flat_gate,
     )
 
 

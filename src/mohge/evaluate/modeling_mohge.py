@@ -149,15 +149,20 @@ class GroupedRouter(nn.Module):
 
 
 class TopKRouter(nn.Module):
-    """Flat top-k router of the baselines (moe, hmoe, modse): softmax over the top-k logits."""
+    """Flat top-k router of the baselines (moe, hmoe, modse): softmax over the top-k logits, or over their
+    probabilities (``flat_gate="probs"``, the release's code_exact form)."""
 
     def __init__(self, cfg: MoHGEConfig) -> None:
         super().__init__()
-        self.K = cfg.topk
+        self.K, self.flat_gate = cfg.topk, getattr(cfg, "flat_gate", "logits")
         self.router = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, Tensor]:
-        topv_TK, idx_TK = torch.topk(self.router(x_TD), self.K, dim=-1)
+        logits_TE = self.router(x_TD)
+        topv_TK, idx_TK = torch.topk(logits_TE, self.K, dim=-1)
+        if self.flat_gate == "probs":
+            probs_TK = torch.softmax(logits_TE.float(), dim=-1).gather(1, idx_TK)
+            return idx_TK, torch.softmax(probs_TK, dim=-1).to(logits_TE.dtype)
         return idx_TK, torch.softmax(topv_TK, dim=-1)
 
 

@@ -111,12 +111,15 @@ class TopKRouter(nn.Module):
 
     def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
         super().__init__()
-        self.E, self.K = ffn.num_experts, router.topk
+        self.E, self.K, self.flat_gate = ffn.num_experts, router.topk, router.flat_gate
         self.router = _linear_router(d_model, self.E, router.init_std)
 
     def forward(self, x_TD: Tensor) -> Routing:
         logits_TE = self.router(x_TD)
         topv_TK, idx_TK = torch.topk(logits_TE, self.K, dim=-1)
-        gates_TK = torch.softmax(topv_TK, dim=-1)
         probs_TE = F.softmax(logits_TE, dim=-1, dtype=torch.float32)
+        if self.flat_gate == "probs":  # docs/method.md §2.4: the code_exact form, softmax over top-k probabilities
+            gates_TK = torch.softmax(probs_TE.gather(1, idx_TK), dim=-1).to(logits_TE.dtype)
+        else:
+            gates_TK = torch.softmax(topv_TK, dim=-1)
         return Routing(idx_TK=idx_TK, gates_TK=gates_TK, probs_TE=probs_TE)
