@@ -117,9 +117,28 @@ def _fake_run(root: Path, code: dict | None) -> Path:
     (run / "config.json").write_text(json.dumps(config))
     want = prov.expected_configs(run)
     for name in ("summary.json", "metrics.json"):
-        body = {"x": 1} if code is None else {"x": 1, "code": {**code, "config_sha256": want[name]}}
+        body = {"x": 1} if code is None else {"x": 1, "code": {**code, "config_sha256": want[name][0]}}
         (run / name).write_text(json.dumps(body))
     return run
+
+
+def test_a_config_key_added_since_at_its_default_is_not_another_config(tmp_path):
+    """A run recorded before a config key existed: its config.json lacks the key, its config_sha256 is the file's as
+    written; today's read fills the default. Neither a restamp nor the check calls that another config; a changed
+    value does."""
+    run = _fake_run(tmp_path / "r", {"sources_sha256": prov.sources_sha256()})
+    config = json.loads((run / "config.json").read_text())
+    config["model"]["router"].pop("flat_gate", None)  # added after the run, at its default ("logits")
+    (run / "config.json").write_text(json.dumps(config))
+    for name in ("summary.json", "metrics.json"):
+        body = json.loads((run / name).read_text())
+        part = config if name == "metrics.json" else {k: v for k, v in config.items() if k != "eval"}
+        body["code"]["config_sha256"] = prov.config_sha256(part)
+        (run / name).write_text(json.dumps(body))
+    assert prov.stale([tmp_path / "r"]) == {}
+    config["model"]["router"]["topk"] += 1
+    (run / "config.json").write_text(json.dumps(config))
+    assert all("another config" in why for why in prov.stale([tmp_path / "r"]).values())
 
 
 def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_path):

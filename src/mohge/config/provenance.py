@@ -208,18 +208,20 @@ def code_version(config: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
-def expected_configs(run_dir: Path) -> dict[str, str]:
-    """The ``config_sha256`` that ``summary.json`` and ``metrics.json`` of a run folder must hold, from its
-    ``config.json`` as today's code reads it."""
+def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
+    """The ``config_sha256`` values that ``summary.json`` and ``metrics.json`` of a run folder may hold: from its
+    ``config.json`` as today's code reads it, or from the file as written (what the run read, when a key was added
+    to the config since, at its default: the code that reads it is the sources hash's business)."""
     from mohge.core.strict import to_dict
 
     from .sections import RunConfig
 
-    config = to_dict(RunConfig.from_dict(json.loads((run_dir / "config.json").read_text())))
-    return {
-        "summary.json": config_sha256({k: v for k, v in config.items() if k != "eval"}),
-        "metrics.json": config_sha256(config),
-    }
+    raw = json.loads((run_dir / "config.json").read_text())
+    out: dict[str, tuple[str, ...]] = {}
+    for config in (to_dict(RunConfig.from_dict(raw)), raw):
+        for name, part in (("summary.json", {k: v for k, v in config.items() if k != "eval"}), ("metrics.json", config)):
+            out[name] = tuple(dict.fromkeys((*out.get(name, ()), config_sha256(part))))
+    return out
 
 
 def stale(roots: Sequence[Path]) -> dict[str, str]:
@@ -241,7 +243,7 @@ def stale(roots: Sequence[Path]) -> dict[str, str]:
                     out[str(path)] = (
                         f"made by other code: sources {str(code.get('sources_sha256'))[:12]}, today {today[:12]}"
                     )
-                elif name in configs and code.get("config_sha256") != configs[name]:
+                elif name in configs and code.get("config_sha256") not in configs[name]:
                     out[str(path)] = "made from another config than its run's config.json"
     return out
 
@@ -262,7 +264,7 @@ def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
                 code = result.get("code")
                 if not isinstance(code, dict) or code.get("sources_sha256") != old:
                     continue
-                if configs.get(name) != code.get("config_sha256"):
+                if code.get("config_sha256") not in configs.get(name, ()):
                     continue
                 code.update(sources_sha256=today, restamped_from=old, restamp_reason=reason)
                 path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
