@@ -287,7 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("roots", nargs="*", help="study roots (default: every results/<study> with runs/)")
     ap.add_argument("--from", dest="old", help="restamp: the digest the results were recorded with")
     ap.add_argument("--reason", default="", help="restamp: why the change leaves every result as it was")
-    args = ap.parse_args(argv)
+    args = ap.parse_intermixed_args(argv)  # the epilog's order: options before the roots
     if args.command == "digest":
         print(json.dumps({"sources_sha256": sources_sha256(), "files": [str(p) for p in deciding_files()]}, indent=2))
         return 0
