@@ -336,6 +336,31 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     assert git("status", "--porcelain", cwd=clone).strip() == ""
 
 
+def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(tmp_path):
+    """Issue 20: the capacity study grows over sittings. In a clone, after `python -m mohge.mtimes`, the plan
+    trains exactly the runs whose results are not committed; once every run is, tables and figures at most."""
+    clone = tmp_path / "mohge"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
+    git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MOHGE_RERUN_COMMITTED", None)
+    subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, check=True, capture_output=True)
+    runs = plan_runs(clone / "configs" / "capacity.yaml")
+    tracked = set(git("ls-files", "results/capacity/runs", cwd=clone).split())
+    pending = {r for r in runs if f"results/capacity/runs/{r}/summary.json" not in tracked}
+    out = subprocess.run(
+        [*SNAKEMAKE, "-n", "--configfile", "configs/capacity.yaml"], cwd=clone, env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout + out.stderr
+    jobs = planned(text)
+    blocks = re.findall(r"^(?:local)?rule train:\n((?:    .*\n)+)", text, re.M)
+    assert {re.search(r"wildcards: run=(\S+)", b)[1] for b in blocks} == pending
+    if not pending:
+        assert set(jobs) <= CHEAP | {"capacity_analysis"} | {j for j in jobs if j.startswith("fig_")}, jobs
+    assert git("status", "--porcelain", cwd=clone).strip() == ""
+
+
 def test_committed_runs_are_sources_until_their_config_changes(tmp_path, monkeypatch):
     """In a study with an `analysis` section, a run whose per-run results git tracks, with today's resolved config,
     is not made again: a key added to the config since (at its default) keeps it; any other change of its config,
