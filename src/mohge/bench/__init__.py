@@ -132,6 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("kernels", add_help=False, help="Triton kernels vs dense matmul, loop and torch path (GPU)")
     sub.add_parser("train", add_help=False, help="training tokens/s, MoHGE vs a homogeneous MoE of equal FLOPs")
     sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
+    sub.add_parser("precision", add_help=False, help="bf16 vs fp32 training of one run config: final val loss")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -145,6 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .data import main as data_main
 
         return data_main(rest)
+    if args.what == "precision":
+        from .precision import main as precision_main
+
+        return precision_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.threads > 0:

@@ -1,4 +1,4 @@
-"""``python -m mohge.bench {layer,kernels,train,data}``."""
+"""``python -m mohge.bench {layer,kernels,train,data,precision}``."""
 
 import sys
 
