@@ -105,7 +105,7 @@ def test_tables_figure_and_unused_experts(tmp_path):
     outs = {
         f"{t}_{e}": str(tmp_path / "out" / f"{t}.{e}")
         for t in ("C1_models", "C2_tests", "C3_unused")
-        for e in ("csv", "md", "tex")
+        for e in ("csv", "md", "tex", "html")
     }
     outs.update(png=str(tmp_path / "fig.png"), pdf=str(tmp_path / "fig.pdf"))
     ca.main({"runs": str(tmp_path / "runs.csv"), "traces": [str(trace)]}, outs, {})

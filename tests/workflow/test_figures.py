@@ -267,7 +267,7 @@ def test_t_quantiles_and_ci_arithmetic():
 
 def make_tables(inputs: dict, tmp_path: Path, params: dict | None = None) -> dict[str, Path]:
     names = {1: "T1_main", 2: "T2_params", 3: "T3_balance"}  # the keys of the tables rule in analysis.smk
-    outs = {f"{names[i]}_{k}": tmp_path / f"T{i}.{k}" for i in (1, 2, 3) for k in ("csv", "md", "tex")}
+    outs = {f"{names[i]}_{k}": tmp_path / f"T{i}.{k}" for i in (1, 2, 3) for k in ("csv", "md", "tex", "html")}
     load("make_tables").main(inputs, outs, {"task_docs": 200, **(params or {})})
     return {f"t{k[1]}_{k.rsplit('_', 1)[1]}": v for k, v in outs.items()}
 
@@ -295,6 +295,9 @@ def test_tables(data, tmp_path):
     assert "Omitted task mohge_graded_hard (acc): not reported: at chance" in md
     assert "Omitted task mohge_hellaswag (acc_norm): not reported: at ceiling" in md
     assert r"\multicolumn" in tex and "at ceiling" in tex
+    page = outs["t1_html"].read_text()  # what --report shows inline: the same cells, escaped, and the notes
+    assert page.startswith("<!DOCTYPE html>") and "<th" in page and "**" not in page and "<b>2.00 ± 2.48</b>" in page
+    assert "Val PPL (full split)" in page and "at ceiling" in page and page.count("<tr>") == md.count("\n| ") - 1
     t2md = outs["t2_md"].read_text()
     assert "Activated (uniform routing): shakespeare-mohge" in t2md
     t2 = pd.read_csv(outs["t2_csv"])

@@ -476,7 +476,7 @@ def test_readme_paths_leave_git_status_clean_and_rerun_nothing(tmp_path):
 
     run(*SNAKEMAKE, "--report", "report.html")
     report = (clone / "report.html").read_text(errors="replace")
-    for table in ("T1_main.md", "T2_params.md", "T3_balance.md"):
+    for table in ("T1_main.html", "T2_params.html", "T3_balance.html"):  # HTML: the report shows it inline
         assert table in report, table
     status = git("status", "--porcelain", "--untracked-files=all", cwd=clone)
     assert status == "", status

@@ -428,7 +428,7 @@ def all_tables(study=STUDY):
         "results/{study}/tables/{table}.{ext}",
         study=study,
         table=["T1_main", "T2_params", "T3_balance"],
-        ext=["csv", "md", "tex"],
+        ext=["csv", "md", "tex", "html"],
     )
 
 
@@ -533,7 +533,7 @@ def study_outputs(study):
             "results/{study}/study/{table}.{ext}",
             study=study,
             table=CAPACITY_TABLES,
-            ext=["csv", "md", "tex"],
+            ext=["csv", "md", "tex", "html"],
         ) + expand(
             "figures/{study}/C1_bits_params.{ext}", study=study, ext=["png", "pdf"]
         )

@@ -9,7 +9,7 @@ rule tables:
         params="results/{study}/params.csv",
         util="results/{study}/utilization_summary.csv",
     output:
-        # the Markdown tables also go into `snakemake --report` (category Tables), beside the figures
+        # the HTML tables go into `snakemake --report` (category Tables), shown inline beside the figures
         **{
             f"{t}_{ext}": (
                 report(
@@ -17,11 +17,11 @@ rule tables:
                     caption=f"../report/{t}.rst",
                     category="Tables",
                 )
-                if ext == "md"
+                if ext == "html"
                 else f"results/{{study}}/tables/{t}.{ext}"
             )
             for t in ["T1_main", "T2_params", "T3_balance"]
-            for ext in ["csv", "md", "tex"]
+            for ext in ["csv", "md", "tex", "html"]
         },
     log:
         "logs/{study}/tables.log",

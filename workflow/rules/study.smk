@@ -177,10 +177,19 @@ rule capacity_analysis:
         runs="results/{study}/runs.csv",
         traces=study_traces,
     output:
+        # the HTML tables go into `snakemake --report` (category Study tables), shown inline
         **{
-            f"{t}_{ext}": f"results/{{study}}/study/{t}.{ext}"
+            f"{t}_{ext}": (
+                report(
+                    f"results/{{study}}/study/{t}.{ext}",
+                    caption="../report/study_tables.rst",
+                    category="Study tables",
+                )
+                if ext == "html"
+                else f"results/{{study}}/study/{t}.{ext}"
+            )
             for t in CAPACITY_TABLES
-            for ext in ["csv", "md", "tex"]
+            for ext in ["csv", "md", "tex", "html"]
         },
         png=report(
             "figures/{study}/C1_bits_params.png",

@@ -12,6 +12,7 @@ declared metric leaves both chance and ceiling (mohge.analysis.study.reportable_
 with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from every other row).
 """
 
+import html
 import re
 import sys
 from pathlib import Path
@@ -89,9 +90,12 @@ def table_key(key: str, prefix: str, ext: str = "") -> bool:
 def write_table(
     machine, display, outputs: dict, prefix: str, caption: str, left: int = 1, notes=(), by: str = "make_tables.py"
 ) -> None:
-    """The machine table as CSV; the display table (strings) as Markdown and as a booktabs LaTeX tabular, each
-    followed by the ``notes`` (Markdown: lines under the table; LaTeX: full-width rows under the rule)."""
-    paths = {e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex") if table_key(k, prefix, f"_{e}")}
+    """The machine table as CSV; the display table (strings) as Markdown, as a booktabs LaTeX tabular and, when an
+    ``_html`` output is asked for, as a small HTML page (what `snakemake --report` shows inline), each followed by
+    the ``notes`` (Markdown, HTML: lines under the table; LaTeX: full-width rows under the rule)."""
+    paths = {
+        e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex", "html") if table_key(k, prefix, f"_{e}")
+    }
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     if "csv" in paths:
@@ -103,6 +107,8 @@ def write_table(
         body = [f"| {' | '.join(r)} |" for r in rows] if cells else ["_No data yet._"]
         tail = ["", *(f"- {n}" for n in notes)] if notes else []
         paths["md"].write_text("\n".join([f"**{prefix.upper()}.** {caption}", "", *body, *tail]) + "\n")
+    if "html" in paths:
+        paths["html"].write_text(html_table(prefix, caption, head, cells, align, notes))
     if "tex" in paths:
         rows = [" & ".join(map(tex, r)) + r" \\" for r in [head, *cells]] if cells else [r"No data yet. \\"]
         width = len(head) if cells else 1
@@ -110,6 +116,30 @@ def write_table(
         lines += [rf"\begin{{tabular}}{{{''.join(align) if cells else 'l'}}}", r"\toprule", rows[0], r"\midrule"]
         foot = [rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {tex(n)}}} \\" for n in notes]
         paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", *foot, r"\end{tabular}"]) + "\n")
+
+
+def html_table(prefix: str, caption: str, head: list, cells: list, align: list, notes=()) -> str:
+    """One table as a self-contained HTML page: caption, table, notes (every cell escaped)."""
+    def esc(text: str) -> str:  # a winner's Markdown bold as <b>
+        return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+    def row(values, tag):
+        return "<tr>" + "".join(f'<{tag} class="{a}">{esc(str(v))}</{tag}>' for v, a in zip(values, align)) + "</tr>"
+
+    body = [row(head, "th"), *(row(r, "td") for r in cells)] if cells else ["<tr><td>No data yet.</td></tr>"]
+    style = (
+        "body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse}"
+        "th,td{padding:3px 10px;border-bottom:1px solid #ddd}th{border-bottom:2px solid #555}.r{text-align:right}"
+    )
+    items = "".join(f"<li>{esc(n)}</li>" for n in notes)
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{esc(prefix.upper())}</title>'
+        f"<style>{style}</style></head><body>\n<p><b>{esc(prefix.upper())}.</b> {esc(caption)}</p>\n<table>\n"
+        + "\n".join(body)
+        + "\n</table>\n"
+        + (f"<ul>{items}</ul>\n" if notes else "")
+        + "</body></html>\n"
+    )
 
 
 def task_docs(runs: pd.DataFrame, param) -> dict[str, int]:
