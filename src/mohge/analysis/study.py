@@ -46,6 +46,7 @@ from scipy import stats
 from mohge.core.cli import user_errors
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
+from .controls import control_tests, graded_datasets, planned_models, q3_dose, token_q3
 from .paired import (  # noqa: F401  (re-exported: the study's tests and scripts read them here)
     compare,
     detectable,
@@ -357,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_analysis(results: Path, config: dict, out: Path) -> None:
-    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S7)."""
+    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S10)."""
     analysis = config.get("analysis") or {}
     alpha = analysis.get("alpha", 0.05)
     runs = pd.read_csv(results / "runs.csv")
@@ -382,8 +383,15 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     decision = balance_decision(s3, main_dataset, ep, bar)
     write_table(decision, out / "S6_balance_decision")
     write_table(unused, out / "S7_unused_experts")
-    write_table(difficulty(pd.read_csv(results / "groups_by_level.csv"), runs, alpha), out / "S4_difficulty")
+    groups = pd.read_csv(results / "groups_by_level.csv")
+    write_table(difficulty(groups, runs, alpha), out / "S4_difficulty")
     write_table(task_table(runs, alpha), out / "S5_tasks")
+    # the arms declared after the results (issue 21): reported where they ran, "declared, not run" where not
+    planned = planned_models(config)
+    write_table(control_tests(runs, config, planned), out / "S8_controls")
+    write_table(q3_dose(mean_width_by_level(groups), runs, config, planned), out / "S9_q3_dose")
+    graded = graded_datasets(planned) | set(groups.loc[groups["level"].isin(LEVELS), "dataset"])
+    write_table(token_q3(results, runs, graded, alpha, planned), out / "S10_token_q3")
 
 
 @user_errors
