@@ -204,7 +204,7 @@ def restate_q1b(q1b: dict, rows: dict[str, dict], metric: str) -> dict:
 # S9: Q3's control and dose-response
 
 
-def q3_models(planned: dict, runs: pd.DataFrame, graded: set[str]) -> list[tuple[str, str, float]]:
+def q3_models(planned: dict, graded: set[str]) -> list[tuple[str, str, float]]:
     """(dataset, model, alpha_G) of every MoHGE model planned on a graded dataset, by alpha_G."""
     out = []
     for (ds, model), seeds in planned.items():
@@ -231,7 +231,7 @@ def q3_dose(per: pd.DataFrame, runs: pd.DataFrame, config: dict, planned: dict |
     analysis = config.get("analysis") or {}
     alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
     planned = planned_models(config) if planned is None else planned
-    models = q3_models(planned, runs, graded_datasets(planned))
+    models = q3_models(planned, graded_datasets(planned))
     rows = []
     for ds, model, ag in models:
         control = next((m for d, m, a in models if d == ds and a == 0.0), None)
