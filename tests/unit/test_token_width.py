@@ -119,3 +119,23 @@ def test_tracer_writes_the_token_record_over_every_test_token(run, tmp_path):
     # the fields a trace had before the record are unchanged
     assert {"layer", "counts", "group_counts", "counts_by_level"} == set(trace["layers"][0])
     assert traces.load_trace(tmp_path / "trace.json").tokens == T
+
+
+def test_the_study_table_reads_what_the_tracer_writes(run, tmp_path):
+    """The tracer's token_q3 block, in a study root as the workflow copies it, is what S10 aggregates."""
+    import pandas as pd
+
+    from mohge.analysis import controls
+
+    model, data = run
+    rows = []
+    for seed in (0, 1):
+        run_dir = tmp_path / "runs" / f"graded-mohge-s{seed}"
+        traces.trace_checkpoint(model, data, run_dir / "trace.json", npz=False)
+        rows.append({"run": run_dir.name, "dataset": "graded", "family": "mohge", "seed": seed})
+    block = json.loads((tmp_path / "runs" / "graded-mohge-s0" / "trace.json").read_text())["token_q3"]
+    s10 = controls.token_q3(tmp_path, pd.DataFrame(rows), {"graded"}).iloc[0]
+    assert s10["status"] == "token-level record" and s10["n_token_record"] == 2
+    assert s10["rho_answer"] == pytest.approx(block["answer"]["rho"])  # the same model twice: the same record
+    assert s10["excess"] == pytest.approx(block["answer"]["rho"] - block["answer"]["null_mean"])
+    assert not (tmp_path / "runs" / "graded-mohge-s0" / "trace_tokens.npz").exists()  # --no-npz: no arrays

@@ -296,6 +296,12 @@ def _num(value) -> float:
     return math.nan if value is None else float(value)
 
 
+def _ci(values: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """t_interval over the seeds whose value is defined."""
+    values = np.asarray(values, dtype=np.float64)
+    return t_interval(values[values == values], alpha)
+
+
 def token_q3(
     results: Path, runs: pd.DataFrame, graded: set[str], alpha: float = 0.05, planned: dict | None = None
 ) -> pd.DataFrame:
@@ -330,18 +336,16 @@ def token_q3(
         rho = np.array([_num(r["answer"]["rho"]) for r in recs])
         null = np.array([_num(r["answer"]["null_mean"]) for r in recs])
         ps = np.array([_num(r["answer"]["p"]) for r in recs])
-        row["rho_answer"], row["rho_answer_low"], row["rho_answer_high"] = t_interval(rho, alpha)
-        row["null_mean"] = float(np.mean(null))
-        row["excess"], row["excess_low"], row["excess_high"] = t_interval(rho - null, alpha)
+        row["rho_answer"], row["rho_answer_low"], row["rho_answer_high"] = _ci(rho, alpha)
+        row["null_mean"] = _ci(null, alpha)[0]
+        row["excess"], row["excess_low"], row["excess_high"] = _ci(rho - null, alpha)
         ok = ps[ps == ps]
         row["perm_p_fisher"] = float(stats.combine_pvalues(ok, method="fisher").pvalue) if len(ok) else math.nan
         row["perm_p_below_alpha"] = f"{int((ok < alpha).sum())} of {len(ok)}"
         rho_all = np.array([_num(r["all"]["rho"]) for r in recs])
-        row["rho_all"], row["rho_all_low"], row["rho_all_high"] = t_interval(rho_all, alpha)
+        row["rho_all"], row["rho_all_low"], row["rho_all_high"] = _ci(rho_all, alpha)
         within = np.array([_num(r["within_token"]["easy_minus_hard"]) for r in recs])
-        within = within[within == within]
-        if len(within):
-            row["within_emh"], row["within_emh_low"], row["within_emh_high"] = t_interval(within, alpha)
+        row["within_emh"], row["within_emh_low"], row["within_emh_high"] = _ci(within, alpha)
         row["token_ids"] = float(np.mean([r["within_token"]["n_ids"] for r in recs]))
         rows.append(row)
     return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
