@@ -629,3 +629,26 @@ def test_study_tables_tex(study, default_study, tmp_path):
     s1 = (tmp_path / "full" / "S1.tex").read_text()
     assert "Activated (learned routing)" in s1 and "Activated (uniform routing)" in s1 and "& 8 &" in s1
     assert "n $<$ 2" in (tmp_path / "default" / "S2.tex").read_text()
+
+
+def test_study_controls_tex(tmp_path):
+    """S8 (the declared controls of issue 21) as LaTeX from the committed claims study, where none has run: every row
+    declared, not run, with no number (a dash, never nan), the restated Q1b last; a rerun is identical."""
+    from mohge.analysis import controls
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config
+
+    root = Path(__file__).resolve().parents[2]
+    config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))
+    s8 = controls.control_tests(pd.read_csv(root / "results" / "claims" / "runs.csv"), config)
+    s8.to_csv(tmp_path / "S8.csv", index=False)
+    outs = {"s8_tex": tmp_path / "S8.tex", "s8_md": tmp_path / "S8.md"}
+    load("study_tables").main({"s8": tmp_path / "S8.csv"}, outs, {})
+    first = outs["s8_tex"].read_bytes()
+    load("study_tables").main({"s8": tmp_path / "S8.csv"}, outs, {})
+    assert outs["s8_tex"].read_bytes() == first
+    tex, md = outs["s8_tex"].read_text(), outs["s8_md"].read_text()
+    assert r"\begin{tabular}" in tex and "nan" not in tex and "nan" not in md
+    rows = [r for r in md.splitlines() if r.startswith("| (") or r.startswith("| Q1b")]
+    assert len(rows) == 10 and all("declared, not run" in r for r in rows)
+    assert rows[-1].startswith("| Q1b restated | heterogeneity helps? |") and "the package" in rows[-1]

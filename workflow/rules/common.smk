@@ -475,10 +475,12 @@ STUDY_TABLES = [
     "S5_tasks",
     "S6_balance_decision",
     "S7_unused_experts",
+    "S8_controls",  # the arms declared after the results (issue 21); S9, S10: Q3's dose and token-level record
+    "S9_q3_dose",
+    "S10_token_q3",
 ]
-TEX_TABLES = STUDY_TABLES[
-    :4
-]  # S5 (tasks, with the reason each is or is not reported), S6 and S7 stay csv/md
+# S5 (tasks, with the reason each is or is not reported), S6, S7, S9 and S10 stay csv/md
+TEX_TABLES = STUDY_TABLES[:4] + ["S8_controls"]
 STUDY_FIGURES = [
     "F7_study_quality",
     "F8_study_tests",

@@ -1,4 +1,4 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S5 and figures F7-F11:
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S10 and figures F7-F11:
 # only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
 # collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
 
@@ -39,15 +39,16 @@ rule study_analysis:
 
 
 rule study_tables_tex:
+    # keys s1 .. s4, s8: the table's number (workflow/scripts/study_tables.py builds each)
     input:
         **{
-            f"s{i + 1}": f"results/{{study}}/study/{t}.csv"
-            for i, t in enumerate(TEX_TABLES)
+            t.split("_")[0].lower(): f"results/{{study}}/study/{t}.csv"
+            for t in TEX_TABLES
         },
     output:
         **{
-            f"s{i + 1}_tex": f"results/{{study}}/study/{t}.tex"
-            for i, t in enumerate(TEX_TABLES)
+            f"{t.split('_')[0].lower()}_tex": f"results/{{study}}/study/{t}.tex"
+            for t in TEX_TABLES
         },
     log:
         "logs/{study}/study_tables_tex.log",

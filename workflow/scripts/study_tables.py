@@ -1,6 +1,7 @@
-"""The claims study's tables S1-S4 (written as CSV and Markdown by mohge.analysis.study) also as LaTeX tabulars.
+"""The claims study's tables S1-S4 and S8 (written as CSV and Markdown by mohge.analysis.study) also as LaTeX tabulars.
 
-Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv); each optional.
+Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv), s8 (S8_controls.csv);
+each optional.
 Outputs: keys starting with the table and ending in _tex (s1_tex, S2_tests_tex, ...); _md also works.
 Every mean carries its 95% CI as [low, high] and every row its n seeds. Nothing is bold: the decisions are the
 pre-declared tests of S2, printed in its Decision column.
@@ -106,11 +107,31 @@ def s4_difficulty(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     return d, "Mean routed expert width per difficulty level (easy − hard paired by seed)."
 
 
-BUILDS = {"s1": s1_models, "s2": s2_tests, "s3": s3_balance, "s4": s4_difficulty}
+def s8_controls(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    d = pd.DataFrame({"Arm": t["arm"], "Question": t["question"]})
+    d["A / B"] = [
+        " / ".join(ps.family_label(m) for m in (a, b) if isinstance(m, str) and m)
+        for a, b in zip(t["A"], t["B"], strict=True)
+    ]
+    d["Test"], d["Status"] = t["test"], t["status"]
+    d["n pairs"] = t["n"].map(lambda v: "—" if v != v else f"{int(v)}")
+    d["PPL ratio A/B [95% CI]"] = cis(t, "ratio", "ci_low", "ci_high", 3)
+    d["p"] = t["p"].map(p_text)
+    at = t["power_at"].astype(object).fillna("")  # all empty (nothing run yet) reads as a float column
+    d["Power (at)"] = ["—" if p != p else f"{p:.2f} ({a})" for p, a in zip(t["power"], at, strict=True)]
+    d["MDE 80% (%)"] = t["mde80_pct"].map(lambda v: "—" if v != v else f"{v:.1f}")
+    d["Decision"] = t["decision"]
+    d["Note"] = t["note"].astype(object).fillna("")
+    caption = "The controls of Q1b declared after the results (issue 21), paired by seed on log test perplexity "
+    caption += "as in S2; declared, not run: no numbers yet. The last row restates Q1b by its declared rule."
+    return d, caption
+
+
+BUILDS = {"s1": s1_models, "s2": s2_tests, "s3": s3_balance, "s4": s4_difficulty, "s8": s8_controls}
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
-    """Write the study tables S1-S4 as LaTeX (and Markdown where asked)."""
+    """Write the study tables S1-S4 and S8 as LaTeX (and Markdown where asked)."""
     for prefix, build in BUILDS.items():
         if not (inputs.get(prefix) and any(mt.table_key(k, prefix) for k in outputs)):
             continue
@@ -120,7 +141,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
             mt.write_table(t, t, outs, prefix, f"no rows in {Path(inputs[prefix]).name}", by="study_tables.py")
             continue
         d, caption = build(t)
-        left = {"s2": 4 + ("role" in t), "s3": 3 + ("trace" in t)}.get(prefix, 2)  # the text columns, left-aligned
+        left = {"s2": 4 + ("role" in t), "s3": 3 + ("trace" in t), "s8": 5}.get(prefix, 2)  # text columns: left
         mt.write_table(t, d, outs, prefix, caption, left=left, notes=[CI_NOTE], by="study_tables.py")
 
 

@@ -4,7 +4,9 @@ Owns:
   `utilization`  expert placement -> per-rank load, analytic and measured (``python -m mohge.utilization``)
   `ep_timing`    the torchrun harness that times each rank's expert compute for the utilization study
   `collect`      the per-run summaries gathered into the study's tables (``python -m mohge.collect``)
+  `paired`       paired tests on log ratios, their intervals and declared power (shared by the study tables)
   `study`        the paired tests and the claims of docs/study.md (``python -m mohge.study``)
+  `controls`     the tests of the arms declared after the claims study's results (S8-S10 of ``mohge.study``)
   `plan`         memory and throughput of a cluster config before it runs (``python -m mohge.plan``)
 
 May import: core, config, model, data, train, evaluate and mohge.kernels; never bench.

@@ -21,6 +21,9 @@ TRACE FORMAT. A JSON file::
 * ``counts_by_level`` (graded data only, else {}) attributes a position to the level of the token it predicts
   (the target at that position: the routed hidden state is the one that must produce that token); separator
   positions (newline, EOT) count in ``counts`` but in no level.
+* ``token_q3`` (graded data only; top level, optional, absent from traces written before it): the token-level Q3
+  record over every traced token, each token's gate-weighted routed width against its loss
+  (:mod:`mohge.evaluate.token_width`); its per-token arrays go to ``<stem>_tokens.npz`` beside the trace.
 
 Beside it, ``<stem>.npz`` (optional) keeps raw routing for replay: ``idx_<layer>`` [T', K] int expert ids
 (router order) and ``gates_<layer>`` [T', K] float, plus ``levels`` [T'] int8 when the data has levels. The
@@ -54,6 +57,8 @@ from mohge.core.atomic import write_bytes_atomic, write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.data import TokenStream
 from mohge.train.checkpoint import check_trained_on, load_trained
+
+from .token_width import routed_width, token_summary
 
 log = logging.getLogger("mohge.evaluate.traces")
 
@@ -179,6 +184,12 @@ def load_trace(path: str | Path) -> Trace:
 
 def replay_path(trace_path: str | Path) -> Path:
     return Path(trace_path).with_suffix(".npz")
+
+
+def tokens_path(trace_path: str | Path) -> Path:
+    """The per-token arrays of the token-level Q3 record: ``<stem>_tokens.npz`` beside the trace."""
+    p = Path(trace_path)
+    return p.with_name(f"{p.stem}_tokens.npz")
 
 
 def load_replay(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray]] | None:
@@ -316,8 +327,12 @@ def collect_trace(
     batch_size: int = 16,
     max_batches: int = 0,
     keep_batches: int = 0,
+    token_arrays: dict[str, np.ndarray] | None = None,
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """(trace dict, raw arrays of the first ``keep_batches`` batches) for a model in eval mode."""
+    """(trace dict, raw arrays of the first ``keep_batches`` batches) for a model in eval mode.
+
+    On graded data the trace also holds ``token_q3`` (every traced token's routed width against its loss); the
+    per-token arrays behind it (width_TL, loss_T, level_T, target_T) are put into ``token_arrays`` when given."""
     ffn, K = cfg.model.ffn, cfg.model.router.topk
     E, G = ffn.num_experts, ffn.num_groups
     layers = model.moe_layers()
@@ -329,6 +344,8 @@ def collect_trace(
     counts_LE = torch.zeros(len(layers), E, dtype=torch.int64)
     by_level = torch.zeros(len(LEVEL_NAMES), len(layers), E, dtype=torch.int64)
     raw: dict[str, list[np.ndarray]] = {}
+    widths_E = np.asarray([w for w in ffn.expert_widths for _ in range(ffn.experts_per_group)], dtype=np.float64)
+    per_token: dict[str, list[np.ndarray]] = {"width_TL": [], "loss_T": [], "level_T": [], "target_T": []}
     T = 0
     for layer in layers:
         layer.record = True
@@ -337,10 +354,21 @@ def collect_trace(
         for b, batch in enumerate(batches):
             if max_batches and b >= max_batches:
                 break
-            x_BS, level_BS = batch[0], (batch[2] if with_levels else None)
+            x_BS, y_BS, level_BS = batch[0], batch[1], (batch[2] if with_levels else None)
             out = model(x_BS.to(device))
             T += x_BS.numel()
             level_T = level_BS.reshape(-1) if level_BS is not None else None
+            if level_T is not None:  # the token-level record: loss of the next token, routed width per layer
+                logits_TV = out.logits.reshape(-1, out.logits.shape[-1]).float()
+                loss_T = torch.nn.functional.cross_entropy(logits_TV, y_BS.reshape(-1).to(device), reduction="none")
+                per_token["loss_T"].append(loss_T.cpu().numpy().astype(np.float32))
+                per_token["level_T"].append(level_T.numpy().astype(np.int8))
+                per_token["target_T"].append(y_BS.reshape(-1).numpy().astype(np.int32))
+                width_TL = [
+                    routed_width(s.routing.idx_TK.cpu().numpy(), s.routing.gates_TK.float().cpu().numpy(), widths_E)
+                    for s in out.layers
+                ]
+                per_token["width_TL"].append(np.stack(width_TL, 1).astype(np.float32))
             for i, stats in enumerate(out.layers):
                 idx_TK = stats.routing.idx_TK.cpu()
                 counts_LE[i] += torch.bincount(idx_TK.reshape(-1), minlength=E)
@@ -380,6 +408,11 @@ def collect_trace(
     }
     for row in trace["layers"]:
         assert sum(row["counts"]) == T * K, "every token routes to exactly K experts"
+    if with_levels and T:
+        arrays = {k: np.concatenate(v) for k, v in per_token.items()}
+        trace["token_q3"] = token_summary(**arrays)
+        if token_arrays is not None:
+            token_arrays.update(arrays)
     return trace, {k: np.concatenate(v) for k, v in raw.items()}
 
 
@@ -393,10 +426,12 @@ def trace_checkpoint(
     device: str = "cpu",
     eval_config: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz); returns the trace."""
+    """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz and, on graded data,
+    the per-token arrays ``<stem>_tokens.npz``); returns the trace."""
     cfg, model = load_trained(ckpt, device)
     check_trained_on(ckpt, cfg, data_dir)  # another tokenizer or data config: refused, naming both
     ec = load_run_config(eval_config).eval if eval_config else cfg.eval  # the workflow's current eval section
+    tokens: dict[str, np.ndarray] = {}
     trace, raw = collect_trace(
         model,
         cfg,
@@ -404,8 +439,13 @@ def trace_checkpoint(
         batch_size=batch_size or ec.batch_size,
         max_batches=max_batches,
         keep_batches=ec.trace_batches if npz else 0,
+        token_arrays=tokens,
     )
     write_trace(trace, out, raw if npz else None)
+    if npz and tokens:
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **tokens)
+        write_bytes_atomic(tokens_path(out), buf.getvalue())
     return trace
 
 

@@ -1,0 +1,351 @@
+"""The claims study's arms declared after its results (issue 21; docs/study.md "Declared, not yet run"): their tests.
+
+Every declared test is reported when its runs are in runs.csv and listed as "declared, not run" (no numbers) when
+they are not; a test is declared when the study config plans its models (:func:`mohge.config.runs.plan`), so a
+study without these arms lists none. The quality tests are those of S2 (:func:`mohge.analysis.paired.compare`:
+paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on the seeds the two models share.
+
+* S8_controls, the attribution of Q1b (MoHGE vs the iso-parameter MoE-208, "the package"):
+  (a) MoHGE vs hom208 (MoHGE's router and losses, every width 208) and hom208 vs MoE-208, two-sided;
+  (b) MoHGE vs renorm (the product_renorm gate), two-sided; (b') probsgate (MoE-208, softmax over its top-k
+  probabilities) vs MoE-208, two-sided; (c) per family (MoHGE, MoE-208) the best of its lrs by mean test ppl over
+  the seeds all its lr arms share, and Q1b re-tested at the two best lrs, one-sided; (d) noaux (MoE-208 without its
+  Switch loss) vs MoE-208, two-sided, and Q1b re-tested against noaux, one-sided.
+  **Restating Q1b** (the last row, a computed verdict): "heterogeneity helps" only if Q1b holds (S2), MoHGE beats
+  hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than renorm, i.e. the code_exact
+  gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux ((d)); otherwise "the package".
+* S9_q3_dose, Q3's control and dose-response over alpha_G (every MoHGE model of the graded dataset, by its
+  loss.group_aux_coeff): activated parameters and test perplexity (mean, CI over seeds), the paired easy - hard
+  routed width and the Q3 test at each alpha_G ("easy tokens go to small groups" if its CI lies below 0); against the
+  alpha_G = 0 control, per seed, the difference of easy - hard (two-sided paired t: "steers" needs a difference, in
+  the direction of the claim), the perplexity ratio (paired, two-sided, as S8) and the activated parameters (%).
+* S10_token_q3, the token-level record of each run's trace (:mod:`mohge.evaluate.token_width`), over seeds: Spearman's
+  rho of routed width with loss over answer tokens and all tokens, its excess over the within-level shuffled null,
+  the permutation p-values (Fisher's combination over seeds), and the within-token easy - hard contrast. A run traced
+  before the record existed has none ("no token-level record").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from mohge.config.runs import plan
+
+from .paired import compare, detectable, paired_log_diffs, power_two_sided, t_interval
+
+NOT_RUN = "declared, not run"
+COMPARE_COLUMNS = [
+    "n", "ratio", "ci_low", "ci_high", "ci90_low", "ci90_high", "p", "p_lower", "p_upper", "decision", "sd",
+    "power", "power_at", "mde80_pct",
+]  # fmt: skip
+CONTROL_COLUMNS = ["arm", "question", "metric", "A", "B", "test", "status", *COMPARE_COLUMNS, "note"]
+DOSE_COLUMNS = [
+    "dataset", "model", "alpha_G", "status", "n", "activated_params", "activated_low", "activated_high",
+    "test_ppl", "test_ppl_low", "test_ppl_high", "easy_minus_hard", "emh_low", "emh_high", "q3_decision",
+    "control", "n_pairs", "emh_vs_control", "evc_low", "evc_high", "evc_p", "evc_mde80", "steers",
+    "ppl_ratio_vs_control", "prc_low", "prc_high", "prc_p", "prc_mde80_pct", "activated_vs_control_pct",
+    "avc_low", "avc_high",
+]  # fmt: skip
+TOKEN_COLUMNS = [
+    "dataset", "model", "n", "n_token_record", "status", "rho_answer", "rho_answer_low", "rho_answer_high",
+    "null_mean", "excess", "excess_low", "excess_high", "perm_p_fisher", "perm_p_below_alpha", "rho_all",
+    "rho_all_low", "rho_all_high", "within_emh", "within_emh_low", "within_emh_high", "token_ids",
+]  # fmt: skip
+LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/study.yaml
+
+
+def model_name(family: str, variant: str) -> str:
+    """The runs.csv name of a model: its family, qualified by the variant (mohge.analysis.collect.model_name)."""
+    return f"{family}+{variant}" if variant else family
+
+
+def planned_models(config: dict) -> dict[tuple[str, str], dict[int, object]]:
+    """(dataset, model) -> seed -> resolved RunConfig, for every run the study config plans."""
+    out: dict[tuple[str, str], dict[int, object]] = defaultdict(dict)
+    if "experiments" in config and "datasets" in config:
+        for cfg in plan(config, preflight=False).values():
+            out[(cfg.dataset, model_name(cfg.family, cfg.variant))][cfg.train.seed] = cfg
+    return dict(out)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# S8: the controls of Q1b and its restatement
+
+
+def _declared_pairs(planned: dict, dataset: str, a: str, b: str) -> int:
+    return len(set(planned.get((dataset, a), {})) & set(planned.get((dataset, b), {})))
+
+
+def _status(n: int, declared: int) -> str:
+    if n == 0:
+        return NOT_RUN
+    return "run" if n >= declared else f"partly run ({n} of {declared} pairs)"
+
+
+def _test_row(runs, planned, dataset, arm, question, a, b, test, alpha, margin, metric, note="") -> dict:
+    """One declared paired test; no numbers when none of its pairs has run."""
+    d = paired_log_diffs(runs, metric, a, b) if a and b else pd.Series(dtype=np.float64)
+    row = {"arm": arm, "question": question, "metric": metric, "A": a, "B": b, "test": test, "note": note}
+    row["status"] = _status(len(d), max(_declared_pairs(planned, dataset, a, b), len(d)))
+    if not len(d):
+        return {**row, **dict.fromkeys(COMPARE_COLUMNS, math.nan), "n": 0, "decision": NOT_RUN, "power_at": ""}
+    return {**row, **compare(d, test, alpha, margin)}
+
+
+def _declared(planned: dict, runs: pd.DataFrame, dataset: str, *models: str) -> bool:
+    have = set(runs.loc[runs["dataset"] == dataset, "family"])
+    return all((dataset, m) in planned or m in have for m in models)
+
+
+def best_lr(runs: pd.DataFrame, planned: dict, dataset: str, base: str, metric: str) -> dict:
+    """(c) for one family: its lr arms (the shared lr and LR_VARIANTS), the best by mean ``metric`` over the seeds
+    every arm has run; {"best": None} until every arm has at least one such seed."""
+    arms = [base, *(f"{base}+{v}" for v in LR_VARIANTS)]
+    arms = [m for m in arms if _declared(planned, runs, dataset, m)]
+    lr = {m: next(iter(planned.get((dataset, m), {}).values()), None) for m in arms}
+    lr = {m: (f"{c.train.lr:g}" if c is not None else "?") for m, c in lr.items()}
+    r = runs[(runs["dataset"] == dataset) & runs["family"].isin(arms)]
+    wide = r.pivot_table(index="seed", columns="family", values=metric)
+    seeds = wide.dropna().index if set(arms) <= set(wide.columns) else []
+    out = {"arms": arms, "lr": lr, "seeds": list(seeds), "best": None, "means": {}}
+    if len(seeds) and len(arms) > 1:
+        means = wide.loc[seeds, arms].mean()
+        out.update(best=str(means.idxmin()), means=means.to_dict())
+    return out
+
+
+def _lr_note(sel: dict, metric: str) -> str:
+    if sel["best"] is None:
+        return "lrs " + ", ".join(sel["lr"][m] for m in sel["arms"])
+    seeds = ",".join(str(s) for s in sel["seeds"])
+    means = "; ".join(f"lr {sel['lr'][m]}: {sel['means'][m]:.4g}" for m in sel["arms"])
+    return f"mean {metric} over seeds {seeds}: {means}"
+
+
+def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None) -> pd.DataFrame:
+    """S8_controls (module docstring): every declared control test of the main dataset and the Q1b verdict."""
+    analysis = config.get("analysis") or {}
+    alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
+    iso, metric = analysis.get("iso_family", "moe_equal"), analysis.get("primary_metric", "test_ppl")
+    planned = planned_models(config) if planned is None else planned
+    dataset = config["experiments"][0]["dataset"]
+    runs = runs[runs["dataset"] == dataset]
+    plan_ = [  # (key, arm, question, A, B, test): the declared tests of docs/study.md
+        ("a", "(a) grouped, homogeneous", "MoHGE vs hom208", "mohge", "mohge+hom208", "two-sided"),
+        ("a2", "(a) grouped, homogeneous", "hom208 vs iso-parameter MoE", "mohge+hom208", iso, "two-sided"),
+        ("b", "(b) gate", "MoHGE vs renorm", "mohge", "mohge+renorm", "two-sided"),
+        ("b'", "(b') flat gate", "probsgate vs iso-parameter MoE", f"{iso}+probsgate", iso, "two-sided"),
+        ("d2", "(d) no balance loss", "noaux vs iso-parameter MoE", f"{iso}+noaux", iso, "two-sided"),
+        ("d", "(d) no balance loss", "Q1b against noaux", "mohge", f"{iso}+noaux", "less"),
+    ]
+    rows: dict[str, dict] = {}
+    for key, arm, question, a, b, test in plan_:
+        if _declared(planned, runs, dataset, a, b):
+            rows[key] = _test_row(runs, planned, dataset, arm, question, a, b, test, alpha, margin, metric)
+    sel = {fam: best_lr(runs, planned, dataset, fam, metric) for fam in ("mohge", iso)}
+    if all(len(s["arms"]) > 1 for s in sel.values()):
+        for fam, s in sel.items():
+            rows[f"c-{fam}"] = _selection_row(s, fam, planned, dataset, metric)
+        a, b = sel["mohge"]["best"] or "", sel[iso]["best"] or ""
+        question = "Q1b at each family's best lr"
+        rows["c"] = _test_row(
+            runs, planned, dataset, "(c) learning rate", question, a, b, "less", alpha, margin, metric
+        )
+    if {"a", "b", "c", "d"} <= set(rows):
+        q1b = _test_row(runs, planned, dataset, "", "", "mohge", iso, "less", alpha, margin, metric)
+        rows["verdict"] = restate_q1b(q1b, rows, metric)
+    order = ["a", "a2", "b", "b'", "c-mohge", f"c-{iso}", "c", "d2", "d", "verdict"]
+    return pd.DataFrame([rows[k] for k in order if k in rows], columns=CONTROL_COLUMNS)
+
+
+def _selection_row(sel: dict, family: str, planned: dict, dataset: str, metric: str) -> dict:
+    """(c)'s choice of one family's lr: the best arm (A), over how many seeds, the means in the note."""
+    row = {"arm": "(c) learning rate", "question": f"best lr: {family}", "metric": metric, "B": "", "test": "selection"}
+    row.update(dict.fromkeys(COMPARE_COLUMNS, math.nan), power_at="", note=_lr_note(sel, metric))
+    declared = set.intersection(*(set(planned.get((dataset, m), {})) for m in sel["arms"]))
+    n, best = len(sel["seeds"]), sel["best"]
+    row.update(A=best or "", n=n, status=_status(n if best else 0, max(len(declared), n)))
+    row["decision"] = f"best: {best} (lr {sel['lr'][best]})" if best else NOT_RUN
+    return row
+
+
+def restate_q1b(q1b: dict, rows: dict[str, dict], metric: str) -> dict:
+    """The restatement rule of Q1b (docs/study.md) as a row: each condition met, not met or not run."""
+    conditions = {  # condition -> (its row, whether its decision meets it)
+        "Q1b": (q1b, q1b["decision"] == "A lower"),
+        "(a) MoHGE beats hom208": (rows["a"], rows["a"]["decision"] == "A lower"),
+        "(b) the lead survives the gate": (rows["b"], rows["b"]["decision"] in ("not separated", "A higher")),
+        "(c) Q1b at the best lrs": (rows["c"], rows["c"]["decision"] == "A lower"),
+        "(d) Q1b against noaux": (rows["d"], rows["d"]["decision"] == "A lower"),
+    }
+    verdicts = {}
+    for name, (row, met) in conditions.items():
+        status = row["status"]
+        verdicts[name] = ("met" if met else "not met") if status == "run" else status.split(" (")[0]
+    helps = all(v == "met" for v in verdicts.values())
+    arms = [v for k, v in verdicts.items() if k != "Q1b"]
+    row = {"arm": "Q1b restated", "question": "heterogeneity helps?", "metric": metric, "A": "mohge", "B": ""}
+    row.update(dict.fromkeys(COMPARE_COLUMNS, math.nan), test="rule", power_at="")
+    row["status"] = "run" if all(v in ("met", "not met") for v in arms) else "partly run"
+    row["status"] = NOT_RUN if all(v == NOT_RUN for v in arms) else row["status"]
+    row["decision"] = "heterogeneity helps" if helps else "the package"
+    row["note"] = "; ".join(f"{k}: {v}" for k, v in verdicts.items())
+    return row
+
+
+# --------------------------------------------------------------------------------------------------------------
+# S9: Q3's control and dose-response
+
+
+def q3_models(planned: dict, graded: set[str]) -> list[tuple[str, str, float]]:
+    """(dataset, model, alpha_G) of every MoHGE model planned on a graded dataset, by alpha_G."""
+    out = []
+    for (ds, model), seeds in planned.items():
+        cfg = next(iter(seeds.values()))
+        if ds in graded and cfg.family == "mohge":
+            out.append((ds, model, float(cfg.loss.group_aux_coeff)))
+    return sorted(out, key=lambda m: (m[0], m[2], m[1]))
+
+
+def graded_datasets(planned: dict) -> set[str]:
+    return {ds for (ds, _), seeds in planned.items() if next(iter(seeds.values())).data.get("source") == "graded"}
+
+
+def _emh_by_seed(per: pd.DataFrame, ds: str, model: str) -> pd.Series:
+    g = per[(per["dataset"] == ds) & (per["family"] == model)]
+    wide = g.pivot_table(index="seed", columns="level", values="mean_width")
+    if not {"easy", "hard"} <= set(wide.columns):
+        return pd.Series(dtype=np.float64)
+    return (wide["easy"] - wide["hard"]).dropna()
+
+
+def q3_dose(per: pd.DataFrame, runs: pd.DataFrame, config: dict, planned: dict | None = None) -> pd.DataFrame:
+    """S9_q3_dose (module docstring); ``per``: mean routed width per run and level (study.mean_width_by_level)."""
+    analysis = config.get("analysis") or {}
+    alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
+    planned = planned_models(config) if planned is None else planned
+    models = q3_models(planned, graded_datasets(planned))
+    rows = []
+    for ds, model, ag in models:
+        control = next((m for d, m, a in models if d == ds and a == 0.0), None)
+        r = runs[(runs["dataset"] == ds) & (runs["family"] == model)]
+        row = dict.fromkeys(DOSE_COLUMNS, math.nan)
+        row.update(dataset=ds, model=model, alpha_G=ag, n=len(r), control=control or "", n_pairs=0)
+        declared = len(planned[(ds, model)])
+        row["status"] = "run" if len(r) >= declared else (f"partly run ({len(r)} of {declared})" if len(r) else NOT_RUN)
+        if len(r):
+            act = t_interval(r["activated_params"], alpha)
+            row["activated_params"], row["activated_low"], row["activated_high"] = act
+            row["test_ppl"], row["test_ppl_low"], row["test_ppl_high"] = t_interval(r["test_ppl"], alpha)
+        emh = _emh_by_seed(per, ds, model)
+        row["q3_decision"] = NOT_RUN
+        if len(emh):
+            row["easy_minus_hard"], row["emh_low"], row["emh_high"] = t_interval(emh, alpha)
+            row["q3_decision"] = "easy tokens go to small groups" if row["emh_high"] < 0 else "not shown"
+            row["q3_decision"] = "n < 2" if len(emh) < 2 else row["q3_decision"]
+        row["steers"] = "" if ag == 0.0 else (NOT_RUN if control else "no alpha_G = 0 control declared")
+        if ag != 0.0 and control is not None:
+            row.update(_against_control(per, runs, ds, model, control, emh, alpha, margin))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=DOSE_COLUMNS)
+
+
+def _against_control(per, runs, ds, model, control, emh, alpha, margin) -> dict:
+    """The paired differences of one alpha_G > 0 model to the alpha_G = 0 control, seed by seed."""
+    ctrl = _emh_by_seed(per, ds, control)
+    d = (emh - ctrl).dropna()
+    out: dict = {"n_pairs": len(d)}
+    if not len(d):
+        return out
+    out["emh_vs_control"], out["evc_low"], out["evc_high"] = t_interval(d, alpha)
+    if len(d) >= 2 and np.ptp(d) > 0:
+        out["evc_p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
+        sd = float(np.std(d, ddof=1))
+        out["evc_mde80"] = sd * detectable(lambda e: power_two_sided(len(d), sd, e * sd, alpha), hi=100.0)
+    if len(d) < 2:
+        out["steers"] = "n < 2"
+    elif not out.get("evc_p", math.nan) < alpha:
+        out["steers"] = "no difference shown"
+    elif out["emh_vs_control"] < 0:
+        out["steers"] = "steers: easy - hard lower than at alpha_G = 0"
+    else:
+        out["steers"] = "differs: easy - hard higher than at alpha_G = 0"
+    rr = runs[runs["dataset"] == ds]
+    q = compare(paired_log_diffs(rr, "test_ppl", model, control), "two-sided", alpha, margin)
+    out.update(ppl_ratio_vs_control=q["ratio"], prc_low=q["ci_low"], prc_high=q["ci_high"], prc_p=q["p"])
+    out["prc_mde80_pct"] = q["mde80_pct"]
+    act = paired_log_diffs(rr, "activated_params", model, control)
+    if len(act):  # on the log scale, as a percentage: 100 (exp(mean log ratio) - 1)
+        pct = [100 * math.expm1(v) if v == v else v for v in t_interval(act, alpha)]
+        out["activated_vs_control_pct"], out["avc_low"], out["avc_high"] = pct
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# S10: the token-level Q3 record, over seeds
+
+
+def _num(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+def _ci(values: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """t_interval over the seeds whose value is defined."""
+    values = np.asarray(values, dtype=np.float64)
+    return t_interval(values[values == values], alpha)
+
+
+def token_q3(
+    results: Path, runs: pd.DataFrame, graded: set[str], alpha: float = 0.05, planned: dict | None = None
+) -> pd.DataFrame:
+    """S10_token_q3 (module docstring), from the ``token_q3`` block of each graded run's trace.json; a model that
+    ``planned`` declares on a graded dataset and that has no run is listed as declared, not run."""
+    declared = [{"dataset": ds, "family": m} for ds, m in (planned or {}) if ds in graded]
+    have = set(zip(runs["dataset"], runs["family"], strict=True))
+    extra = pd.DataFrame(
+        [d for d in declared if (d["dataset"], d["family"]) not in have], columns=["dataset", "family"]
+    )
+    runs = pd.concat([runs, extra.assign(run=None)], ignore_index=True) if len(extra) else runs
+    rows = []
+    for (ds, model), g in runs[runs["dataset"].isin(graded)].groupby(["dataset", "family"], sort=True):
+        g = g.dropna(subset=["run"])
+        if not len(g):
+            row = dict.fromkeys(TOKEN_COLUMNS, math.nan)
+            rows.append({**row, "dataset": ds, "model": model, "n": 0, "n_token_record": 0, "status": NOT_RUN})
+            continue
+        recs = []
+        for run in g["run"]:
+            path = results / "runs" / str(run) / "trace.json"
+            block = json.loads(path.read_text()).get("token_q3") if path.is_file() else None
+            if block:
+                recs.append(block)
+        row = dict.fromkeys(TOKEN_COLUMNS, math.nan)
+        row.update(dataset=ds, model=model, n=len(g), n_token_record=len(recs))
+        if not recs:
+            row.update(status="no token-level record (traced before it)", perm_p_below_alpha="")
+            rows.append(row)
+            continue
+        row["status"] = "token-level record" if len(recs) == len(g) else f"partial: {len(recs)} of {len(g)} runs"
+        rho = np.array([_num(r["answer"]["rho"]) for r in recs])
+        null = np.array([_num(r["answer"]["null_mean"]) for r in recs])
+        ps = np.array([_num(r["answer"]["p"]) for r in recs])
+        row["rho_answer"], row["rho_answer_low"], row["rho_answer_high"] = _ci(rho, alpha)
+        row["null_mean"] = _ci(null, alpha)[0]
+        row["excess"], row["excess_low"], row["excess_high"] = _ci(rho - null, alpha)
+        ok = ps[ps == ps]
+        row["perm_p_fisher"] = float(stats.combine_pvalues(ok, method="fisher").pvalue) if len(ok) else math.nan
+        row["perm_p_below_alpha"] = f"{int((ok < alpha).sum())} of {len(ok)}"
+        rho_all = np.array([_num(r["all"]["rho"]) for r in recs])
+        row["rho_all"], row["rho_all_low"], row["rho_all_high"] = _ci(rho_all, alpha)
+        within = np.array([_num(r["within_token"]["easy_minus_hard"]) for r in recs])
+        row["within_emh"], row["within_emh_low"], row["within_emh_high"] = _ci(within, alpha)
+        row["token_ids"] = float(np.mean([r["within_token"]["n_ids"] for r in recs]))
+        rows.append(row)
+    return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
