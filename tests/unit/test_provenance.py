@@ -147,7 +147,9 @@ def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_pat
     run = _fake_run(tmp_path / "old", {"sources_sha256": "0" * 64})
     assert len(prov.stale([tmp_path / "old"])) == 2
     assert prov.main(["check", str(tmp_path / "old")]) == 1
-    assert prov.main(["restamp", "--from", "1" * 64, "--reason", "r", str(tmp_path / "old")]) == 0  # as --help orders it
+    assert (
+        prov.main(["restamp", "--from", "1" * 64, "--reason", "r", str(tmp_path / "old")]) == 0
+    )  # as --help orders it
     assert prov.restamp([tmp_path / "old"], "0" * 64, "a move of code; tests/golden exact") == [
         run / "summary.json",
         run / "metrics.json",

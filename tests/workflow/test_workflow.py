@@ -102,7 +102,11 @@ def test_bad_config_refused_before_any_job(change, needle, tmp_path):
 
 # F6 only where results/bench/kernels.csv holds a GPU measurement (none is committed): never a placeholder
 SMOKE_OUTPUTS = [
-    *(f"results/smoke/tables/{t}.{e}" for t in ("T1_main", "T2_params", "T3_balance") for e in ("csv", "md", "tex", "html")),
+    *(
+        f"results/smoke/tables/{t}.{e}"
+        for t in ("T1_main", "T2_params", "T3_balance")
+        for e in ("csv", "md", "tex", "html")
+    ),
     *(
         f"figures/smoke/{f}.{e}"
         for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width")

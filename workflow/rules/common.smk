@@ -544,7 +544,7 @@ def study_outputs(study):
             "results/{study}/study/{table}.{ext}",
             study=study,
             table=STUDY_TABLES,
-            ext=["csv", "md"],
+            ext=["csv", "md", "html"],
         )
         + expand("results/{study}/study/{table}.tex", study=study, table=TEX_TABLES)
         + expand(

@@ -11,7 +11,7 @@ rule study_analysis:
         groups="results/{study}/groups_by_level.csv",
         traces=study_traces,
     output:
-        # the Markdown tables also go into `snakemake --report` (category Study tables)
+        # the HTML tables go into `snakemake --report` (category Study tables), shown inline
         **{
             f"{t}_{ext}": (
                 report(
@@ -19,11 +19,11 @@ rule study_analysis:
                     caption="../report/study_tables.rst",
                     category="Study tables",
                 )
-                if ext == "md"
+                if ext == "html"
                 else f"results/{{study}}/study/{t}.{ext}"
             )
             for t in STUDY_TABLES
-            for ext in ["csv", "md"]
+            for ext in ["csv", "md", "html"]
         },
     log:
         "logs/{study}/study_analysis.log",

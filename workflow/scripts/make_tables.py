@@ -120,11 +120,16 @@ def write_table(
 
 def html_table(prefix: str, caption: str, head: list, cells: list, align: list, notes=()) -> str:
     """One table as a self-contained HTML page: caption, table, notes (every cell escaped)."""
+
     def esc(text: str) -> str:  # a winner's Markdown bold as <b>
         return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
 
     def row(values, tag):
-        return "<tr>" + "".join(f'<{tag} class="{a}">{esc(str(v))}</{tag}>' for v, a in zip(values, align)) + "</tr>"
+        return (
+            "<tr>"
+            + "".join(f'<{tag} class="{a}">{esc(str(v))}</{tag}>' for v, a in zip(values, align, strict=True))
+            + "</tr>"
+        )
 
     body = [row(head, "th"), *(row(r, "td") for r in cells)] if cells else ["<tr><td>No data yet.</td></tr>"]
     style = (

@@ -343,12 +343,18 @@ def difficulty(groups: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05) ->
 
 
 def write_table(df: pd.DataFrame, stem: Path, floatfmt: str = ".4g") -> None:
-    """``stem``.csv and ``stem``.md, both whole or not at all."""
+    """``stem``.csv, ``stem``.md and ``stem``.html (what `snakemake --report` shows inline), each whole or not."""
     from mohge.core.atomic import write_text_atomic
 
     stem.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(stem.with_suffix(".csv"), df.to_csv(index=False, float_format="%.6g"))
     write_text_atomic(stem.with_suffix(".md"), df.to_markdown(index=False, floatfmt=floatfmt) + "\n")
+    page = df.to_html(index=False, float_format=lambda v: format(v, floatfmt), na_rep="", border=0)
+    write_text_atomic(
+        stem.with_suffix(".html"),
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{stem.name}'
+        f"</title></head><body>\n<p><b>{stem.name}</b></p>\n{page}\n</body></html>\n",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -219,7 +219,10 @@ def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     raw = json.loads((run_dir / "config.json").read_text())
     out: dict[str, tuple[str, ...]] = {}
     for config in (to_dict(RunConfig.from_dict(raw)), raw):
-        for name, part in (("summary.json", {k: v for k, v in config.items() if k != "eval"}), ("metrics.json", config)):
+        for name, part in (
+            ("summary.json", {k: v for k, v in config.items() if k != "eval"}),
+            ("metrics.json", config),
+        ):
             out[name] = tuple(dict.fromkeys((*out.get(name, ()), config_sha256(part))))
     return out
 

@@ -133,7 +133,9 @@ class RouterConfig(_Section):
     group_score: str = knob("sigmoid", "score function of the group router", choices=SCORE_FUNCTIONS)
     gate_mode: str = knob("code_exact", "how the two levels' scores combine into gates", choices=GATE_MODES)
     flat_gate: str = knob(
-        "logits", "the flat router's gate (moe, hmoe, modse; MoHGE's is gate_mode): softmax over top-k logits or probabilities", choices=FLAT_GATES
+        "logits",
+        "the flat router's gate (moe, hmoe, modse; MoHGE's is gate_mode): softmax over top-k logits or probabilities",
+        choices=FLAT_GATES,
     )
     init_std: float = knob(0.008, "init std of the router weights", gt=0)
     _path: str = field(default="", repr=False, compare=False)
