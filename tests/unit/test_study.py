@@ -318,3 +318,33 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
     expect.append(f"cuts it to {strong:.1f}")
     missing = [e for e in expect if e not in text]
     assert not missing, missing
+
+
+def test_readme_agrees_with_the_committed_capacity_tables():
+    """README's capacity paragraph carries C1/C2 numbers, formatted here from the committed tables: a rerun or an
+    extension that moves a table and leaves the prose behind fails."""
+    root = Path(__file__).resolve().parents[2]
+    tables = root / "results" / "capacity" / "study"
+    text = (root / "README.md").read_text() + (root / "docs" / "study.md").read_text()
+    text = " ".join(text.replace("**", "").split())
+    c2 = pd.read_csv(tables / "C2_tests.csv").set_index("test")
+    g1, g2, g3 = c2.loc["G1 reference > iso"], c2.loc["G2 sweep slope"], c2.loc["G3 saturation (quarter set)"]
+    claim, het = c2.loc["Claim 1 non-inferiority"], c2.loc["Heterogeneity"]
+    size, size_ae = c2.loc["MoE-equivalent size of mohge"], c2.loc["MoE-equivalent size of mohge+ae5e2"]
+    expect = [
+        f"{claim['estimate']:.3f}× [{claim['ci_low']:.3f}, {claim['ci_high']:.3f}]",
+        f"p = {claim['p']:.3f}",
+        f"{het['estimate']:.3f}× [{het['ci_low']:.3f}, {het['ci_high']:.3f}], p = {het['p']:.3f}",
+        f"{g1['estimate']:.3f} [{g1['ci_low']:.3f}, {g1['ci_high']:.3f}] (p = {g1['p']:.3f})",
+        f"{g2['estimate']:.2f} [{g2['ci_low']:.2f}, {g2['ci_high']:.2f}]",
+        f"ratio {g3['estimate']:.3f}",
+        f"{size['estimate']:.2f}× [{size['ci_low']:.2f}, {size['ci_high']:.2f}]",
+        f"{size_ae['estimate']:.2f}× [{size_ae['ci_low']:.2f}, {size_ae['ci_high']:.2f}]",
+    ]
+    assert g1["verdict"] == "fail" and "The gate fails" in (tables / "C2_tests.md").read_text()
+    c1 = pd.read_csv(tables / "C1_models.csv").set_index(["dataset", "model"])
+    for model in ("moe", "moe_equal", "mohge", "mohge+ae5e2"):
+        row = c1.loc[("facts", model)]
+        expect.append(f"{row['bits_stored'] / 1e3:.1f} k [{row['bits_low'] / 1e3:.1f}, {row['bits_high'] / 1e3:.1f}]")
+    missing = [e for e in expect if e not in text]
+    assert not missing, missing
