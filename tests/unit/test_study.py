@@ -278,13 +278,19 @@ def test_run_analysis_on_the_committed_default_results(tmp_path):
     assert {"S2_tests.md", "S4_difficulty.csv", "S5_tasks.csv"} <= {p.name for p in tmp_path.iterdir()}
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def prose() -> str:
+    """README and docs/study.md as one line of text: line breaks inside sentences and bold markers gone."""
+    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "study.md").read_text()
+    return " ".join(text.replace("**", "").split())
+
+
 def test_readme_and_docs_agree_with_the_committed_claims_tables():
     """The sentences of README "What the evidence says" and docs/study.md that carry S2/S6/S7 numbers, formatted
     here from the committed tables: a change to a table that leaves the prose behind fails."""
-    root = Path(__file__).resolve().parents[2]
-    tables = root / "results" / "claims" / "study"
-    text = (root / "README.md").read_text() + (root / "docs" / "study.md").read_text()
-    text = " ".join(text.replace("**", "").split())  # line breaks inside sentences, no bold
+    tables, text = ROOT / "results" / "claims" / "study", prose()
     s2 = pd.read_csv(tables / "S2_tests.csv").query("metric == 'test_ppl'").set_index("question")
     q1, ni, diff = s2.loc["Q1 parity"], s2.loc["Q1 non-inferiority"], s2.loc["Q1 difference"]
     dense_ref, dense_iso = s2.loc["dense vs reference MoE"], s2.loc["dense vs iso-parameter MoE"]
@@ -323,10 +329,7 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
 def test_readme_agrees_with_the_committed_capacity_tables():
     """README's capacity paragraph carries C1/C2 numbers, formatted here from the committed tables: a rerun or an
     extension that moves a table and leaves the prose behind fails."""
-    root = Path(__file__).resolve().parents[2]
-    tables = root / "results" / "capacity" / "study"
-    text = (root / "README.md").read_text() + (root / "docs" / "study.md").read_text()
-    text = " ".join(text.replace("**", "").split())
+    tables, text = ROOT / "results" / "capacity" / "study", prose()
     c2 = pd.read_csv(tables / "C2_tests.csv").set_index("test")
     g1, g2, g3 = c2.loc["G1 reference > iso"], c2.loc["G2 sweep slope"], c2.loc["G3 saturation (quarter set)"]
     claim, het = c2.loc["Claim 1 non-inferiority"], c2.loc["Heterogeneity"]
