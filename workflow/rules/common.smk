@@ -258,7 +258,7 @@ if not FROM_RESULTS:
     guard_committed_study(STUDY, config)
 
 
-def per_run_results(run):
+def per_run_results(run, traced):
     """What a finished run leaves in results/<study>/: the files collect, the study tables and the figures read
     (the routing summary and its utilization tables only for a traced run)."""
     files = [
@@ -271,7 +271,7 @@ def per_run_results(run):
             "params.json",
         )
     ]
-    if run in trace_runs():
+    if run in traced:
         files += [f"{RES}/runs/{run}/trace.json"] + [
             f"{RES}/utilization/{run}/{name}.csv" for name in ("summary", "analytic")
         ]
@@ -292,10 +292,9 @@ def committed_runs():
         or os.environ.get("MOHGE_RERUN_COMMITTED", "") not in ("", "0")
     ):
         return set()
-    have = set(tracked(RES))
-    kept = set()
+    have, traced, kept = set(tracked(RES)), set(trace_runs()), set()
     for run in RUNS:
-        if not all(f in have for f in per_run_results(run)):
+        if not all(f in have for f in per_run_results(run, traced)):
             continue
         try:
             recorded = load_run_config(f"{RES}/runs/{run}/config.json")
@@ -314,7 +313,7 @@ def resolved(cfg):
 COMMITTED = committed_runs()
 # the runs the rules make: every run but the committed ones ("(?!)" matches nothing)
 MADE = [r for r in RUNS if r not in COMMITTED]
-if COMMITTED and not FROM_RESULTS:
+if COMMITTED:
     print(
         f"study {STUDY}: {len(COMMITTED)} of {len(RUNS)} runs are committed and read from {RES}/runs/ as they are"
         " (MOHGE_RERUN_COMMITTED=1 makes them again)",
