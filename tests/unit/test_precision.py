@@ -7,6 +7,8 @@ state fp32 and the loss in fp32; and a tiny model's bf16 loss curve must follow 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -116,3 +118,29 @@ def test_cpu_bf16_support_is_detected_and_measured():
     info = cpu_bf16_support(64, 64, 64, reps=3)
     assert isinstance(info["bf16_units"], bool) and info["gemm_fp32_over_bf16_time"] > 0
     assert info["bf16_units"] == bool((info["avx512_bf16"] or info["amx_bf16"]) and info["mkldnn_bf16"])
+
+
+def test_auto_precision_chooses_bf16_only_where_it_pays_and_never_by_a_timing():
+    """``precision: auto``: bf16 on CUDA; on a CPU bf16 only with bf16 units and d_model >= 256 (README: 1.33x at
+    256, at most ~1.15x at 128, 0.4x at 32); fp32 on a CPU without them (AVX2 only: ~20x slower in bf16) whatever
+    the width. Every committed CPU config (d_model 32-128) resolves to fp32, so no committed result moves."""
+    from mohge.config import load_run_config
+    from mohge.train.runtime import CPU_BF16_MIN_D_MODEL, auto_precision
+
+    units = {"bf16_units": True, "gemm_fp32_over_bf16_time": 0.5}  # a slow timing does not flip the choice
+    none = {"bf16_units": False, "gemm_fp32_over_bf16_time": 2.0}
+    assert auto_precision("cuda", 32, None)[0] == "bf16"
+    assert auto_precision("cpu", CPU_BF16_MIN_D_MODEL, units)[0] == "bf16"
+    assert auto_precision("cpu", CPU_BF16_MIN_D_MODEL - 1, units) == (
+        "fp32",
+        "auto: d_model 255 < 256, where bf16 does not pay on a CPU",
+    )
+    assert auto_precision("cpu", 4096, none)[0] == "fp32" and "no bf16 units" in auto_precision("cpu", 4096, none)[1]
+    assert auto_precision("cpu", None, units)[0] == "fp32"
+    root = Path(__file__).resolve().parents[2]
+    configs = sorted(root.glob("results/*/runs/*/config.json"))
+    assert len(configs) > 50
+    for path in configs:
+        cfg = load_run_config(str(path))
+        if cfg.train.precision == "auto":
+            assert auto_precision("cpu", cfg.model.d_model, units)[0] == "fp32", path

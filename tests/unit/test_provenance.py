@@ -156,6 +156,16 @@ def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_pat
     ]
     assert prov.stale([tmp_path / "old"]) == {} and prov.main(["check", str(tmp_path / "old")]) == 0
     assert json.loads((run / "summary.json").read_text())["code"]["restamped_from"] == "0" * 64
+    # a second restamp keeps the first one's reason: the history, oldest first
+    today = prov.sources_sha256()
+    code = json.loads((run / "summary.json").read_text())["code"]
+    code.update(sources_sha256="2" * 64)
+    (run / "summary.json").write_text(json.dumps({"code": code}))
+    assert prov.restamp([tmp_path / "old"], "2" * 64, "a second move") == [run / "summary.json"]
+    assert json.loads((run / "summary.json").read_text())["code"]["restamps"] == [
+        {"from": "0" * 64, "to": today, "reason": "a move of code; tests/golden exact"},
+        {"from": "2" * 64, "to": today, "reason": "a second move"},
+    ]
     with pytest.raises(ValueError, match="reason"):
         prov.restamp([tmp_path / "old"], "0" * 64, " ")
     config = json.loads((run / "config.json").read_text())

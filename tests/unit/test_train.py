@@ -99,6 +99,7 @@ def test_outputs_log_and_summary(tmp_path, data_dir):
     assert summary["params_total"] > summary["params_activated"] > 0
     assert summary["precision"] == "fp32" and isinstance(summary["cpu_bf16"]["bf16_units"], bool)  # detected, measured
     assert summary["cpu_bf16"]["gemm_fp32_over_bf16_time"] > 0
+    assert summary["precision_reason"].startswith("auto: ")  # the test config leaves precision at auto
     assert [s for s, _ in list_checkpoints(out / ".scratch")] == [16, 12]  # keep_checkpoints = 2
 
 

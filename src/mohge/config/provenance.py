@@ -253,8 +253,10 @@ def stale(roots: Sequence[Path]) -> dict[str, str]:
 
 def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
     """Give today's ``sources_sha256`` to the results recorded with ``old`` (and the right config), noting
-    ``restamped_from`` and ``restamp_reason``: for a change shown not to alter any result (a move or rename of
-    code, with tests/golden exact and the lm-eval routes equal), never for one that may."""
+    ``restamped_from`` and ``restamp_reason`` (the latest) and appending ``{from, to, reason}`` to ``restamps``
+    (every restamp, oldest first: a result restamped twice keeps both reasons): for a change shown not to alter
+    any result (a move or rename of code, with tests/golden exact and the lm-eval routes equal), never for one that
+    may."""
     if not reason.strip():
         raise ValueError("restamp needs --reason: what shows the change leaves every result as it was")
     today, done = sources_sha256(), []
@@ -269,7 +271,15 @@ def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
                     continue
                 if code.get("config_sha256") not in configs.get(name, ()):
                     continue
-                code.update(sources_sha256=today, restamped_from=old, restamp_reason=reason)
+                history = code.get("restamps")
+                if history is None:  # recorded before the history was kept: its one restamp, if any, first
+                    history = (
+                        [{"from": code["restamped_from"], "to": old, "reason": code.get("restamp_reason", "")}]
+                        if "restamped_from" in code
+                        else []
+                    )
+                history.append({"from": old, "to": today, "reason": reason})
+                code.update(sources_sha256=today, restamped_from=old, restamp_reason=reason, restamps=history)
                 path.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
                 done.append(path)
     return done

@@ -266,8 +266,9 @@ class TrainConfig(_Section):
     """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
 
     ``batch_size`` is sequences per optimizer step *per process*; ``grad_accum`` splits it into micro-batches.
-    ``precision: auto`` trains fp32 on a CPU and bf16 autocast on CUDA; ``bf16`` on a CPU is fast only where it has
-    bf16 units (detected and measured at start, recorded in the run's summary: mohge.kernels.cpu_gemm).
+    ``precision: auto`` trains bf16 autocast on CUDA, and on a CPU bf16 only where it has bf16 units and
+    ``model.d_model`` >= 256, else fp32 (mohge.train.runtime.auto_precision); ``bf16`` on a CPU is fast only where
+    it has bf16 units (detected and measured at start, recorded in the run's summary: mohge.kernels.cpu_gemm).
     """
 
     steps: int = knob(200, "optimizer steps", gt=0)
@@ -293,7 +294,11 @@ class TrainConfig(_Section):
     eval_every: int = knob(0, "steps between validation losses (0: none)", ge=0)
     eval_batches: int = knob(8, "batches of a validation loss", ge=0)
     device: str = knob("auto", "training device", choices=DEVICES)
-    precision: str = knob("auto", "fp32, or bf16 autocast", choices=PRECISIONS)
+    precision: str = knob(
+        "auto",
+        "fp32, or bf16 autocast (auto: bf16 on CUDA, and on a CPU with bf16 units when model.d_model >= 256)",
+        choices=PRECISIONS,
+    )
     threads: int = knob(0, "torch CPU threads (0: torch's default)", ge=0)
     parallel: ParallelConfig | None = knob(None, "multi-process layout (None: one process, or DDP under torchrun)")
     _path: str = field(default="", repr=False, compare=False)

@@ -3,9 +3,11 @@ run asked for (``--gpus``) before anything is built.
 
 ``setup_runtime`` picks the device (``train.device``; ``auto``: CUDA when visible and ``--gpus`` is not 0), starts
 the process group under torchrun (nccl on CUDA, gloo on CPU) and chooses the autocast dtype (``train.precision``;
-``auto``: bf16 on CUDA, fp32 on a CPU). On a CPU it also detects and measures the CPU's bf16 support
+``auto``: :func:`auto_precision`, bf16 on CUDA; on a CPU bf16 only where it has bf16 units and the model is wide
+enough for bf16 to pay, else fp32). On a CPU it also detects and measures the CPU's bf16 support
 (:func:`mohge.kernels.cpu_gemm.cpu_bf16_support`: ISA flags, a short fp32 vs bf16 GEMM), which every run's
-summary records. ``wrap_ddp`` wraps the model for data parallelism.
+summary records with the precision and the reason ``auto`` gave for it. ``wrap_ddp`` wraps the model for data
+parallelism.
 
 A lost peer. The process group waits ``train.parallel.timeout_s`` (default 600 s) for the other ranks, and on
 CUDA is bound to this rank's device (``device_id``: NCCL's communicator is created at once, on that GPU).
@@ -78,6 +80,7 @@ class Runtime:
     device: torch.device
     autocast: torch.dtype | None
     cpu_bf16: dict | None = None  # the CPU's detected and measured bf16 support (None on CUDA)
+    precision_reason: str = "set by train.precision"
 
     @property
     def main(self) -> bool:
@@ -98,9 +101,29 @@ def set_deterministic(mode: bool) -> None:
         setter(mode)
 
 
-def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
+# bf16 on a CPU pays only from this model width on (README "CPU training speed", measured with one thread on AMD
+# EPYC with avx512_bf16: a whole training step 1.33x faster in bf16 at d_model 256 (bench train), at most ~1.15x
+# at the claims study's 128, 0.4x at the smoke model's 32, where the casts outweigh the GEMMs).
+CPU_BF16_MIN_D_MODEL = 256
+
+
+def auto_precision(kind: str, d_model: int | None, cpu_bf16: dict | None) -> tuple[str, str]:
+    """What ``train.precision: auto`` trains in, and why: bf16 on CUDA; on a CPU bf16 when it has bf16 units
+    (``cpu_bf16["bf16_units"]``: avx512_bf16 or amx_bf16, and oneDNN's bf16) and ``d_model`` is at least
+    :data:`CPU_BF16_MIN_D_MODEL`, else fp32. A pure function of the CPU's kind and the config (never of a timing),
+    so the same config trains in the same precision on every machine of one kind."""
+    if kind == "cuda":
+        return "bf16", "auto: CUDA"
+    if not (cpu_bf16 or {}).get("bf16_units"):
+        return "fp32", "auto: this CPU has no bf16 units (avx512_bf16 / amx_bf16 with oneDNN bf16)"
+    if d_model is None or d_model < CPU_BF16_MIN_D_MODEL:
+        return "fp32", f"auto: d_model {d_model} < {CPU_BF16_MIN_D_MODEL}, where bf16 does not pay on a CPU"
+    return "bf16", f"auto: a CPU with bf16 units and d_model {d_model} >= {CPU_BF16_MIN_D_MODEL}"
+
+
+def setup_runtime(tc: TrainConfig, gpus: int | None = None, d_model: int | None = None) -> Runtime:
     """Device and process group; under torchrun (WORLD_SIZE > 1) one process per GPU, checked against what
-    is visible and against ``gpus`` when given."""
+    is visible and against ``gpus`` when given. ``d_model`` is the model's width, for ``precision: auto``."""
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", world))
     kind = tc.device if tc.device != "auto" else ("cuda" if torch.cuda.is_available() and gpus != 0 else "cpu")
@@ -125,12 +148,17 @@ def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
         device = torch.device("cpu")
     if world > 1:
         init_process_group(kind, device, (tc.parallel or ParallelConfig()).timeout_s)
-    precision = tc.precision if tc.precision != "auto" else ("bf16" if kind == "cuda" else "fp32")
     cpu_bf16 = None
     if kind == "cpu":
         from mohge.kernels.cpu_gemm import cpu_bf16_support
 
         cpu_bf16 = cpu_bf16_support()
+    precision, reason = (
+        (tc.precision, "set by train.precision") if tc.precision != "auto" else auto_precision(kind, d_model, cpu_bf16)
+    )
+    if rank == 0 and tc.precision == "auto":
+        log.info("train.precision auto: %s (%s)", precision, reason.removeprefix("auto: "))
+    if kind == "cpu":
         if precision == "bf16" and rank == 0:
             ratio, units = cpu_bf16["gemm_fp32_over_bf16_time"], cpu_bf16["bf16_units"]
             say = log.info if units and ratio > 1 else log.warning
@@ -143,7 +171,7 @@ def setup_runtime(tc: TrainConfig, gpus: int | None = None) -> Runtime:
                 "x".join(map(str, cpu_bf16["gemm_shape"])),
                 ratio,
             )
-    return Runtime(rank, world, device, torch.bfloat16 if precision == "bf16" else None, cpu_bf16)
+    return Runtime(rank, world, device, torch.bfloat16 if precision == "bf16" else None, cpu_bf16, reason)
 
 
 def wrap_ddp(model: torch.nn.Module, rt: Runtime) -> torch.nn.Module:

@@ -127,6 +127,7 @@ def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, traine
         "device": str(rt.device),
         "world_size": rt.world,
         "precision": "bf16" if rt.autocast is not None else "fp32",
+        "precision_reason": rt.precision_reason,
         "cpu_bf16": rt.cpu_bf16,
         "params_total": params["total_sum"],
         "params_activated": params["activated_sum"],

@@ -15,7 +15,8 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   ``sequential``: the next ``batch_size x world`` windows of the split in shard order, rank r the r-th
   ``batch_size`` of them, each window once per epoch; the global window position is checkpointed.
   ``grad_accum`` splits a batch into equal micro-batches.
-* Precision (``train.precision``; ``auto``: fp32 on a CPU, bf16 autocast on CUDA): under bf16 autocast every matrix
+* Precision (``train.precision``; ``auto``: bf16 autocast on CUDA, and on a CPU with bf16 units when
+  d_model >= 256, else fp32: :func:`mohge.train.runtime.auto_precision`): under bf16 autocast every matrix
   product, the experts' included, runs in bf16 forward and backward; weights and optimizer state stay fp32, and
   the loss, softmaxes and norms run in fp32. The CPU's bf16 support (detected, measured) is in the summary.
 * Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.train.checkpoint`) is loaded; on a CPU the run
@@ -109,7 +110,7 @@ def train(
     for folder, what in ((out, "--out"), (scratch, "--scratch")):
         preflight.check_writable(folder, what)
     preflight.check_run(cfg, inputs=False)  # preparing the data checks its inputs, when it has to
-    rt = setup_runtime(cfg.train, gpus)
+    rt = setup_runtime(cfg.train, gpus, cfg.model.d_model)
     deterministic = torch.are_deterministic_algorithms_enabled()
     peer_lost = False
     try:
