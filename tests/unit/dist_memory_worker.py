@@ -57,6 +57,13 @@ if __name__ == "__main__":
     materialize(model, rng, torch.device("cpu"))
     build_peak = memory()["VmHWM"] - base
     local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for p in model.parameters())
+    # gloo builds a pair's buffers on its first point-to-point message: before the phase, as the imports above
+    # (a fixed cost of the process group, not of the model; the export's recvs come from every EP holder)
+    for src in range(1, dist.get_world_size()):
+        if rank == src:
+            dist.send(torch.zeros(4), dst=0)
+        elif rank == 0:
+            dist.recv(torch.empty(4), src=src)
     dist.barrier()
     base = start_phase()
     write_safetensors(out / "model.safetensors", model, cfg.model, layout)
