@@ -41,6 +41,9 @@ rule utilization:
         ranks=f"{RES}/utilization/{{run}}/analytic.csv",
     log:
         f"{LOGS}/utilization/{{run}}.log",
+    # a trained run is finished (evaluated, traced, placed) before the next training starts: a study
+    # stopped midway leaves whole runs
+    priority: 1
     conda:
         "../envs/train.yaml"
     threads: 2  # the measurement runs torch.distributed ranks as processes

@@ -12,6 +12,9 @@ rule evaluate:
         f"{LOGS}/eval/{{run}}.log",
     benchmark:
         f"{RES}/benchmarks/eval/{{run}}.tsv"
+    # a trained run is finished (evaluated, traced, placed) before the next training starts: a study
+    # stopped midway leaves whole runs
+    priority: 1
     conda:
         "../envs/train.yaml"
     threads: 1
@@ -41,6 +44,9 @@ rule trace:
         summary=f"{RES}/runs/{{run}}/trace.json",
     log:
         f"{LOGS}/trace/{{run}}.log",
+    # a trained run is finished (evaluated, traced, placed) before the next training starts: a study
+    # stopped midway leaves whole runs
+    priority: 1
     conda:
         "../envs/train.yaml"
     threads: 1
