@@ -64,7 +64,7 @@ def test_lint_clean():
 )
 def test_dry_run(configfile, tmp_path):
     work = copy_workflow(tmp_path)
-    out = smk("-n", "--configfile", configfile, cwd=work)
+    out = smk("-n", "--cores", "4", "--configfile", configfile, cwd=work)  # cores: threads shown uncapped
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
     for rule in ("prepare_data", "train", "evaluate", "trace", "utilization", "collect", "tables", "fig_gpu_load"):
@@ -73,6 +73,18 @@ def test_dry_run(configfile, tmp_path):
     assert runs
     if configfile == "configs/capacity.yaml":  # the declared capacity analysis, not the claims study's tables
         assert "capacity_analysis" in text and "study_analysis" not in text
+    # the utilization job asks for the ranks it measures (utilization.measure_nproc, MoHGE runs only), else one
+    # thread, so an analytic placement runs beside a training; evaluate and trace run before the next training
+    cfg = yaml.safe_load((ROOT / configfile).read_text())
+    nproc = int((cfg.get("utilization") or {}).get("measure_nproc", 0))
+    blocks = re.findall(r"^(?:local)?rule (\w+):\n((?:    .*\n)+)", text, re.M)
+    util = {re.search(r"wildcards: run=(\S+)", b)[1]: b for r, b in blocks if r == "utilization"}
+    assert util
+    for run, block in util.items():
+        threads = int(m[1]) if (m := re.search(r"^    threads: (\d+)", block, re.M)) else 1
+        assert threads == (min(nproc, 4) if nproc and "-mohge-" in run else 1), (run, block)
+    for rule, block in blocks:
+        assert ("priority: 1" in block) == (rule in ("evaluate", "trace", "utilization")), (rule, block)
 
 
 @pytest.mark.parametrize(

@@ -46,7 +46,9 @@ rule utilization:
     priority: 1
     conda:
         "../envs/train.yaml"
-    threads: 2  # the measurement runs torch.distributed ranks as processes
+    # the measurement (measure_nproc > 0, MoHGE only) runs torch.distributed ranks as processes; the analytic
+    # placement alone is one thread, so it runs beside a training
+    threads: lambda wc: utilization_nproc(wc.run) or 1
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
@@ -55,8 +57,8 @@ rule utilization:
         strategies=UTIL.get("strategies", ["contiguous", "all_size"]),
         ep=UTIL.get("ep_sizes", [2, 4, 8]),
         measure=lambda wc: (
-            ["--measure", "--nproc", UTIL.get("measure_nproc", 0)]
-            if RUNS[wc.run].family == "mohge" and UTIL.get("measure_nproc", 0) > 0
+            ["--measure", "--nproc", utilization_nproc(wc.run)]
+            if utilization_nproc(wc.run)
             else []
         ),
     shell:

@@ -103,6 +103,15 @@ LOGS = f"logs/{STUDY}"
 
 DATASETS = sorted({cfg.dataset for cfg in RUNS.values()})
 UTIL = config.get("utilization", {})
+
+
+def utilization_nproc(run):
+    """Ranks of the measured per-rank expert time of a run (utilization.measure_nproc, MoHGE runs only; 0: the
+    analytic placement alone)."""
+    nproc = int(UTIL.get("measure_nproc", 0))
+    return nproc if nproc > 0 and RUNS[run].family == "mohge" else 0
+
+
 # SLURM sizes of a training job; a CPU machine runs the default (one process, no GPU).
 CLUSTER = to_dict(ClusterConfig.from_dict(config.get("cluster") or {}, "cluster"))
 
