@@ -586,6 +586,36 @@ def test_study_figures_show_what_they_claim(study, monkeypatch):
     assert "α_G = 0.001\n(n=3)" in f11 and "paired easy − hard" in f11 and "saving" not in f11
 
 
+def test_f12_draws_the_control_arms_paired_tests(tmp_path, monkeypatch):
+    """F12 from S8: every paired test of a control arm with its n, p and decision, readable arm labels (no raw
+    variant tag, no nan), no equivalence band; the selection and rule rows are not drawn; an arm not run is
+    listed as such."""
+    from mohge.analysis import controls
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config
+
+    root = Path(__file__).resolve().parents[2]
+    config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))
+    rnd = random.Random(2)
+    runs = []
+    for fam, ppl in (("mohge", 71.5), ("moe_equal", 74.5), ("mohge+hom208", 73.0), ("moe_equal+noaux", 74.0)):
+        for seed in range(4):
+            ppl_s = ppl * (1 + 0.01 * seed) + rnd.gauss(0, 0.3)
+            runs.append({"dataset": "shakespeare", "family": fam, "seed": seed, "test_ppl": ppl_s})
+    s8 = controls.control_tests(pd.DataFrame(runs), config)
+    s8.to_csv(tmp_path / "S8.csv", index=False)
+    texts = figure_texts("study_tests", {"s8": tmp_path / "S8.csv"}, monkeypatch)
+    joined = " ".join(texts)
+    ran = s8[s8["test"].isin(["two-sided", "less"]) & s8["ratio"].notna()]
+    assert len(ran) >= 3
+    for r in ran.itertuples():
+        assert f"n={int(r.n)}" in joined and r.decision in joined
+    assert "(a) MoHGE / MoHGE, all widths 208" in texts and "declared, not run" in joined
+    assert "nan" not in joined and "hom208" not in joined.replace("all widths 208", "") and "equivalence" not in joined
+    assert "Q1b restated" not in joined and "best lr: mohge" not in joined
+    build_twice("study_tests", {"s8": tmp_path / "S8.csv"}, tmp_path)
+
+
 def test_figures_state_n(data, monkeypatch):
     """F2 and F3 name n; F3 never claims a mean over seeds at n = 1."""
     runs = pd.read_csv(data["runs"])

@@ -495,6 +495,7 @@ STUDY_FIGURES = [
     "F9_study_balance",
     "F10_study_frontier",
     "F11_study_difficulty",
+    "F12_study_controls",  # S8's paired tests (the control arms of issue 21)
 ]
 
 

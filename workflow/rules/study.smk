@@ -1,4 +1,4 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S10 and figures F7-F11:
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S10 and figures F7-F12:
 # only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
 # collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
 
@@ -93,6 +93,28 @@ rule fig_study_tests:
         pdf="figures/{study}/F8_study_tests.pdf",
     log:
         "logs/{study}/figures/F8.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    params:
+        metric=lambda wc: study_param(wc.study, "metric"),
+        margin=lambda wc: study_param(wc.study, "margin"),
+    script:
+        "../scripts/study_tests.py"
+
+
+rule fig_study_controls:
+    input:
+        s8="results/{study}/study/S8_controls.csv",
+    output:
+        png=report(
+            "figures/{study}/F12_study_controls.png",
+            caption="../report/F12_study_controls.rst",
+            category="Study",
+        ),
+        pdf="figures/{study}/F12_study_controls.pdf",
+    log:
+        "logs/{study}/figures/F12.log",
     localrule: True
     conda:
         "../envs/plot.yaml"

@@ -97,7 +97,10 @@ def family_label(family: str, width: int | None = None) -> str:
     """'MoHGE', 'MoE (1024)' when the homogeneous width is given, ...; unknown names pass through."""
     base, _, variant = str(family).partition("+")  # "mohge+renorm": a variant of a family
     label = f"MoE ({width})" if width is not None and base in ("moe", "moe_equal") else FAMILY_LABELS.get(base, base)
-    return f"{label} [{variant}]" if variant else label
+    if not variant:
+        return label
+    named = variant_label(variant)
+    return f"{label}, {named}" if named != variant else f"{label} [{variant}]"
 
 
 def family_style(family: str) -> dict:
@@ -111,12 +114,28 @@ def family_style(family: str) -> dict:
 
 _COEFF = re.compile(r"(ae|ag)(\d+)e(\d+)")  # variant tags of the loss sweeps: ae2e1 = alpha_E 2e-1
 _WIDTH = re.compile(r"w(\d+)")  # the width sweep: moe+w160 = the homogeneous MoE at width 160
+_LR = re.compile(r"lr(\d+)(?:p(\d+))?e(\d+)")  # the lr sweep: lr1p5e3 = lr 1.5e-3
+# the control arms of the claims study (configs/study.yaml, issue 21)
+VARIANT_NAMES = {
+    "hom208": "all widths 208",
+    "renorm": "product_renorm gate",
+    "probsgate": "code_exact-form gate",
+    "noaux": "no balance loss",
+    "ag0": "α_G = 0",
+    "ae0": "α_E = 0",
+}
 VARIANT_LINESTYLES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)))
 VARIANT_MARKERS = ("^", "v", "P", "h", "*")
 
 
 def variant_label(variant: str) -> str:
-    """'α_E = 0.2' for ae2e1, 'α_G = 1e-5' for ag1e5, the tag itself otherwise."""
+    """'α_E = 0.2' for ae2e1, 'α_G = 1e-5' for ag1e5, 'lr 1.5e-3' for lr1p5e3, a control arm's name
+    (VARIANT_NAMES), the tag itself otherwise."""
+    if variant in VARIANT_NAMES:
+        return VARIANT_NAMES[variant]
+    lr = _LR.fullmatch(variant)
+    if lr:
+        return f"lr {lr.group(1)}{'.' + lr.group(2) if lr.group(2) else ''}e-{lr.group(3)}"
     m = _COEFF.fullmatch(variant)
     if not m:
         return variant
@@ -131,8 +150,8 @@ def study_label(family: str) -> str:
     w = _WIDTH.fullmatch(variant)
     if w and base in ("moe", "moe_equal"):
         return f"MoE-{w.group(1)}"
-    if variant and _COEFF.fullmatch(variant):
-        return f"{FAMILY_LABELS.get(base, base)}, {variant_label(variant)}"
+    if variant and variant_label(variant) != variant:
+        return f"{study_label(base)}, {variant_label(variant)}"
     return family_label(family)
 
 
