@@ -322,6 +322,20 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
     expect.append(" / ".join(f"{mohge[k]:.1f}" for k in sorted(set(mohge.index) - {"all"})))
     strong = s7[(s7["model"] == "mohge+ae2e1") & (s7["layer"] == "all")]["unused"].iloc[0]
     expect.append(f"cuts it to {strong:.1f}")
+    # the control arms of issue 21 (S8): every paired test that ran, its ratio, interval, p and 80 % MDE; the verdict
+    s8 = pd.read_csv(tables / "S8_controls.csv")
+    ran = s8[s8["test"].isin(["two-sided", "less"]) & s8["ratio"].notna()]
+    for r in ran.itertuples():
+        expect.append(f"{r.ratio:.3f} [{r.ci_low:.3f}, {r.ci_high:.3f}]")
+        expect.append(f"p = {r.p:.3f}")
+        expect.append(f"{r.mde80_pct:.1f} %")  # the 80 % MDE column of docs/study.md
+    verdict = s8[s8["question"] == "heterogeneity helps?"]["decision"]
+    if len(ran):
+        assert len(verdict) == 1 and verdict.iloc[0] == "the package" and "Q1b restated" in text
+    s1 = pd.read_csv(tables / "S1_models.csv").set_index("model")
+    for model in ("mohge+hom208", "moe_equal+noaux"):
+        if model in s1.index:
+            expect.append(f"{s1.loc[model, 'unused_experts']:.1f}")
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 

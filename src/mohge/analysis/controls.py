@@ -1,4 +1,5 @@
-"""The claims study's arms declared after its results (issue 21; docs/study.md "Declared, not yet run"): their tests.
+"""The claims study's arms declared after its results (issue 21; docs/study.md "Declared before their runs"):
+their tests.
 
 Every declared test is reported when its runs are in runs.csv and listed as "declared, not run" (no numbers) when
 they are not; a test is declared when the study config plans its models (:func:`mohge.config.runs.plan`), so a
