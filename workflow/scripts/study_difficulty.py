@@ -44,7 +44,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     s4 = s4.assign(alpha=[given.get(m, alpha_of(m)) for m in s4["model"]])
     sweep = s4.dropna(subset=["alpha"]).sort_values("alpha")
     d = sweep if len(sweep) else s4.sort_values("model")
-    names = [f"α_G = {a:g}" if a == a else ps.study_label(m) for m, a in zip(d["model"], d["alpha"], strict=True)]
+    # the value alone under each point (the axis names α_G): six "α_G = ..." labels overprint at this width
+    names = [f"{a:g}" if a == a else ps.study_label(m) for m, a in zip(d["model"], d["alpha"], strict=True)]
     ticks = [f"{nm}\n(n={int(n)})" for nm, n in zip(names, d["n"], strict=True)]
     x = list(range(len(d)))
     fig, (left, mid, right) = ps.panels(3, ncols=3, height=2.9, width=ps.WIDTH_2COL * 1.15)
@@ -67,6 +68,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     for ax in (left, mid, right):
         ax.set_xticks(x, ticks, fontsize=6.5)
         ax.set_xlim(-0.5, len(d) - 0.5)
+        if len(sweep):
+            ax.set_xlabel("α_G (Group-Wise loss coefficient)", fontsize=7.5)
         ax.grid(False, axis="x")
     fig.suptitle(f"{ds}: Group-Wise loss and difficulty, one point per α_G (n seeds under each)", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))

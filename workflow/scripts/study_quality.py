@@ -5,7 +5,8 @@ Inputs: s1 (S1_models.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: dataset (default "shakespeare", else the first in S1), metric (default "test_ppl").
 Each marker is the mean over the model's n seeds (n in the legend) with its 95% t-CI (error bar, n >= 2);
 models of equal size are spread a little along x so that none hides another.
-Models absent from S1 are skipped.
+Models absent from S1 are skipped, and so are the control arms declared after the results (the lr sweep, the gate,
+homogeneous-width and no-balance-loss variants: figure F12 draws their tests), so that every marker stays legible.
 """
 
 import re
@@ -19,6 +20,7 @@ sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolv
 import plotstyle as ps  # noqa: E402
 
 SWEEP = re.compile(r"moe(_equal|\+w\d+)?")  # the homogeneous MoE at each width (mohge.analysis.study.sweep_widths)
+CONTROL = re.compile(r".*\+(lr\w+|hom\d+|renorm|probsgate|noaux)")  # issue 21's control arms (F12, S8)
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -28,6 +30,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if s1.empty or metric not in s1 or s1[metric].isna().all():
         ps.placeholder_figure(outputs, "F7: quality against total parameters", f"no {metric} in S1 yet")
         return
+    s1 = s1[~s1["model"].astype(str).str.fullmatch(CONTROL.pattern)]
     s1 = s1.dropna(subset=[metric]).sort_values(["total_params", "model"])
     div, unit = ps.param_scale(s1["total_params"])
     # models of equal size (MoHGE, its variants, the iso-parameter MoE) side by side, not on top of each other
