@@ -663,8 +663,9 @@ def test_study_tables_tex(study, default_study, tmp_path):
 
 
 def test_study_controls_tex(tmp_path):
-    """S8 (the declared controls of issue 21) as LaTeX from the committed claims study, where none has run: every row
-    declared, not run, with no number (a dash, never nan), the restated Q1b last; a rerun is identical."""
+    """S8 (the declared controls of issue 21) as LaTeX from the committed claims study, where every arm has run: each
+    row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the restated Q1b
+    last; a rerun is identical."""
     from mohge.analysis import controls
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config
@@ -681,5 +682,7 @@ def test_study_controls_tex(tmp_path):
     tex, md = outs["s8_tex"].read_text(), outs["s8_md"].read_text()
     assert r"\begin{tabular}" in tex and "nan" not in tex and "nan" not in md
     rows = [r for r in md.splitlines() if r.startswith("| (") or r.startswith("| Q1b")]
-    assert len(rows) == 10 and all("declared, not run" in r for r in rows)
+    ran = set(s8.loc[s8["status"] == "run", "question"])
+    assert len(rows) == 10 and all(("| run |" in r) == any(f"| {q} |" in r for q in ran) for r in rows)
+    assert len(ran) == 10  # all 41 arms are committed
     assert rows[-1].startswith("| Q1b restated | heterogeneity helps? |") and "the package" in rows[-1]
