@@ -336,6 +336,20 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
     for model in ("mohge+hom208", "moe_equal+noaux"):
         if model in s1.index:
             expect.append(f"{s1.loc[model, 'unused_experts']:.1f}")
+
+    # Q3's control and dose (S9): easy - hard at every alpha_G, and each new arm against the alpha_G = 0 control
+    def signed(v: float) -> str:
+        return f"{v:+.1f}".replace("-", "−")
+
+    def interval(lo: float, hi: float) -> str:
+        return f"[{lo:.1f}, {hi:.1f}]".replace("-", "−")
+
+    s9 = pd.read_csv(tables / "S9_q3_dose.csv").set_index("model")
+    for model, r in s9[s9["status"] == "run"].iterrows():
+        expect.append(f"{signed(r['easy_minus_hard'])} {interval(r['emh_low'], r['emh_high'])}".lstrip("+"))
+        if model in ("mohge+ag1e2", "mohge+ag1e1"):
+            vs = f"{signed(r['emh_vs_control'])} {interval(r['evc_low'], r['evc_high'])}"
+            expect.append(f"{vs} (p = {r['evc_p']:.3f})")
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 
