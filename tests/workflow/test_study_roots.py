@@ -97,7 +97,11 @@ def test_paper_resources_fit_the_job(tmp_path):
         assert int(res["mem_mb"]) == 480 * 1024 and int(res["runtime"]) == 10080, res
     mib = {}
     for rule in ("evaluate", "trace"):
-        blocks = re.findall(rf"^rule {rule}:\n(?:    .*\n)*?    wildcards: run=(\S+)\n    resources: (.*)$", text, re.M)
+        blocks = re.findall(
+            rf"^rule {rule}:\n(?:    .*\n)*?    wildcards: run=(\S+)\n(?:    priority: \d+\n)?    resources: (.*)$",
+            text,
+            re.M,
+        )
         traced = {r for r, c in runs.items() if c.family != "dense"}  # the dense model has no routing to trace
         assert {run for run, _ in blocks} == (set(runs) if rule == "evaluate" else traced), (rule, blocks)
         for run, line in blocks:
