@@ -120,7 +120,6 @@ rule fig_study_controls:
         "../envs/plot.yaml"
     params:
         metric=lambda wc: study_param(wc.study, "metric"),
-        margin=lambda wc: study_param(wc.study, "margin"),
     script:
         "../scripts/study_tests.py"
 

@@ -20,7 +20,6 @@ sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolv
 import plotstyle as ps  # noqa: E402
 
 SWEEP = re.compile(r"moe(_equal|\+w\d+)?")  # the homogeneous MoE at each width (mohge.analysis.study.sweep_widths)
-CONTROL = re.compile(r".*\+(lr\w+|hom\d+|renorm|probsgate|noaux)")  # issue 21's control arms (F12, S8)
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -30,7 +29,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     if s1.empty or metric not in s1 or s1[metric].isna().all():
         ps.placeholder_figure(outputs, "F7: quality against total parameters", f"no {metric} in S1 yet")
         return
-    s1 = s1[~s1["model"].astype(str).str.fullmatch(CONTROL.pattern)]
+    s1 = s1[~s1["model"].map(ps.control_arm)]
     s1 = s1.dropna(subset=[metric]).sort_values(["total_params", "model"])
     div, unit = ps.param_scale(s1["total_params"])
     # models of equal size (MoHGE, its variants, the iso-parameter MoE) side by side, not on top of each other

@@ -73,12 +73,13 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     ax.set_xlim(lo - pad, hi + pad)
     for yi, r in zip(y, s2.itertuples(index=False), strict=True):
         reads = "90% CI" if r.test in READS_90 else "95% CI"
+        not_run = controls and r.status == "declared, not run"
         right = f"{TESTS.get(r.test, r.test)} ({reads}), n={int(r.n)}, {p_text(r.p)}:\n{r.decision}"
-        if controls and r.status == "declared, not run":
+        if not_run:
             right = f"{TESTS.get(r.test, r.test)}: declared, not run"
         tx.annotate(right, (0.0, yi), xycoords=("axes fraction", "data"), va="center", fontsize=7)
         if r.ratio != r.ratio:
-            gap = "not run" if controls and r.status == "declared, not run" else "no interval (n < 2)"
+            gap = "not run" if not_run else "no interval (n < 2)"
             ax.annotate(gap, (1, yi), va="center", ha="center", fontsize=7, color="#777777")
     tx.set_axis_off()
     tx.set_title("test (interval it reads), n pairs, p: decision", fontsize=7.5, loc="left")
