@@ -14,9 +14,6 @@ from mohge.config import provenance as prov
 # Committed studies that were not rerun since results began to record their code, with what they lack. A study
 # leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
 NOT_RERUN = {
-    "default": "made before results recorded their code, graded-hmoe-s0's cloze acc by the adapter before it "
-    "adopted lm-eval's pair tokenization (0.6517, 0.6629 when rerun); its regeneration (21 min on an idle 2-core "
-    "machine) did not finish on the loaded machine of the session that added the record",
     "ablations": "made before results recorded their code; not rerun since (22.6 min on 2 cores)",
     "claims": "made before results recorded their code, S5's task scores by the adapter before it adopted "
     "lm-eval's pair tokenization (README); not rerun since (about 2 h 40 min on 2 cores)",
