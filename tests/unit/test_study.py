@@ -350,6 +350,11 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
         if model in ("mohge+ag1e2", "mohge+ag1e1"):
             vs = f"{signed(r['emh_vs_control'])} {interval(r['evc_low'], r['evc_high'])}"
             expect.append(f"{vs} (p = {r['evc_p']:.3f})")
+        if r["alpha_G"] >= 1:  # the raised dose: activated parameters and perplexity against the control
+            pct = r["activated_vs_control_pct"]
+            expect.append(f"{signed(pct)} % {interval(r['avc_low'], r['avc_high'])}".replace("−0.0 %", "+0.0 %"))
+            expect.append(f"×{r['ppl_ratio_vs_control']:.3f} [{r['prc_low']:.3f}, {r['prc_high']:.3f}]")
+            expect.append(f"p = {r['prc_p']:.3f}")
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 

@@ -160,8 +160,10 @@ def test_q3_dose_tests_each_alpha_against_the_control(config, planned):
     }
     per, runs = _graded(emh, planned, {"mohge+ag1e1": 1.6e6})
     t = controls.q3_dose(per, runs, config, planned).set_index("model")
-    assert list(t.index) == [f"mohge+ag{v}" for v in ("0", "1e5", "1e4", "1e3", "1e2", "1e1")]
-    assert t["alpha_G"].tolist() == [0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1]
+    assert list(t.index) == [f"mohge+ag{v}" for v in ("0", "1e5", "1e4", "1e3", "1e2", "1e1", "1", "1rel", "10")]
+    assert t["alpha_G"].tolist() == [0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0, 1.0, 10.0]
+    # the release's cost weights at widths 96..320 (interval 1024) against the ones spanning the widths (96)
+    assert t.loc["mohge+ag1", "omega_max"] == 1.2188 and t.loc["mohge+ag1rel", "omega_max"] == 3.3333
     strong, weak = t.loc["mohge+ag1e1"], t.loc["mohge+ag1e5"]
     assert strong["q3_decision"] == "easy tokens go to small groups" and weak["q3_decision"] == "not shown"
     assert strong["steers"].startswith("steers") and weak["steers"] == "no difference shown"

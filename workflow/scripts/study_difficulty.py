@@ -5,10 +5,12 @@ width per level (means over seeds; their between-seed intervals are not the test
 perplexity with its 95% CI, the cost side of the dose-response.
 
 Inputs: s4 (S4_difficulty.csv of mohge.analysis.study). Outputs: png, pdf.
-Params: alpha_g (model -> alpha_G; default: read from the variant tag, mohge+ag1e5 = 1e-5, mohge+ag0 = 0),
+Params: alpha_g (model -> alpha_G; default: read from the variant tag, mohge+ag1e5 = 1e-5, mohge+ag0 = 0,
+mohge+ag1rel = 1 with cost weights spanning the widths, ticked "ω∝width"),
 dataset (default "graded", else the first in S4). Without any alpha_G variant in S4, every model of S4 is shown.
 """
 
+import math
 import re
 import sys
 from pathlib import Path
@@ -19,7 +21,8 @@ _smk = globals().get("snakemake")  # set by Snakemake's script: directive
 sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
 import plotstyle as ps  # noqa: E402
 
-TAG = re.compile(r".*\+ag(\d+)(?:e(\d+))?")  # mohge+ag1e5 -> 1e-5; mohge+ag0 -> 0
+# mohge+ag1e5 -> 1e-5; mohge+ag0 -> 0; mohge+ag10 -> 10; mohge+ag1rel -> 1 with the cost weights spanning the widths
+TAG = re.compile(r".*\+ag(\d+)(?:e(\d+))?(rel)?")
 
 
 def alpha_of(model: str) -> float:
@@ -27,6 +30,21 @@ def alpha_of(model: str) -> float:
     if not m:
         return float("nan")
     return int(m.group(1)) * 10.0 ** -int(m.group(2) or 0)
+
+
+def is_rel(model: str) -> bool:
+    """An arm whose cost weights span the widths (omega proportional to width), not a step of the release's dose."""
+    m = TAG.fullmatch(str(model))
+    return bool(m and m.group(3))
+
+
+def tick_name(model: str, alpha: float) -> str:
+    """The alpha_G value alone, short (1e-5, 0.1, 10: the axis names it); a `rel` arm says its cost weights."""
+    if alpha != alpha:
+        return ps.study_label(model)
+    exp = round(math.log10(alpha)) if alpha > 0 else 0
+    short = f"1e{exp}" if 0 < alpha < 0.1 and math.isclose(alpha, 10.0**exp) else f"{alpha:g}"
+    return short + ("\nω∝h" if is_rel(model) else "")
 
 
 def point(ax, x, y, lo, hi, color, label=None, fmt="o") -> None:
@@ -42,25 +60,31 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         return
     given = params.get("alpha_g") or {}
     s4 = s4.assign(alpha=[given.get(m, alpha_of(m)) for m in s4["model"]])
-    sweep = s4.dropna(subset=["alpha"]).sort_values("alpha")
+    sweep = s4.dropna(subset=["alpha"]).sort_values(["alpha", "model"])
     d = sweep if len(sweep) else s4.sort_values("model")
     # the value alone under each point (the axis names α_G): six "α_G = ..." labels overprint at this width
-    names = [f"{a:g}" if a == a else ps.study_label(m) for m, a in zip(d["model"], d["alpha"], strict=True)]
-    ticks = [f"{nm}\n(n={int(n)})" for nm, n in zip(names, d["n"], strict=True)]
+    names = [tick_name(m, a) for m, a in zip(d["model"], d["alpha"], strict=True)]
+    same_n = d["n"].nunique() == 1
+    ticks = names if same_n else [f"{nm}\n(n={int(n)})" for nm, n in zip(names, d["n"], strict=True)]
     x = list(range(len(d)))
+    rel = [is_rel(m) for m in d["model"]]
     fig, (left, mid, right) = ps.panels(3, ncols=3, height=2.9, width=ps.WIDTH_2COL * 1.15)
     color = ps.FAMILY_COLORS["mohge"]
-    for xi, (_, r) in zip(x, d.iterrows(), strict=True):
+    for xi, (_, r), other in zip(x, d.iterrows(), rel, strict=True):
         if "easy_minus_hard" in r and r["easy_minus_hard"] == r["easy_minus_hard"]:
-            point(left, xi, r["easy_minus_hard"], r["emh_low"], r["emh_high"], color)
-        point(right, xi, r["test_ppl"], r["test_ppl_low"], r["test_ppl_high"], ps.OTHER_COLOR, fmt="s")
+            point(left, xi, r["easy_minus_hard"], r["emh_low"], r["emh_high"], color, fmt="D" if other else "o")
+        point(right, xi, r["test_ppl"], r["test_ppl_low"], r["test_ppl_high"], ps.OTHER_COLOR, fmt="D" if other else "s")
     left.axhline(0, color="#444444", lw=0.8, ls=":")
     left.set_ylabel("easy − hard mean routed width\n(hidden units; paired by seed)")
     left.set_title("the test: paired easy − hard, 95% CI\n(claim needs the interval below 0)", fontsize=8)
+    dose = [xi for xi, other in zip(x, rel, strict=True) if not other]  # the release's cost weights, joined
+    apart = [xi for xi, other in zip(x, rel, strict=True) if other]  # other cost weights: points, not a dose step
     for lv in ps.LEVELS:
         if lv in d:
-            mid.plot(x, d[lv], "o-", color=ps.LEVEL_COLORS[lv], ms=4, lw=1, label=lv)
-    mid.legend(title="level", fontsize=6.5, title_fontsize=6.5, loc="best")
+            values = d[lv].to_numpy()
+            mid.plot(dose, values[dose], "o-", color=ps.LEVEL_COLORS[lv], ms=4, lw=1, label=lv)
+            mid.plot(apart, values[apart], "D", color=ps.LEVEL_COLORS[lv], ms=4)
+    mid.legend(title="level", fontsize=6.5, title_fontsize=6.5, loc="lower left")
     mid.set_ylabel("mean routed expert width\n(hidden units per routed slot)")
     mid.set_title("width per level: means over seeds\n(between-seed CIs in S4, not the test)", fontsize=8)
     right.set_ylabel("test perplexity (full split)")
@@ -71,7 +95,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         if len(sweep):
             ax.set_xlabel("α_G (Group-Wise loss coefficient)", fontsize=7.5)
         ax.grid(False, axis="x")
-    fig.suptitle(f"{ds}: Group-Wise loss and difficulty, one point per α_G (n seeds under each)", fontsize=8.5)
+    seeds = f"n = {int(d['n'].iloc[0])} seeds each" if same_n else "n seeds under each"
+    note = "\n◆ ω∝h: the Group-Wise cost weights span the widths, not a step of the dose" if any(rel) else ""
+    fig.suptitle(f"{ds}: Group-Wise loss and difficulty, one point per α_G ({seeds}){note}", fontsize=8.5)
     ps.save(fig, outputs.get("png"), outputs.get("pdf"))
 
 
