@@ -123,6 +123,9 @@ VARIANT_NAMES = {
     "probsgate": "code_exact-form gate",
     "noaux": "no balance loss",
     "ag0": "α_G = 0",
+    "ag1": "α_G = 1",
+    "ag10": "α_G = 10",
+    "ag1rel": "α_G = 1, ω∝h",  # cost weights spanning the widths (group_cost_interval 96)
     "ae0": "α_E = 0",
 }
 VARIANT_LINESTYLES = ("--", "-.", ":", (0, (5, 1, 1, 1)), (0, (1, 1)))
