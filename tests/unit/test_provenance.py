@@ -14,7 +14,6 @@ from mohge.config import provenance as prov
 # Committed studies that were not rerun since results began to record their code, with what they lack. A study
 # leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
 NOT_RERUN = {
-    "ablations": "made before results recorded their code; not rerun since (22.6 min on 2 cores)",
     "claims": "made before results recorded their code, S5's task scores by the adapter before it adopted "
     "lm-eval's pair tokenization (README); not rerun since (about 2 h 40 min on 2 cores)",
 }
