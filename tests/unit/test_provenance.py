@@ -41,6 +41,22 @@ def test_the_default_study_is_committed_and_checked():
     assert "default" in STUDIES
 
 
+@pytest.mark.parametrize("staged", sorted(p.parent for p in (ROOT / "results").glob("*/regen/runs")))
+def test_a_regeneration_in_progress_holds_todays_runs_of_its_study(staged):
+    """results/<study>/regen/ stages a study's runs remade by today's code (a regeneration longer than a session,
+    committed run by run) until all are made and replace the committed ones: each is today's code, with the config
+    of the committed run it replaces, and every traced run brings its trace and utilization tables."""
+    study = staged.parent
+    runs = sorted(p.name for p in (staged / "runs").iterdir())
+    assert runs and all((study / "runs" / r).is_dir() for r in runs), runs
+    found = prov.stale([staged])
+    assert not found, "\n".join(f"{p}: {why}" for p, why in found.items())
+    for r in runs:
+        assert (staged / "runs" / r / "config.json").read_bytes() == (study / "runs" / r / "config.json").read_bytes(), r
+        if (study / "runs" / r / "trace.json").is_file():
+            assert (staged / "runs" / r / "trace.json").is_file() and (staged / "utilization" / r / "summary.csv").is_file()
+
+
 def _digest(source: str) -> str:
     return prov.digest_units(prov.python_units(source))
 
