@@ -583,7 +583,8 @@ def test_study_figures_show_what_they_claim(study, monkeypatch):
     assert not any("_within_" in t for t in f9)  # no raw identifier as a panel title
     assert "Q2 bar 1.1 (read at EP 4)" in f9  # the declared bar is drawn
     f11 = " ".join(figure_texts("study_difficulty", {"s4": study["s4"]}, monkeypatch))
-    assert "0.001\n(n=3)" in f11 and "α_G (Group-Wise loss coefficient)" in f11
+    # short alpha_G ticks, and n once in the title when every point has the same n
+    assert "1e-3" in f11 and "(n = 3 seeds each)" in f11 and "α_G (Group-Wise loss coefficient)" in f11
     assert "paired easy − hard" in f11 and "saving" not in f11
 
 
