@@ -15,7 +15,8 @@ from mohge.config import provenance as prov
 # leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
 NOT_RERUN = {
     "claims": "made before results recorded their code, S5's task scores by the adapter before it adopted "
-    "lm-eval's pair tokenization (README); not rerun since (about 2 h 40 min on 2 cores)",
+    "lm-eval's pair tokenization (README); its first 48 runs are being remade by today's code, staged in "
+    "results/claims/regen/ until all replace them (about 2 h 40 min on 2 cores, begun 2026-12-02)",
 }
 STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
 
