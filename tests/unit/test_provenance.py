@@ -53,9 +53,10 @@ def test_a_regeneration_in_progress_holds_todays_runs_of_its_study(staged):
     found = prov.stale([staged])
     assert not found, "\n".join(f"{p}: {why}" for p, why in found.items())
     for r in runs:
-        assert (staged / "runs" / r / "config.json").read_bytes() == (study / "runs" / r / "config.json").read_bytes(), r
-        if (study / "runs" / r / "trace.json").is_file():
-            assert (staged / "runs" / r / "trace.json").is_file() and (staged / "utilization" / r / "summary.csv").is_file()
+        new, old = staged / "runs" / r, study / "runs" / r
+        assert (new / "config.json").read_bytes() == (old / "config.json").read_bytes(), r
+        if (old / "trace.json").is_file():
+            assert (new / "trace.json").is_file() and (staged / "utilization" / r / "summary.csv").is_file(), r
 
 
 def _digest(source: str) -> str:

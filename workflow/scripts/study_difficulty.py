@@ -6,7 +6,7 @@ perplexity with its 95% CI, the cost side of the dose-response.
 
 Inputs: s4 (S4_difficulty.csv of mohge.analysis.study). Outputs: png, pdf.
 Params: alpha_g (model -> alpha_G; default: read from the variant tag, mohge+ag1e5 = 1e-5, mohge+ag0 = 0,
-mohge+ag1rel = 1 with cost weights spanning the widths, ticked "ω∝width"),
+mohge+ag1rel = 1 with cost weights spanning the widths, ticked "ω∝h" and drawn apart),
 dataset (default "graded", else the first in S4). Without any alpha_G variant in S4, every model of S4 is shown.
 """
 
@@ -73,7 +73,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     for xi, (_, r), other in zip(x, d.iterrows(), rel, strict=True):
         if "easy_minus_hard" in r and r["easy_minus_hard"] == r["easy_minus_hard"]:
             point(left, xi, r["easy_minus_hard"], r["emh_low"], r["emh_high"], color, fmt="D" if other else "o")
-        point(right, xi, r["test_ppl"], r["test_ppl_low"], r["test_ppl_high"], ps.OTHER_COLOR, fmt="D" if other else "s")
+        ppl_fmt = "D" if other else "s"
+        point(right, xi, r["test_ppl"], r["test_ppl_low"], r["test_ppl_high"], ps.OTHER_COLOR, fmt=ppl_fmt)
     left.axhline(0, color="#444444", lw=0.8, ls=":")
     left.set_ylabel("easy − hard mean routed width\n(hidden units; paired by seed)")
     left.set_title("the test: paired easy − hard, 95% CI\n(claim needs the interval below 0)", fontsize=8)

@@ -16,9 +16,9 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than renorm, i.e. the code_exact
   gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux ((d)); otherwise "the package".
 * S9_q3_dose, Q3's control and dose-response over alpha_G (every MoHGE model of the graded dataset, by its
-  loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated parameters and test perplexity (mean, CI over seeds), the paired easy - hard
-  routed width and the Q3 test at each alpha_G ("easy tokens go to small groups" if its CI lies below 0); against the
-  alpha_G = 0 control, per seed, the difference of easy - hard (two-sided paired t: "steers" needs a difference, in
+  loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated
+  parameters and test perplexity (mean, CI over seeds), the paired easy - hard routed width and the Q3 test at each
+  alpha_G ("easy tokens go to small groups" if its CI lies below 0); against the alpha_G = 0 control, per seed, the difference of easy - hard (two-sided paired t: "steers" needs a difference, in
   the direction of the claim), the perplexity ratio (paired, two-sided, as S8) and the activated parameters (%).
 * S10_token_q3, the token-level record of each run's trace (:mod:`mohge.evaluate.token_width`), over seeds: Spearman's
   rho of routed width with loss over answer tokens and all tokens, its excess over the within-level shuffled null,
@@ -50,8 +50,8 @@ COMPARE_COLUMNS = [
 CONTROL_COLUMNS = ["arm", "question", "metric", "A", "B", "test", "status", *COMPARE_COLUMNS, "note"]
 DOSE_COLUMNS = [
     "dataset", "model", "alpha_G", "omega_max", "status", "n", "activated_params", "activated_low",
-    "activated_high", "test_ppl", "test_ppl_low", "test_ppl_high", "easy_minus_hard", "emh_low", "emh_high", "q3_decision",
-    "control", "n_pairs", "emh_vs_control", "evc_low", "evc_high", "evc_p", "evc_mde80", "steers",
+    "activated_high", "test_ppl", "test_ppl_low", "test_ppl_high", "easy_minus_hard", "emh_low", "emh_high",
+    "q3_decision", "control", "n_pairs", "emh_vs_control", "evc_low", "evc_high", "evc_p", "evc_mde80", "steers",
     "ppl_ratio_vs_control", "prc_low", "prc_high", "prc_p", "prc_mde80_pct", "activated_vs_control_pct",
     "avc_low", "avc_high",
 ]  # fmt: skip
@@ -240,9 +240,10 @@ def q3_dose(per: pd.DataFrame, runs: pd.DataFrame, config: dict, planned: dict |
         r = runs[(runs["dataset"] == ds) & (runs["family"] == model)]
         row = dict.fromkeys(DOSE_COLUMNS, math.nan)
         row.update(dataset=ds, model=model, alpha_G=ag, n=len(r), control=control or "", n_pairs=0)
-        cfg = next(iter(planned[(ds, model)].values()))
+        seeds = planned[(ds, model)]
+        cfg = next(iter(seeds.values()))
         row["omega_max"] = round(max(group_cost_weights(cfg.model.ffn, cfg.loss)), 4)  # the widest group's cost
-        declared = len(planned[(ds, model)])
+        declared = len(seeds)
         row["status"] = "run" if len(r) >= declared else (f"partly run ({len(r)} of {declared})" if len(r) else NOT_RUN)
         if len(r):
             act = t_interval(r["activated_params"], alpha)
