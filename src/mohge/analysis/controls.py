@@ -16,10 +16,11 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than renorm, i.e. the code_exact
   gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux ((d)); otherwise "the package".
 * S9_q3_dose, Q3's control and dose-response over alpha_G (every MoHGE model of the graded dataset, by its
-  loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated
-  parameters and test perplexity (mean, CI over seeds), the paired easy - hard routed width and the Q3 test at each
-  alpha_G ("easy tokens go to small groups" if its CI lies below 0); against the alpha_G = 0 control, per seed, the
-  difference of easy - hard (two-sided paired t: "steers" needs a difference, in the direction of the claim), the perplexity ratio (paired, two-sided, as S8) and the activated parameters (%).
+  loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated parameters
+  and test perplexity (mean, CI over seeds), the paired easy - hard routed width and the Q3 test at each alpha_G
+  ("easy tokens go to small groups" if its CI lies below 0); against the alpha_G = 0 control, per seed, the difference
+  of easy - hard (two-sided paired t: "steers" needs a difference, in the direction of the claim), the perplexity
+  ratio (paired, two-sided, as S8) and the activated parameters (%).
 * S10_token_q3, the token-level record of each run's trace (:mod:`mohge.evaluate.token_width`), over seeds: Spearman's
   rho of routed width with loss over answer tokens and all tokens, its excess over the within-level shuffled null,
   the permutation p-values (Fisher's combination over seeds), and the within-token easy - hard contrast. A run traced
