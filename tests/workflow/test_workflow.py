@@ -1,15 +1,13 @@
-"""The Snakemake workflow: lint, format, dry runs of every config, refusal of bad configs, and the smoke config
-end to end with an interruption (slow)."""
+"""The Snakemake workflow: lint, format, dry runs of every config, refusal of bad configs (the smoke config end to
+end with an interruption runs in test_study_roots.test_readme_commands_in_a_fresh_clone)."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -112,7 +110,8 @@ def test_bad_config_refused_before_any_job(change, needle, tmp_path):
     assert not (work / "work").exists() and not (work / "results" / "smoke").exists()
 
 
-# F6 only where results/bench/kernels.csv holds a GPU measurement (none is committed): never a placeholder
+# What the smoke run makes (checked by test_study_roots.test_readme_commands_in_a_fresh_clone, which runs it once,
+# interrupted and resumed). F6 only where results/bench/kernels.csv holds a GPU measurement (none is committed).
 SMOKE_OUTPUTS = [
     *(
         f"results/smoke/tables/{t}.{e}"
@@ -125,51 +124,6 @@ SMOKE_OUTPUTS = [
         for e in ("png", "pdf")
     ),
 ]
-
-
-@pytest.mark.slow
-def test_smoke_end_to_end_with_interruption(tmp_path):
-    """Stop snakemake once the first model is trained, rerun: it finishes without retraining that model."""
-    work = copy_workflow(tmp_path)
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
-    cmd = [*SNAKEMAKE, "--cores", "2", "--configfile", "configs/smoke.yaml"]
-    log = work / "first_attempt.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=work, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    # the first train job Snakemake reports finished (its outputs are complete and recorded)
-    job_run = r"rule train:\n(?:    .*\n)*?    jobid: (\d+)\n(?:    .*\n)*?    wildcards: run=([\w-]+)"
-    first = None
-    deadline = time.time() + 240
-    while time.time() < deadline and first is None:
-        text = log.read_text()
-        runs_of = dict(re.findall(job_run, text))
-        finished = [runs_of[j] for j in re.findall(r"Finished jobid: (\d+) \(Rule: train\)", text) if j in runs_of]
-        first = work / "work" / "smoke" / "runs" / finished[0] / "model.safetensors" if finished else None
-        time.sleep(0.5)
-    assert first is not None, "no model trained within 4 minutes"
-    stamp = first.stat().st_mtime_ns
-    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
-    # the running jobs finish their step and checkpoint before Snakemake exits: seconds on an idle machine, over a
-    # minute when two background trainings share its 2 cores (seen once at the 60 s this waited before)
-    proc.wait(timeout=180)
-    assert proc.returncode != 0
-    # a job caught mid-flight by the interrupt leaves its output marked incomplete; the README's rerun command says
-    # --rerun-incomplete (Snakemake otherwise refuses and names the file)
-    out = subprocess.run([*cmd, "--rerun-incomplete"], cwd=work, env=env, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    assert first.stat().st_mtime_ns == stamp, "a finished model was retrained"
-    for rel in SMOKE_OUTPUTS:
-        assert (work / rel).stat().st_size > 0, rel
-    again = subprocess.run([*cmd, "-n"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
-    assert "Nothing to be done" in again.stdout + again.stderr, again.stdout[-2000:]
-    runs = (work / "results" / "smoke" / "runs.csv").read_text().splitlines()
-    assert len(runs) == 1 + 8  # header + 2 mohge + 2 moe + hmoe + modse + dense + the mohge variant
-    assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
-    report = subprocess.run(
-        [*cmd, "--report", "report.html"], cwd=work, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert report.returncode == 0, report.stderr[-2000:]
-    assert b"F4_gpu_load.png" in (work / "report.html").read_bytes()
 
 
 def test_each_config_writes_under_its_own_study(tmp_path):
