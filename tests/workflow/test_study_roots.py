@@ -275,7 +275,17 @@ def smoke_run_interrupted_then_finished(clone: Path, env: dict) -> None:
     cmd = [*SNAKEMAKE, "--cores", "2", "--configfile", "configs/smoke.yaml"]
     log = clone.parent / "first_attempt.log"
     with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, cwd=clone, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=clone,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # as from a terminal: a suite started in the background (`cmd &` in a script) inherits SIGINT ignored,
+            # and Snakemake would run on through the Ctrl-C
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
     job_run = r"rule train:\n(?:    .*\n)*?    jobid: (\d+)\n(?:    .*\n)*?    wildcards: run=([\w-]+)"
     first = None
     deadline = time.time() + 240
@@ -287,7 +297,7 @@ def smoke_run_interrupted_then_finished(clone: Path, env: dict) -> None:
         time.sleep(0.5)
     assert first is not None, "no model trained within 4 minutes\n" + log.read_text()[-3000:]
     stamp = first.stat().st_mtime_ns
-    os.killpg(proc.pid, signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C does
     # the running jobs finish their step and checkpoint before Snakemake exits: seconds on an idle machine, over a
     # minute when two background trainings share its 2 cores
     proc.wait(timeout=180)
