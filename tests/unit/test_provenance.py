@@ -13,11 +13,7 @@ from mohge.config import provenance as prov
 
 # Committed studies that were not rerun since results began to record their code, with what they lack. A study
 # leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
-NOT_RERUN = {
-    "claims": "made before results recorded their code, S5's task scores by the adapter before it adopted "
-    "lm-eval's pair tokenization (README); its first 48 runs are being remade by today's code, staged in "
-    "results/claims/regen/ until all replace them (about 2 h 40 min on 2 cores, begun 2026-12-02)",
-}
+NOT_RERUN: dict[str, str] = {}  # none: default, ablations and claims were regenerated on 2026-12-02 (README)
 STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
 
 
