@@ -52,7 +52,33 @@ def restore(repo: Path) -> int:
             continue
         os.utime(target, (stamp, stamp))
         n += 1
+    _date_derived_after_runs(repo, changed)
     return n
+
+
+# the per-run results of a committed study (results/<study>/<one of these>/...); everything else under
+# results/<study>/ and figures/<study>/ is derived from them by collect, the analysis, tables and figures
+PER_RUN = ("runs", "utilization", "benchmarks", "params")
+
+
+def _date_derived_after_runs(repo: Path, changed: set[str]) -> None:
+    """A derived file that a rerun left byte-identical (results/<study>/params.csv when no parameter count moved)
+    keeps the time of an older commit than the per-run files it is made from, and Snakemake would remake it and
+    everything after it: date each derived file of a study no older than one second after its newest per-run file."""
+    results = repo / "results"
+    for study in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
+        stamps = [
+            f.stat().st_mtime for d in PER_RUN if (study / d).is_dir() for f in (study / d).rglob("*") if f.is_file()
+        ]
+        if not stamps:
+            continue
+        floor = max(stamps) + 1
+        derived = [f for f in study.rglob("*") if f.is_file() and f.relative_to(study).parts[0] not in PER_RUN]
+        figures = repo / "figures" / study.name
+        derived += [f for f in figures.rglob("*") if f.is_file()] if figures.is_dir() else []
+        for f in derived:
+            if f.relative_to(repo).as_posix() not in changed and f.stat().st_mtime < floor:
+                os.utime(f, (floor, floor))
 
 
 @user_errors
