@@ -120,23 +120,31 @@ def test_cpu_bf16_support_is_detected_and_measured():
     assert info["bf16_units"] == bool((info["avx512_bf16"] or info["amx_bf16"]) and info["mkldnn_bf16"])
 
 
-def test_auto_precision_chooses_bf16_only_where_it_pays_and_never_by_a_timing():
-    """``precision: auto``: bf16 on CUDA; on a CPU bf16 only with bf16 units and d_model >= 256 (README: 1.33x at
-    256, at most ~1.15x at 128, 0.4x at 32); fp32 on a CPU without them (AVX2 only: ~20x slower in bf16) whatever
-    the width. Every committed CPU config (d_model 32-128) resolves to fp32, so no committed result moves."""
+def test_auto_precision_chooses_bf16_only_where_it_is_measured_to_pay():
+    """``precision: auto``: bf16 on CUDA; on a CPU bf16 only with bf16 units, d_model >= 256 and a measured bf16 GEMM
+    at least 1.25x the fp32 speed (an Intel Xeon listing avx512_bf16 runs it at 0.5x: fp32 there); fp32 on a CPU
+    without bf16 units whatever the width or timing. The reason names the measurement. Every committed CPU config
+    (d_model 32-128) resolves to fp32 whatever the timing, so no committed result moves."""
     from mohge.config import load_run_config
-    from mohge.train.runtime import CPU_BF16_MIN_D_MODEL, auto_precision
+    from mohge.train.runtime import CPU_BF16_MIN_D_MODEL, CPU_BF16_MIN_GEMM_SPEEDUP, auto_precision
 
-    units = {"bf16_units": True, "gemm_fp32_over_bf16_time": 0.5}  # a slow timing does not flip the choice
+    fast = {"bf16_units": True, "gemm_fp32_over_bf16_time": 1.94, "gemm_shape": [256, 256, 256]}  # AMD EPYC
+    slow = {"bf16_units": True, "gemm_fp32_over_bf16_time": 0.51, "gemm_shape": [256, 256, 256]}  # Intel Xeon
     none = {"bf16_units": False, "gemm_fp32_over_bf16_time": 2.0}
     assert auto_precision("cuda", 32, None)[0] == "bf16"
-    assert auto_precision("cpu", CPU_BF16_MIN_D_MODEL, units)[0] == "bf16"
-    assert auto_precision("cpu", CPU_BF16_MIN_D_MODEL - 1, units) == (
+    precision, reason = auto_precision("cpu", CPU_BF16_MIN_D_MODEL, fast)
+    assert precision == "bf16" and "256x256x256 bf16 GEMM runs at 1.94x" in reason
+    precision, reason = auto_precision("cpu", 4096, slow)
+    assert precision == "fp32" and "0.51x the fp32 speed" in reason and f"{CPU_BF16_MIN_GEMM_SPEEDUP}x" in reason
+    edge = {**fast, "gemm_fp32_over_bf16_time": CPU_BF16_MIN_GEMM_SPEEDUP}
+    assert auto_precision("cpu", 256, edge)[0] == "bf16"
+    assert auto_precision("cpu", CPU_BF16_MIN_D_MODEL - 1, fast) == (
         "fp32",
         "auto: d_model 255 < 256, where bf16 does not pay on a CPU",
     )
     assert auto_precision("cpu", 4096, none)[0] == "fp32" and "no bf16 units" in auto_precision("cpu", 4096, none)[1]
-    assert auto_precision("cpu", None, units)[0] == "fp32"
+    assert auto_precision("cpu", None, fast)[0] == "fp32"
+    units = fast
     root = Path(__file__).resolve().parents[2]
     configs = sorted(root.glob("results/*/runs/*/config.json"))
     assert len(configs) > 50

@@ -266,9 +266,9 @@ class TrainConfig(_Section):
     """Optimisation: AdamW, linear warmup then cosine decay to ``min_lr``, clipping, accumulation.
 
     ``batch_size`` is sequences per optimizer step *per process*; ``grad_accum`` splits it into micro-batches.
-    ``precision: auto`` trains bf16 autocast on CUDA, and on a CPU bf16 only where it has bf16 units and
-    ``model.d_model`` >= 256, else fp32 (mohge.train.runtime.auto_precision); ``bf16`` on a CPU is fast only where
-    it has bf16 units (detected and measured at start, recorded in the run's summary: mohge.kernels.cpu_gemm).
+    ``precision: auto`` trains bf16 autocast on CUDA, and on a CPU bf16 only where it has bf16 units,
+    ``model.d_model`` >= 256 and a bf16 GEMM measured at start runs clearly faster than fp32, else fp32
+    (mohge.train.runtime.auto_precision; the measurement is recorded in the run's summary: mohge.kernels.cpu_gemm).
     """
 
     steps: int = knob(200, "optimizer steps", gt=0)

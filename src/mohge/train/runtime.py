@@ -101,24 +101,33 @@ def set_deterministic(mode: bool) -> None:
         setter(mode)
 
 
-# bf16 on a CPU pays only from this model width on (README "CPU training speed", measured with one thread on AMD
-# EPYC with avx512_bf16: a whole training step 1.33x faster in bf16 at d_model 256 (bench train), at most ~1.15x
-# at the claims study's 128, 0.4x at the smoke model's 32, where the casts outweigh the GEMMs).
+# bf16 on a CPU pays only from this model width on, and only where this CPU's bf16 GEMMs are measurably faster
+# (docs/benchmarks.md, one thread: on an AMD EPYC with avx512_bf16 a 256^3 bf16 GEMM runs 1.9x the fp32 speed and a
+# whole training step at d_model 256 1.33x; on an Intel Xeon that lists the same flags the GEMM runs 0.5x and the step
+# 0.65x; at the claims study's d_model 128 at most ~1.15x, at the smoke model's 32 0.4x, where casts outweigh GEMMs).
 CPU_BF16_MIN_D_MODEL = 256
+CPU_BF16_MIN_GEMM_SPEEDUP = 1.25  # fp32 / bf16 GEMM time: a step gains about two thirds of the GEMM's speed-up
 
 
 def auto_precision(kind: str, d_model: int | None, cpu_bf16: dict | None) -> tuple[str, str]:
     """What ``train.precision: auto`` trains in, and why: bf16 on CUDA; on a CPU bf16 when it has bf16 units
-    (``cpu_bf16["bf16_units"]``: avx512_bf16 or amx_bf16, and oneDNN's bf16) and ``d_model`` is at least
-    :data:`CPU_BF16_MIN_D_MODEL`, else fp32. A pure function of the CPU's kind and the config (never of a timing),
-    so the same config trains in the same precision on every machine of one kind."""
+    (``cpu_bf16["bf16_units"]``: avx512_bf16 or amx_bf16, and oneDNN's bf16), ``d_model`` is at least
+    :data:`CPU_BF16_MIN_D_MODEL` and the GEMM probe measured here (``cpu_bf16["gemm_fp32_over_bf16_time"]``,
+    :func:`mohge.kernels.cpu_gemm.cpu_bf16_support`) runs bf16 at least :data:`CPU_BF16_MIN_GEMM_SPEEDUP` times the
+    fp32 speed; else fp32. CPU flags do not predict bf16 speed, so the choice rests on the measurement, and the reason
+    (recorded in the run's summary beside the probe) names it."""
     if kind == "cuda":
         return "bf16", "auto: CUDA"
     if not (cpu_bf16 or {}).get("bf16_units"):
         return "fp32", "auto: this CPU has no bf16 units (avx512_bf16 / amx_bf16 with oneDNN bf16)"
     if d_model is None or d_model < CPU_BF16_MIN_D_MODEL:
         return "fp32", f"auto: d_model {d_model} < {CPU_BF16_MIN_D_MODEL}, where bf16 does not pay on a CPU"
-    return "bf16", f"auto: a CPU with bf16 units and d_model {d_model} >= {CPU_BF16_MIN_D_MODEL}"
+    ratio = float(cpu_bf16.get("gemm_fp32_over_bf16_time", 0.0))
+    shape = "x".join(str(v) for v in cpu_bf16.get("gemm_shape", ()))
+    measured = f"a {shape} bf16 GEMM runs at {ratio:.2f}x the fp32 speed on this CPU (measured, one thread)"
+    if ratio < CPU_BF16_MIN_GEMM_SPEEDUP:
+        return "fp32", f"auto: {measured}, below the {CPU_BF16_MIN_GEMM_SPEEDUP}x where bf16 training pays"
+    return "bf16", f"auto: bf16 units, d_model {d_model} >= {CPU_BF16_MIN_D_MODEL} and {measured}"
 
 
 def setup_runtime(tc: TrainConfig, gpus: int | None = None, d_model: int | None = None) -> Runtime:

@@ -16,9 +16,9 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   ``batch_size`` of them, each window once per epoch; the global window position is checkpointed.
   ``grad_accum`` splits a batch into equal micro-batches.
 * Precision (``train.precision``; ``auto``: bf16 autocast on CUDA, and on a CPU with bf16 units when
-  d_model >= 256, else fp32: :func:`mohge.train.runtime.auto_precision`): under bf16 autocast every matrix
-  product, the experts' included, runs in bf16 forward and backward; weights and optimizer state stay fp32, and
-  the loss, softmaxes and norms run in fp32. The CPU's bf16 support (detected, measured) is in the summary.
+  d_model >= 256 and a bf16 GEMM is measured faster there, else fp32: :func:`mohge.train.runtime.auto_precision`):
+  under bf16 autocast every matrix product, the experts' included, runs in bf16 forward and backward; weights and
+  optimizer state stay fp32, and the loss, softmaxes and norms run in fp32. The CPU's bf16 support (detected, measured) is in the summary.
 * Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.train.checkpoint`) is loaded; on a CPU the run
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
