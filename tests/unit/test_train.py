@@ -95,6 +95,9 @@ def test_outputs_log_and_summary(tmp_path, data_dir):
         assert len(usage) == 4 and sum(usage) == pytest.approx(1.0)
         assert 16 <= width <= 64
     assert row["activated_expert_width"][0] == pytest.approx(2 * row["mean_expert_width"][0])
+    # the load a user watches, per MoE layer: max/mean slots, unused experts, per-rank FLOP max/mean at EP rank_flops_ep
+    assert len(row["expert_load"]) == len(row["unused_experts"]) == len(row["rank_flops"]) == 2
+    assert all(x >= 1.0 for x in row["expert_load"] + row["rank_flops"]) and row["rank_flops_ep"] in (2, 4)
     assert summary["steps"] == 16 and math.isfinite(summary["val_loss"]) and summary["tokens_per_s"] > 0
     assert summary["params_total"] > summary["params_activated"] > 0
     assert summary["precision"] == "fp32" and isinstance(summary["cpu_bf16"]["bf16_units"], bool)  # detected, measured

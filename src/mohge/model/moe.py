@@ -87,20 +87,41 @@ class MoELayer(nn.Module):
         return y_TD.view(B, S, D), stats
 
 
-# Routed slots per width class, for the training log (mohge.train.step) and the traces
+# Routed slots per width class and expert, for the training log (mohge.train.step) and the traces
+
+UNUSED_SHARE = 0.01  # an expert is unused below 1 % of a uniform share of the routed slots (the studies' definition)
 
 
 def routing_summary(
-    counts_LE: torch.Tensor, widths_E: Sequence[int], num_groups: int, topk: int
+    counts_LE: torch.Tensor,
+    widths_E: Sequence[int],
+    num_groups: int,
+    topk: int,
+    rank_of_expert: Sequence[int] | None = None,
 ) -> dict[str, list[Any]]:
-    """From routed slots per expert [L, E] (router order): per layer ``group_usage`` [G] = slots of each width
-    class / all slots, ``mean_expert_width`` = sum_e share_e * width_e (the mean width of one routed slot) and
-    ``activated_expert_width`` = topk * that (the routed FFN width a token activates)."""
+    """From routed slots per expert [L, E] (router order), per layer:
+
+    * ``group_usage`` [G] = slots of each width class / all slots; ``mean_expert_width`` = sum_e share_e * width_e
+      (the mean width of one routed slot); ``activated_expert_width`` = topk * that (the routed FFN width a token
+      activates);
+    * ``expert_load`` = max_e slots_e / mean_e slots_e (1 is a perfectly even load); ``unused_experts`` = experts
+      with under :data:`UNUSED_SHARE` of a uniform share of the slots;
+    * with ``rank_of_expert`` (the placement's rank of each expert), ``rank_flops`` = max / mean over ranks of the
+      routed FLOPs each rank holds (slots x width: an expert's FLOPs per slot are proportional to its width)."""
     counts_LE = counts_LE.double().cpu()
+    L, E = counts_LE.shape
     share_LE = counts_LE / counts_LE.sum(1, keepdim=True).clamp_min(1)
-    mean_L = (share_LE * torch.tensor(widths_E, dtype=torch.float64)).sum(1)
-    return {
-        "group_usage": share_LE.view(len(counts_LE), num_groups, -1).sum(2).tolist(),
+    width_E = torch.tensor(widths_E, dtype=torch.float64)
+    mean_L = (share_LE * width_E).sum(1)
+    out = {
+        "group_usage": share_LE.view(L, num_groups, -1).sum(2).tolist(),
         "mean_expert_width": mean_L.tolist(),
         "activated_expert_width": (mean_L * topk).tolist(),
+        "expert_load": (share_LE.max(1).values * E).tolist(),
+        "unused_experts": (share_LE < UNUSED_SHARE / E).sum(1).tolist(),
     }
+    if rank_of_expert is not None:
+        ranks = max(rank_of_expert) + 1
+        flops_LR = counts_LE.new_zeros(L, ranks).index_add_(1, torch.tensor(rank_of_expert), counts_LE * width_E)
+        out["rank_flops"] = (flops_LR.max(1).values / flops_LR.mean(1).clamp_min(1e-30)).tolist()
+    return out

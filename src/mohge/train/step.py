@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from mohge.config import RunConfig, TrainConfig
+from mohge.config import FFNConfig, RunConfig, TrainConfig
+from mohge.model.allocation import place
 from mohge.model.losses import group_aux_active, weighted_aux
 from mohge.model.moe import LayerStats, routing_summary
 
@@ -130,8 +131,35 @@ class WindowMeter:
         row["aux"] = {k: sum(v) for k, v in means.items()}
         row["aux_layers"] = means
         ffn = cfg.model.ffn
-        row.update(routing_summary(counts, ffn.per_expert_widths, ffn.num_groups, cfg.model.router.topk))
+        ep, placed = planned_placement(ffn, counts.sum(0).tolist())
+        row.update(routing_summary(counts, ffn.per_expert_widths, ffn.num_groups, cfg.model.router.topk, placed))
+        if placed is not None:
+            row["rank_flops_ep"] = ep
         return row
+
+
+def planned_placement(ffn: FFNConfig, load_E: list[float]) -> tuple[int, list[int] | None]:
+    """(EP size, rank of each expert) the log's per-rank load is computed at: the config's placement at its own
+    ``ep_size`` when that plans for several ranks, else at the largest of 4, 2 (4: where the all-size allocation is
+    defined, docs/method.md) the placement allows; ``load_E`` feeds a placement that balances measured loads."""
+    for ep in (ffn.ep_size,) if ffn.ep_size > 1 else (4, 2):
+        try:
+            return ep, place(ffn.placement, ffn.per_expert_widths, ep, load_E, ffn.experts_per_group)
+        except ValueError:
+            continue
+    return 1, None
+
+
+def progress(row: dict[str, Any]) -> dict[str, str]:
+    """The progress line's figures from a log row: loss, tokens/s and, where the model routes, the worst MoE layer's
+    expert load (max/mean of routed slots), unused experts and per-rank FLOP max/mean."""
+    out = {"loss": f"{row['loss']:.4f}", "tok_s": f"{row['tokens_per_s'] or 0:.0f}"}
+    if "expert_load" in row:
+        out["load"] = f"{max(row['expert_load']):.2f}"
+        out["unused"] = str(max(row["unused_experts"]))
+    if "rank_flops" in row:
+        out[f"rank_ep{row['rank_flops_ep']}"] = f"{max(row['rank_flops']):.2f}"
+    return out
 
 
 def optimizer_step(

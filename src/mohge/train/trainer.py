@@ -18,7 +18,8 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
 * Precision (``train.precision``; ``auto``: bf16 autocast on CUDA, and on a CPU with bf16 units when
   d_model >= 256 and a bf16 GEMM is measured faster there, else fp32: :func:`mohge.train.runtime.auto_precision`):
   under bf16 autocast every matrix product, the experts' included, runs in bf16 forward and backward; weights and
-  optimizer state stay fp32, and the loss, softmaxes and norms run in fp32. The CPU's bf16 support (detected, measured) is in the summary.
+  optimizer state stay fp32, and the loss, softmaxes and norms run in fp32. The CPU's bf16 support (detected,
+  measured) is in the summary.
 * Resume: the newest valid checkpoint in SCRATCH (see :mod:`mohge.train.checkpoint`) is loaded; on a CPU the run
   then ends bit-identical to an uninterrupted one (deterministic algorithms, all RNG states restored).
 * A non-finite loss or gradient norm stops the run before the optimizer step, naming the step; no
@@ -37,7 +38,10 @@ to the checkpoint's step, whose window sums travel in the checkpoint), one per `
 ``step`` is the 0-based index of the last step of the window; losses are means over the window (all ranks);
 ``aux`` the raw aux losses (no coefficient) summed over layers, ``aux_layers`` per layer; per MoE layer
 ``group_usage`` = routed slots per width class / all slots, ``mean_expert_width`` = sum_e share_e * width_e
-(the mean width of one routed slot) and ``activated_expert_width`` = topk * that (routed FFN width per token).
+(the mean width of one routed slot) and ``activated_expert_width`` = topk * that (routed FFN width per token); the load
+``expert_load`` = max / mean of the routed slots over experts (1: even), ``unused_experts`` (under 1 % of a uniform
+share), and ``rank_flops`` = max / mean routed FLOPs per rank of the config's placement at ``rank_flops_ep`` ranks
+(mohge.model.moe.routing_summary). The progress line shows the worst layer's three.
 
 Legend: B batch, S sequence length, L MoE layers, E experts, G width classes (MoHGE groups), K top-k.
 """
@@ -82,7 +86,16 @@ from .runtime import (
     wrap_ddp,
 )
 from .setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
-from .step import NonFiniteLossError, WindowMeter, build_optimizer, compute_loss, lr_at, optimizer_step, read_log
+from .step import (
+    NonFiniteLossError,
+    WindowMeter,
+    build_optimizer,
+    compute_loss,
+    lr_at,
+    optimizer_step,
+    progress,
+    read_log,
+)
 
 log = logging.getLogger("mohge.train")
 
@@ -258,7 +271,7 @@ def _train(
                 if rt.main:
                     rows.append(row)
                     append_line(log_path, json.dumps(row))
-                    bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s'] or 0:.0f}")
+                    bar.set_postfix(progress(row))
             if tc.eval_every and (s + 1) % tc.eval_every == 0:
                 if rt.main:
                     val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)

@@ -171,6 +171,7 @@ def train_parallel(
                     if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
                         row["data"] = batches.position(s + 1)
                     meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
+                    bar.set_postfix(training.progress(row))
                     if rt.main:
                         rows.append(row)
                         log_fh.write(json.dumps(row) + "\n")
