@@ -7,52 +7,62 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from conftest import ROOT
 
 from mohge.config import provenance as prov
 
-# Committed studies that were not rerun since results began to record their code, with what they lack. A study
-# leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
-NOT_RERUN: dict[str, str] = {}  # none: default, ablations and claims were regenerated on 2026-12-02 (README)
 STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
 
 
-@pytest.mark.parametrize(
-    "study",
-    [
-        pytest.param(s, marks=pytest.mark.xfail(strict=True, reason=NOT_RERUN[s])) if s in NOT_RERUN else s
-        for s in STUDIES
-    ],
-)
+def study_config(study: str) -> str:
+    """The config file that makes ``study`` (the one whose ``study:`` names it; configs/config.yaml for default)."""
+    for path in sorted((ROOT / "configs").glob("*.yaml")):
+        head = yaml.safe_load(path.read_text()) or {}
+        if isinstance(head, dict) and head.get("study") == study:
+            return str(path.relative_to(ROOT))
+    raise AssertionError(f"no config in configs/ names study {study!r}")
+
+
+def what_to_run(study: str, found: dict[str, str]) -> str:
+    """The two ways out for a stale study: regenerate it, or restamp it after a change shown to alter no result."""
+    extra = "" if study == "default" else f" --configfile {study_config(study)}"
+    old = sorted({json.loads(Path(p).read_text())["code"]["sources_sha256"] for p in found if "other code" in found[p]})
+    lines = [
+        f"{len(found)} result files of results/{study} were not made by today's code, e.g.",
+        *(f"  {p}: {why}" for p, why in list(found.items())[:3]),
+        "regenerate the study (hours):",
+        f"  MOHGE_RERUN_COMMITTED=1 snakemake --cores all{extra} --forcerun train",
+        "or, for a change shown to alter no result (tests/golden exact), restamp it:",
+        *(f"  python -m mohge.provenance restamp --from {h} --reason 'WHAT SHOWS IT' results/{study}" for h in old),
+    ]
+    return "\n".join(lines)
+
+
+@pytest.mark.slow  # a release gate: any change of what training or evaluation computes fails it until regenerated
+@pytest.mark.parametrize("study", STUDIES)
 def test_committed_results_were_made_by_todays_code(study):
     """Every results/<study>/runs/*/{summary,metrics}.json holds today's sources_sha256 and its run config's hash.
     A change to what the training or evaluation computes fails this until the study is regenerated (or, for a
-    change shown to alter no result, such as a move of code, restamped: python -m mohge.provenance restamp)."""
+    change shown to alter no result, such as a move of code, restamped); the failure prints both commands."""
     root = ROOT / "results" / study
     assert any(root.glob("runs/*/summary.json")), root
     found = prov.stale([root])
-    assert not found, "\n".join(f"{p}: {why}" for p, why in found.items())
+    assert not found, what_to_run(study, found)
 
 
 def test_the_default_study_is_committed_and_checked():
     assert "default" in STUDIES
 
 
-@pytest.mark.parametrize("staged", sorted(p.parent for p in (ROOT / "results").glob("*/regen/runs")))
-def test_a_regeneration_in_progress_holds_todays_runs_of_its_study(staged):
-    """results/<study>/regen/ stages a study's runs remade by today's code (a regeneration longer than a session,
-    committed run by run) until all are made and replace the committed ones: each is today's code, with the config
-    of the committed run it replaces, and every traced run brings its trace and utilization tables."""
-    study = staged.parent
-    runs = sorted(p.name for p in (staged / "runs").iterdir())
-    assert runs and all((study / "runs" / r).is_dir() for r in runs), runs
-    found = prov.stale([staged])
-    assert not found, "\n".join(f"{p}: {why}" for p, why in found.items())
-    for r in runs:
-        new, old = staged / "runs" / r, study / "runs" / r
-        assert (new / "config.json").read_bytes() == (old / "config.json").read_bytes(), r
-        if (old / "trace.json").is_file():
-            assert (new / "trace.json").is_file() and (staged / "utilization" / r / "summary.csv").is_file(), r
+def test_a_stale_study_is_told_how_to_regenerate_or_restamp(tmp_path):
+    """The gate's message names the study's own config and the old hash to restamp from."""
+    run = tmp_path / "summary.json"
+    run.write_text(json.dumps({"code": {"sources_sha256": "ab" * 32}}))
+    text = what_to_run("claims", {str(run): "made by other code: sources abab, today cdcd"})
+    assert "--configfile configs/study.yaml --forcerun train" in text
+    assert f"restamp --from {'ab' * 32} --reason" in text and "results/claims" in text
+    assert "--configfile" not in what_to_run("default", {})
 
 
 def _digest(source: str) -> str:
