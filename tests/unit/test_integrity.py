@@ -292,17 +292,19 @@ def test_an_enospc_names_the_file_being_written(tmp_path, monkeypatch):
     assert err.value.filename == str(tmp_path / "log.jsonl")
 
 
-# ---------------------------------------------------------------- item 8: a val split shorter than one window
+# ---------------------------------------------------------------- a held-out split shorter than one window
 
 
-def test_a_val_split_shorter_than_one_window_is_refused_at_train_start(base, tmp_path):
+@pytest.mark.parametrize("split", ["val", "test"])
+def test_a_held_out_split_shorter_than_one_window_is_refused_at_train_start(base, tmp_path, split):
     data = copy(base["data"], tmp_path / "data")
     meta = meta_of(data)
-    val = meta["tokens"]["val"]
-    run = tiny_run(data={**DATA, "seq_len": val}, model={"max_seq_len": val}, train={"steps": 2})
+    S = meta["tokens"][split]
+    assert meta["tokens"]["test"] < meta["tokens"]["val"]  # so a seq_len can fit val and not test
+    run = tiny_run(data={**DATA, "seq_len": S}, model={"max_seq_len": S}, train={"steps": 2})
     meta["config"] = DataConfig.from_dict(run["data"]).to_dict()
     write_meta(data, meta)
-    with pytest.raises(ConfigError, match=rf"data\.seq_len={val}: the val split of .* holds {val} tokens, fewer than"):
+    with pytest.raises(ConfigError, match=rf"data\.seq_len={S}: the {split} split of .* holds {S} tokens, fewer than"):
         train(RunConfig.from_dict(run), tmp_path / "out", data=str(data))
 
 

@@ -68,6 +68,7 @@ def test_variants_override_before_families_are_derived():
     [
         ({"x": {"optimizer": {}}}, "variants.x.optimizer"),
         ({"bad/name": {}}, "bad/name"),
+        ({"my-var": {}}, "variants='my-var': '-' separates the parts of a run name"),
         ({"x": {"model": {"router": {"gate_mode": "nope"}}}}, "gate_mode"),
         ({}, "variants"),
     ],
@@ -156,6 +157,7 @@ BAD_CONFIGS = {
     "moe_width": (_set("moe_width", 0), "moe_width=0"),
     "experiment moe_width": (_set("experiments.0.moe_width", -8), "experiments[0].moe_width=-8"),
     "analysis": (_set("analysis.alpha", 1.5), "analysis.alpha=1.5"),
+    "variant with '-'": (_set("experiments.0.variants", {"my-var": {}}), "'-' separates the parts of a run name"),
 }
 
 

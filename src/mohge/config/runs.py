@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from mohge.core.cli import user_errors
 from mohge.core.strict import (
     NAME_PATTERN,
+    PART_PATTERN,
     ConfigError,
     _fail,
     _Section,
@@ -177,7 +178,7 @@ def _variants(exp: dict, where: str) -> dict[str, dict]:
     if not isinstance(variants, dict) or not variants:
         raise ConfigError(f"{where}.variants={variants!r}: expected a non-empty mapping name -> overrides")
     for name, over in variants.items():
-        check_name(name, f"{where}.variants")
+        check_name(name, f"{where}.variants", part=True)
         if not isinstance(over or {}, dict):
             raise ConfigError(f"{where}.variants.{name}={over!r}: expected a mapping of section overrides")
         bad = sorted(set(over or {}) - set(VARIANT_SECTIONS))
@@ -243,7 +244,7 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
     if not datasets:
         raise ConfigError("datasets: at least one dataset is needed")
     for ds in datasets:
-        check_name(ds, "datasets")
+        check_name(ds, "datasets", part=True)
         DataConfig.from_dict(_section(datasets, ds), f"datasets.{ds}")
     experiments = config.get("experiments")
     if not isinstance(experiments, list) or not experiments:
@@ -335,6 +336,7 @@ def workflow_schema() -> dict:
         model["properties"].pop(key)
     loss, train, evalc = schema_of(LossConfig), schema_of(TrainConfig), schema_of(EvalConfig)
     name = {"type": "string", "pattern": NAME_PATTERN.pattern}
+    part = {"type": "string", "pattern": PART_PATTERN.pattern}
     seeds = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     overrides = {"type": "object", "additionalProperties": False}
     overrides["properties"] = {"model": model, "loss": loss, "train": train, "eval": evalc}
@@ -344,7 +346,7 @@ def workflow_schema() -> dict:
         "description": "runs of one dataset: families x seeds x variants",
         "required": ["dataset", "families"],
         "properties": {
-            "dataset": {**name, "description": "a key of datasets"},
+            "dataset": {**part, "description": "a key of datasets"},
             "moe_width": {
                 "anyOf": [{"type": "integer", "minimum": 1}, {"type": "null"}],
                 "description": "this experiment's homogeneous baseline width (overrides the top-level one)",
@@ -353,7 +355,7 @@ def workflow_schema() -> dict:
             "variants": {
                 "type": "object",
                 "minProperties": 1,
-                "propertyNames": name,
+                "propertyNames": part,
                 "additionalProperties": {"anyOf": [{"type": "null"}, overrides]},
                 "description": "variant name -> overrides of model, loss, train, eval",
             },
@@ -380,7 +382,7 @@ def workflow_schema() -> dict:
             "study": {**name, "description": "outputs go to results/<study>/, figures/<study>/, ..."},
             "datasets": {
                 "type": "object",
-                "propertyNames": name,
+                "propertyNames": part,
                 "additionalProperties": data,
                 "minProperties": 1,
                 "description": "dataset name -> its data section",

@@ -346,9 +346,9 @@ class RunConfig(_Section):
 
     def check(self) -> None:
         for key in ("name", "family", "dataset"):
-            check_name(getattr(self, key), self.key(key))
+            check_name(getattr(self, key), self.key(key), part=key == "dataset")
         if self.variant:
-            check_name(self.variant, self.key("variant"))
+            check_name(self.variant, self.key("variant"), part=True)
         self.loss.check_against(self.model.ffn)
         data = self.data_config  # parsed here so a bad key fails before anything runs
         if data.vocab_size > self.model.vocab_size:

@@ -35,10 +35,15 @@ def _fail(path: str, value: Any, why: str) -> typing.NoReturn:
 # Dataset, family, variant and study names become folder names, file names, Snakemake wildcards and words of
 # shell commands: letters, digits, '_' and '-' only, never starting with '-' (no '/', '..', space, '$', '`', ';').
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+# a part of a run name {dataset}-{family}-{variant}-s{seed}: no '-', so the name splits back into its parts
+PART_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
 
 
-def check_name(value: Any, key: str) -> str:
-    """``value`` if it is a safe name (see NAME_PATTERN), else a ConfigError naming ``key``."""
+def check_name(value: Any, key: str, part: bool = False) -> str:
+    """``value`` if it is a safe name (see NAME_PATTERN; with ``part``, a run-name part: PART_PATTERN), else a
+    ConfigError naming ``key``."""
+    if part and isinstance(value, str) and NAME_PATTERN.fullmatch(value) and "-" in value:
+        _fail(key, value, "'-' separates the parts of a run name {dataset}-{family}-{variant}-s{seed}: use '_'")
     if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
         _fail(key, value, "a name must be letters, digits, '_' or '-', starting with a letter or digit")
     return value

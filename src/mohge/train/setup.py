@@ -61,7 +61,7 @@ def resolve_data(cfg: RunConfig, data_arg: str | None, scratch: Path, rt: Runtim
 def check_data(cfg: RunConfig, data_dir: Path, scratch: Path) -> None:
     """Before the first step (rank 0), on every start and resume: every token file and tokenizer.json match
     meta.json (hashed again where size, mtime or ctime changed; SCRATCH/data_verified.json), the tokenizer parses,
-    round-trips and gives data.eot_token the id the shards hold, and the val split holds one window."""
+    round-trips and gives data.eot_token the id the shards hold, and the val and test splits hold one window each."""
     verify_folder(data_dir, scratch / "data_verified.json", required=("tokenizer.json",))
     eot_token = cfg.data_config.eot_token
     tok = check_tokenizer(data_dir / "tokenizer.json", eot_token, tokenizer_probe(cfg.data_config))
@@ -73,12 +73,14 @@ def check_data(cfg: RunConfig, data_dir: Path, scratch: Path) -> None:
             f"{data_dir / 'meta.json'}: eot_id={have}, but its tokenizer.json gives data.eot_token={eot_token!r} "
             f"the id {eot_id(tok, eot_token)}; prepare the data again"
         )
-    S, val = cfg.data_config.seq_len, meta["tokens"]["val"]
-    if val < S + 1:  # the val loss (and summary.json's val_ppl) would cover a fraction of one window
-        raise ConfigError(
-            f"data.seq_len={S}: the val split of {data_dir} holds {val} tokens, fewer than one window of "
-            f"seq_len + 1 = {S + 1}; hold out more (data.val_tokens, val documents) or shorten data.seq_len"
-        )
+    S = cfg.data_config.seq_len
+    for split in ("val", "test"):  # a held-out loss would cover a fraction of one window (summary, metrics.json)
+        if (have := meta["tokens"][split]) < S + 1:
+            raise ConfigError(
+                f"data.seq_len={S}: the {split} split of {data_dir} holds {have} tokens, fewer than one window of "
+                f"seq_len + 1 = {S + 1}; hold out more (data.{split}_tokens, {split} documents) or shorten "
+                "data.seq_len"
+            )
 
 
 def data_seal(data_dir: Path) -> dict[str, Any]:
