@@ -208,6 +208,32 @@ def test_batched_cached_generation_equals_unbatched_greedy(lm):
         lm.generate_until([Req("a", {"max_gen_toks": lm.max_length})])
 
 
+def test_choices_sharing_a_context_score_as_whole_sequences(lm):
+    """H0: scoring the choices of a document from one cached forward pass of their shared context changes a score.
+    Every request is also scored alone, as a whole sequence (the path a context of its own takes): log-likelihoods
+    equal to 1e-5 and the same greedy flags, over choices of one token and of several, a context cut to the model's
+    length, contexts of different lengths in one batch and a batch size that splits a document's choices apart."""
+    L = lm.max_length
+    docs = [
+        ([5, 6, 7], [[8], [9], [10, 11], [12, 13, 14]]),
+        ([3], [[4, 5], [6], [7, 8, 9]]),
+        (list(range(1, L + 6)), [[2], [3, 4]]),  # longer than the context: the left is cut
+        ([9, 9, 9, 9, 9], [[1, 2, 3, 4], [1, 2, 3, 5]]),
+        ([11, 12], [[13]]),  # a context of its own
+    ]
+    requests = [(None, ctx, cont) for ctx, conts in docs for cont in conts]
+    alone = [lm._loglikelihood_tokens([r], disable_tqdm=True)[0] for r in requests]
+    for batch_size in (4, 3, 1):
+        lm.batch_size = batch_size
+        try:
+            shared = lm._loglikelihood_tokens(requests, disable_tqdm=True)
+        finally:
+            lm.batch_size = 4
+        assert [g for _, g in shared] == [g for _, g in alone], batch_size
+        for (a, _), (b, _) in zip(alone, shared, strict=True):
+            assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5), (batch_size, a, b)
+
+
 def test_shipped_task_yamls_load_with_include_path(trained, monkeypatch):
     from lm_eval.tasks import TaskManager
 

@@ -4,6 +4,7 @@
     python -m mohge.bench kernels  # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
     python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
     python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
+    python -m mohge.bench eval     # lm-eval with each choice context computed once vs every request scored whole
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -133,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("train", add_help=False, help="training tokens/s, MoHGE vs a homogeneous MoE of equal FLOPs")
     sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
     sub.add_parser("precision", add_help=False, help="bf16 vs fp32 training of one run config: final val loss")
+    sub.add_parser("eval", add_help=False, help="lm-eval with each choice context computed once vs scored whole")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -150,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .precision import main as precision_main
 
         return precision_main(rest)
+    if args.what == "eval":
+        from .evaluation import main as eval_main
+
+        return eval_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.threads > 0:

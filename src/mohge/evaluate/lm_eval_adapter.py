@@ -14,9 +14,13 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
   ``tokenizer.json``: 0 for our BPE, 50256 for GPT-2's);
 * ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored;
   requests sorted by length, ``batch_size`` at a time, right-padded (harmless: attention is causal and routing is
-  per token). A continuation longer than ``max_length`` is refused (ValueError naming the task, the document and
-  both lengths), where lm-eval's ``hf`` model stops on a bare assert: scoring only its last tokens would be a
-  different quantity. ``python -m mohge.evaluate build-tasks`` builds only documents that fit;
+  per token). Requests that share their scored context (the choices of one multiple-choice document) run that
+  context once, ``batch_size`` contexts at a time, left-padded, through the exported model's KV cache, and then only
+  their own tokens (model_arg ``share_context``, default true; false scores every request whole: the reference the
+  tests and ``python -m mohge.bench eval`` compare it with). A continuation longer than ``max_length`` is refused
+  (ValueError naming the task, the document and both lengths), where lm-eval's ``hf`` model stops on a bare assert:
+  scoring only its last tokens would be a different quantity. ``python -m mohge.evaluate build-tasks`` builds only
+  documents that fit;
 * ``loglikelihood_rolling``: disjoint windows of ``max_length`` tokens (lm-eval's ``get_rolling_token_windows``,
   context_len 1, EOT first), each token predicted once;
 * ``generate_until``: greedy, ``batch_size`` requests at a time, left-padded, with a KV cache (the forward pass of
@@ -61,6 +65,7 @@ MODEL_ARGS = (
     "precision",
     "dtype",
     "trust_remote_code",
+    "share_context",
 )
 
 
@@ -91,6 +96,13 @@ def _batch_size(batch_size: int | str, max_batch_size: int | None) -> int:
     return value
 
 
+def _score(logits_NV: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
+    """(sum of log p of the continuation's tokens, whether each is the argmax) from the logits predicting them."""
+    logp = torch.log_softmax(logits_NV, dim=-1)
+    target = torch.tensor(cont, device=logp.device)
+    return float(logp.gather(1, target[:, None]).sum()), bool((logp.argmax(-1) == target).all())
+
+
 @register_model("mohge")
 class MoHGELM(TemplateLM):
     def __init__(
@@ -105,6 +117,7 @@ class MoHGELM(TemplateLM):
         precision: str = "auto",
         dtype: str | None = None,  # HFLM's name for precision
         trust_remote_code: bool = False,  # accepted for lm-eval's --trust_remote_code; there is no remote code here
+        share_context: bool | str = True,
         **unknown: Any,
     ) -> None:
         super().__init__()
@@ -139,6 +152,9 @@ class MoHGELM(TemplateLM):
         bf16 = precision == "bf16" or (precision == "auto" and self._device.type == "cuda")
         self.autocast = torch.bfloat16 if bf16 else None
         self._hf = None  # the cached-generation model, built on first use
+        # choices of one document score from one cached pass of their context (_loglikelihood_tokens); False scores
+        # every request whole (lm-eval passes model_args as strings)
+        self.share_context = str(share_context).lower() not in ("false", "0", "no")
 
     @property
     def device(self) -> torch.device:
@@ -194,7 +210,12 @@ class MoHGELM(TemplateLM):
         return super().loglikelihood(requests, disable_tqdm)
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        """(sum log p(continuation | context), is greedy) per (cache key, context ids, continuation ids)."""
+        """(sum log p(continuation | context), is greedy) per (cache key, context ids, continuation ids).
+
+        Requests whose scored context is the same token sequence (the choices of one multiple-choice or continuation
+        document) share one forward pass of that context: its keys and values are cached and each choice runs only
+        its own tokens (:meth:`_score_shared`). A context of its own is scored whole, ``batch_size`` rows at a time.
+        """
         L = self.max_length
         prepared = []
         for key, ctx, cont in requests:
@@ -202,23 +223,95 @@ class MoHGELM(TemplateLM):
                 raise ValueError(f"{key!r}: a continuation of {len(cont)} tokens is longer than max_length={L}")
             full = (ctx + cont)[-(L + 1) :]
             prepared.append((full[:-1], cont))
-        order = sorted(range(len(requests)), key=lambda i: -len(prepared[i][0]))
+        # the context a continuation is scored from: every input token up to the one predicting its first token
+        by_context: dict[tuple[int, ...], list[int]] = {}
+        for i, (inp, cont) in enumerate(prepared):
+            if cont:
+                key = tuple(inp[: len(inp) - len(cont) + 1]) if self.share_context else (i,)
+                by_context.setdefault(key, []).append(i)
+        shared = [(c, idx) for c, idx in by_context.items() if len(idx) > 1]
+        alone = {i for idx in by_context.values() if len(idx) == 1 for i in idx}
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
-        for b in tqdm(range(0, len(order), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
-            idx = [i for i in order[b : b + self.batch_size] if prepared[i][1]]
-            if not idx:
-                continue
+        order = [i for i in sorted(range(len(requests)), key=lambda i: -len(prepared[i][0])) if i in alone]
+        batches = len(range(0, len(order), self.batch_size)) + len(range(0, len(shared), self.batch_size))
+        bar = tqdm(total=batches, desc="loglikelihood", disable=disable_tqdm or None)
+        for b in range(0, len(order), self.batch_size):
+            idx = order[b : b + self.batch_size]
             logits = self._logits([prepared[i][0] for i in idx])
             for row, i in enumerate(idx):
                 inp, cont = prepared[i]
-                logp = torch.log_softmax(logits[row, len(inp) - len(cont) : len(inp)], dim=-1)
-                target = torch.tensor(cont, device=logp.device)
-                ll = float(logp.gather(1, target[:, None]).sum())
-                results[i] = (ll, bool((logp.argmax(-1) == target).all()))
+                results[i] = _score(logits[row, len(inp) - len(cont) : len(inp)], cont)
+            bar.update()
+        shared.sort(key=lambda item: -len(item[0]))  # similar context lengths together: less padding
+        for b in range(0, len(shared), self.batch_size):
+            chunk = shared[b : b + self.batch_size]
+            conts = [[prepared[i][1] for i in idx] for _, idx in chunk]
+            scored = self._score_shared([c for c, _ in chunk], conts)
+            for (_, idx), scores in zip(chunk, scored, strict=True):
+                for i, res in zip(idx, scores, strict=True):
+                    results[i] = res
+            bar.update()
+        bar.close()
         for (key, _, _), res in zip(requests, results, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)
         return results
+
+    @torch.no_grad()
+    def _score_shared(
+        self, contexts: list[tuple[int, ...]], conts: list[list[list[int]]]
+    ) -> list[list[tuple[float, bool]]]:
+        """Scores of the continuations ``conts[g]`` of each context ``contexts[g]``: the contexts run once,
+        left-padded, through the KV cache (the exported model's forward on the same weights); the cache is then
+        repeated for each continuation, whose tokens but the last run right-padded after it."""
+        from transformers.cache_utils import DynamicCache
+
+        hf = self._hf_model()
+        G, P = len(contexts), max(len(c) for c in contexts)
+        ids_GP = torch.full((G, P), self.eot, dtype=torch.long)
+        mask_GP = torch.zeros((G, P), dtype=torch.long)
+        for g, c in enumerate(contexts):
+            ids_GP[g, P - len(c) :] = torch.tensor(c)
+            mask_GP[g, P - len(c) :] = 1
+        owner_R = torch.tensor([g for g, cs in enumerate(conts) for _ in cs])  # the context of each continuation
+        rows = [c for cs in conts for c in cs]
+        C = max(len(c) for c in rows) - 1  # continuation tokens that are inputs (the last only a target)
+        cache = DynamicCache(config=hf.config)
+        with self._autocast():
+            last_GV = (
+                hf(
+                    ids_GP.to(self._device),
+                    attention_mask=mask_GP.to(self._device),
+                    cache=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+                .logits[:, -1]
+                .float()
+            )
+            if C > 0:
+                cache.reorder_cache(owner_R.to(self._device))
+                ids_RC = torch.full((len(rows), C), self.eot, dtype=torch.long)
+                for r, c in enumerate(rows):
+                    ids_RC[r, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
+                mask_RL = torch.cat([mask_GP[owner_R], torch.ones(len(rows), C, dtype=torch.long)], dim=1)
+                logits_RCV = hf(
+                    ids_RC.to(self._device), attention_mask=mask_RL.to(self._device), cache=cache, use_cache=True
+                ).logits.float()
+        out: list[list[tuple[float, bool]]] = [[] for _ in contexts]
+        for r, (g, c) in enumerate(zip(owner_R.tolist(), rows, strict=True)):
+            first = last_GV[g][None]
+            logits = first if len(c) == 1 else torch.cat([first, logits_RCV[r, : len(c) - 1]])
+            out[g].append(_score(logits, c))
+        return out
+
+    def _hf_model(self):
+        """The exported Hugging Face model on the same weights (built once): the forward pass with a KV cache."""
+        from .hf_export import to_hf_model
+
+        if self._hf is None:
+            self._hf = to_hf_model(self.model, self.max_length, eot_id=self.eot)
+        return self._hf
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         windows, owner = [], []
@@ -256,10 +349,7 @@ class MoHGELM(TemplateLM):
         """Greedy continuations of left-padded contexts, one forward pass per new token through the KV cache."""
         from transformers.cache_utils import DynamicCache
 
-        from .hf_export import to_hf_model
-
-        if self._hf is None:
-            self._hf = to_hf_model(self.model, self.max_length, eot_id=self.eot)
+        hf = self._hf_model()
         B, P = len(contexts), max(len(c) for c in contexts)
         ids_BP = torch.full((B, P), self.eot, dtype=torch.long)
         mask_BP = torch.zeros((B, P), dtype=torch.long)
@@ -267,12 +357,12 @@ class MoHGELM(TemplateLM):
             ids_BP[b, P - len(c) :] = torch.tensor(c)
             mask_BP[b, P - len(c) :] = 1
         ids, mask = ids_BP.to(self._device), mask_BP.to(self._device)
-        cache = DynamicCache(config=self._hf.config)
+        cache = DynamicCache(config=hf.config)
         new: list[list[int]] = [[] for _ in range(B)]
         texts, done = [""] * B, [False] * B
         with self._autocast():
             for _ in range(max_new):
-                logits = self._hf(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1).logits
+                logits = hf(ids, attention_mask=mask, cache=cache, use_cache=True, logits_to_keep=1).logits
                 nxt_B = logits[:, -1].float().argmax(-1)
                 for b, tok in enumerate(nxt_B.tolist()):
                     if done[b]:

@@ -1,0 +1,99 @@
+"""``python -m mohge.bench eval``: lm-eval over a trained model with each multiple-choice context computed once
+(the adapter's ``share_context``) against every request scored whole, in one run.
+
+Both paths evaluate the same model on the same task documents (built once, as ``python -m mohge.evaluate`` builds
+them), alternately, ``--reps`` times each; the clock is the thread's CPU time with one torch thread. The output holds
+each path's median seconds, the speed-up (whole / shared) and the largest difference of any task metric between the
+paths (accuracies must be equal; perplexities and log-likelihood sums agree to rounding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from mohge.core.atomic import write_json_atomic
+from mohge.kernels.cpu_gemm import clock
+
+
+def compare(whole: dict, shared: dict) -> dict[str, float]:
+    """The largest absolute and relative difference over every numeric task metric (stderr terms left out)."""
+    worst = {"abs": 0.0, "rel": 0.0}
+    for task, metrics in whole.items():
+        for key, a in metrics.items():
+            b = shared[task][key]
+            if isinstance(a, bool) or not isinstance(a, int | float) or "stderr" in key:
+                continue
+            worst["abs"] = max(worst["abs"], abs(a - b))
+            worst["rel"] = max(worst["rel"], abs(a - b) / max(abs(a), 1e-30))
+    return worst
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mohge.bench eval", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ckpt", required=True, help="a trained model folder (what mohge.train writes)")
+    ap.add_argument("--data", required=True, help="its prepared data folder")
+    ap.add_argument("--eval-config", help="the run's config.json, whose eval section gives tasks, limit, batch size")
+    ap.add_argument("--tasks", nargs="+", help="lm-eval tasks (default: the run's eval.tasks that this data builds)")
+    ap.add_argument("--limit", type=int, help="documents per task (default: the run's eval.limit)")
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock)")
+    ap.add_argument("--json", help="write the timings, ratio and differences here")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from mohge.config import load_run_config
+    from mohge.evaluate.lm_eval_adapter import MoHGELM
+    from mohge.evaluate.metrics import LOCAL_TASKS, build_tasks, go_offline, run_lm_eval
+
+    go_offline()
+    lm = MoHGELM(args.ckpt, device="cpu", batch_size=16)
+    ec = (load_run_config(args.eval_config) if args.eval_config else lm.cfg).eval
+    lm.batch_size = ec.batch_size
+    limit = ec.limit if args.limit is None else args.limit
+    times: dict[str, list[float]] = {"whole": [], "shared": []}
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
+        built = build_tasks(Path(args.data), Path(tmp), max_length=lm.max_length, tokenizer=lm.tok)
+        tasks = args.tasks or [t for t in ec.tasks if t not in LOCAL_TASKS or built.get(t)]
+        for r in range(args.reps):
+            for path in ("whole", "shared") if r % 2 == 0 else ("shared", "whole"):
+                lm.share_context = path == "shared"
+                t0 = clock()
+                results[path] = run_lm_eval(lm, tasks, Path(tmp), limit)
+                times[path].append(clock() - t0)
+                print(f"{path:>6} rep {r}: {times[path][-1]:.1f} s", flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {
+        "ckpt": args.ckpt,
+        "tasks": tasks,
+        "limit": limit,
+        "seconds": times,
+        "median_s": med,
+        "speedup_whole_over_shared": med["whole"] / med["shared"],
+        "max_metric_difference": compare(results["whole"], results["shared"]),
+        "accuracies_equal": all(
+            results["whole"][t][k] == results["shared"][t][k]
+            for t in results["whole"]
+            for k in results["whole"][t]
+            if k.startswith("acc") and "stderr" not in k
+        ),
+        "threads": args.threads,
+        "cpu": platform.processor() or platform.machine(),
+        "load_avg": os.getloadavg(),
+    }
+    print(
+        f"lm-eval on {len(tasks)} tasks: whole {med['whole']:.1f} s, shared context {med['shared']:.1f} s, "
+        f"{out['speedup_whole_over_shared']:.2f}x; largest metric difference {out['max_metric_difference']}, "
+        f"accuracies equal: {out['accuracies_equal']}"
+    )
+    if args.json:
+        write_json_atomic(args.json, out)
+    return 0
