@@ -11,9 +11,9 @@ from conftest import ROOT
 
 from mohge.config import provenance as prov
 
-# Committed studies that were not rerun since results began to record their code, with what they lack. A study
-# leaves this list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
-NOT_RERUN: dict[str, str] = {}  # none: default, ablations and claims were regenerated on 2026-12-02 (README)
+# Committed studies whose results do not record the code that made them, with what they lack. A study leaves this
+# list when it is regenerated (snakemake --configfile ...): strict, so the test then says so.
+NOT_RERUN: dict[str, str] = {}  # none: every committed study records its code (docs/reproducibility.md)
 STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
 
 
