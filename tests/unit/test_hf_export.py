@@ -179,7 +179,7 @@ def test_the_tokenizer_loads_quietly(exported, tmp_path):
     loads with no prompt and no warning by its class, running no remote code, and, as lm-eval loads it, by
     AutoTokenizer with trust_remote_code=True (which runs only configuration_mohge.py). transformers 5.24's
     AutoTokenizer resolves the model's AutoConfig first, so without trust_remote_code it asks about config.json's
-    custom code whatever the tokenizer files say (README)."""
+    custom code whatever the tokenizer files say (docs/evaluation.md)."""
     _, out = exported
     assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "TokenizersBackend"
     script = f"""

@@ -281,15 +281,19 @@ def test_run_analysis_on_the_committed_default_results(tmp_path):
 ROOT = Path(__file__).resolve().parents[2]
 
 
+PROSE = ("README.md", "docs/results.md", "docs/study.md")  # where the studies' numbers are written
+
+
 def prose() -> str:
-    """README and docs/study.md as one line of text: line breaks inside sentences and bold markers gone."""
-    text = (ROOT / "README.md").read_text() + (ROOT / "docs" / "study.md").read_text()
+    """The README, docs/results.md and docs/study.md as one line of text: line breaks inside sentences and bold
+    markers gone."""
+    text = "".join((ROOT / name).read_text() for name in PROSE)
     return " ".join(text.replace("**", "").split())
 
 
-def test_readme_and_docs_agree_with_the_committed_claims_tables():
-    """The sentences of README "What the evidence says" and docs/study.md that carry S2/S6/S7 numbers, formatted
-    here from the committed tables: a change to a table that leaves the prose behind fails."""
+def test_docs_agree_with_the_committed_claims_tables():
+    """The sentences of docs/results.md ("The claims study") and docs/study.md that carry S2, S6-S9 numbers,
+    formatted here from the committed tables: a change to a table that leaves the prose behind fails."""
     tables, text = ROOT / "results" / "claims" / "study", prose()
     s2 = pd.read_csv(tables / "S2_tests.csv").query("metric == 'test_ppl'").set_index("question")
     q1, ni, diff = s2.loc["Q1 parity"], s2.loc["Q1 non-inferiority"], s2.loc["Q1 difference"]
@@ -322,7 +326,7 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
     expect.append(" / ".join(f"{mohge[k]:.1f}" for k in sorted(set(mohge.index) - {"all"})))
     strong = s7[(s7["model"] == "mohge+ae2e1") & (s7["layer"] == "all")]["unused"].iloc[0]
     expect.append(f"cuts it to {strong:.1f}")
-    # the control arms of issue 21 (S8): every paired test that ran, its ratio, interval, p and 80 % MDE; the verdict
+    # the control arms (S8): every paired test that ran, its ratio, interval, p and 80 % MDE; the verdict
     s8 = pd.read_csv(tables / "S8_controls.csv")
     ran = s8[s8["test"].isin(["two-sided", "less"]) & s8["ratio"].notna()]
     for r in ran.itertuples():
@@ -359,9 +363,9 @@ def test_readme_and_docs_agree_with_the_committed_claims_tables():
     assert not missing, missing
 
 
-def test_readme_agrees_with_the_committed_capacity_tables():
-    """README's capacity paragraph carries C1/C2 numbers, formatted here from the committed tables: a rerun or an
-    extension that moves a table and leaves the prose behind fails."""
+def test_docs_agree_with_the_committed_capacity_tables():
+    """docs/results.md ("The capacity study") carries C1/C2 numbers, formatted here from the committed tables: a
+    rerun or an extension that moves a table and leaves the prose behind fails."""
     tables, text = ROOT / "results" / "capacity" / "study", prose()
     c2 = pd.read_csv(tables / "C2_tests.csv").set_index("test")
     g1, g2, g3 = c2.loc["G1 reference > iso"], c2.loc["G2 sweep slope"], c2.loc["G3 saturation (quarter set)"]
@@ -382,5 +386,39 @@ def test_readme_agrees_with_the_committed_capacity_tables():
     for model in ("moe", "moe_equal", "mohge", "mohge+ae5e2"):
         row = c1.loc[("facts", model)]
         expect.append(f"{row['bits_stored'] / 1e3:.1f} k [{row['bits_low'] / 1e3:.1f}, {row['bits_high'] / 1e3:.1f}]")
+    missing = [e for e in expect if e not in text]
+    assert not missing, missing
+
+
+def test_readme_verdicts_agree_with_the_committed_tables():
+    """The README's "Results at a glance" states each claim's verdict with its numbers, formatted here from the
+    committed S2, S6, S3, S9 and C2 tables; each verdict is the one the declared rule gives."""
+    text = " ".join((ROOT / "README.md").read_text().replace("**", "").split())
+    claims, capacity = ROOT / "results" / "claims" / "study", ROOT / "results" / "capacity" / "study"
+    s2 = pd.read_csv(claims / "S2_tests.csv").query("metric == 'test_ppl'")
+    sens = s2[(s2["question"] == "sensitivity") & (s2["A"] == "moe_equal") & (s2["B"] == "moe")].iloc[0]
+    q1 = s2.set_index("question").loc["Q1 parity"]
+    assert sens["decision"] == "not separated" and "not decidable by the declared rules" in text
+    c2 = pd.read_csv(capacity / "C2_tests.csv").set_index("test")
+    g1, claim = c2.loc["G1 reference > iso"], c2.loc["Claim 1 non-inferiority"]
+    assert g1["verdict"] == "fail" and "its gate G1 fails" in text
+    s6 = pd.read_csv(claims / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
+    release, strong = s6.loc["mohge"], s6.loc["mohge+ae2e1"]
+    assert (s6["decision"] == "bar not met").all() and "not supported on trained routing" in text
+    s3 = pd.read_csv(claims / "S3_balance.csv")
+    even = s3[(s3["trace"] == "even_within_groups") & (s3["model"] == "mohge") & (s3["strategy"] == "all_size")]
+    even4 = even[even["ep_size"] == 4].iloc[0]
+    s9 = pd.read_csv(claims / "S9_q3_dose.csv")
+    assert not (s9["emh_high"] < 0).any() and "not shown at any α_G from 0 to 10" in text
+    assert s9["alpha_G"].min() == 0 and s9["alpha_G"].max() == 10
+    expect = [
+        f"ratio {sens['ratio']:.3f} [{sens['ci_low']:.3f}, {sens['ci_high']:.3f}], p = {sens['p']:.2f}",
+        f"{q1['ratio']:.3f} [{q1['ci_low']:.3f}, {q1['ci_high']:.3f}]",
+        f"{claim['estimate']:.3f}× [{claim['ci_low']:.3f}, {claim['ci_high']:.3f}]",
+        f"{release['all_size']:.2f} [{release['all_size_low']:.2f}, {release['all_size_high']:.2f}] at EP 4",
+        f"contiguous {release['contiguous']:.2f} (n = {release['n']})",
+        f"{strong['all_size']:.2f} [{strong['all_size_low']:.2f}, {strong['all_size_high']:.2f}] (n = {strong['n']})",
+        f"exactly {even4['max_over_mean']:.3f}",
+    ]
     missing = [e for e in expect if e not in text]
     assert not missing, missing

@@ -5,7 +5,7 @@ The fake sbatch runs each job script at once, as SLURM would on the job's first 
 inside the "job", and the fake srun runs its command once per task with the variables SLURM gives a task. The
 data jobs run for real (a tiny graded corpus); training stops at the rule's command: a fake torchrun records
 what it was given and writes the files the rule expects, so nothing trains. What only a real cluster shows
-(scheduling, GPU binding, the c10d rendezvous across hosts, NCCL) is listed in the README's cluster section.
+(scheduling, GPU binding, the c10d rendezvous across hosts, NCCL) is listed in docs/cluster.md.
 """
 
 from __future__ import annotations
