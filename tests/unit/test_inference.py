@@ -180,3 +180,26 @@ def test_evaluate_records_the_route_override(trained, tmp_path):
         "routing": {"group_topk": 1, "topk": 2, "bar_widest": 0},
     }
     assert cheap["val"]["loss"] != plain["val"]["loss"]
+
+
+def test_export_rereads_group_by_group_as_one_fused_moe_call_per_width(trained, tmp_path):
+    from mohge.evaluate.hf_export import export
+    from mohge.evaluate.serving import group_weights, grouped_fused_moe
+
+    models, _ = trained
+    cfg, model = load_trained(models["mohge"])
+    groups = group_weights(export(models["mohge"], tmp_path / "hf"))
+    ffn = cfg.model.ffn
+    n, D = ffn.experts_per_group, cfg.model.d_model
+    assert sorted(groups) == [i for i, b in enumerate(model.blocks) if hasattr(b.ffn, "router")]
+    x_TD = torch.randn(37, D)
+    for i, per_group in groups.items():
+        assert [(w13.shape, w2.shape) for w13, w2 in per_group] == [
+            ((n, 2 * h, D), (n, D, h)) for h in ffn.expert_widths
+        ]
+        layer = model.blocks[i].ffn
+        with torch.no_grad():
+            r = layer.router(x_TD)
+            ref = layer.experts(x_TD, r.idx_TK, r.gates_TK)
+            got = grouped_fused_moe(x_TD, r.idx_TK, r.gates_TK, per_group, n)
+        assert torch.allclose(got, ref, atol=1e-5)
