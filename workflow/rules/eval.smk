@@ -80,7 +80,6 @@ rule inference:
         f"{LOGS}/inference/{{run}}.log",
     benchmark:
         f"{RES}/benchmarks/inference/{{run}}.tsv"
-    priority: 1
     conda:
         "../envs/train.yaml"
     # one torch thread: the timings are the thread's CPU time, so a training beside it does not slow them
