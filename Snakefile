@@ -33,3 +33,4 @@ rule all:
         all_tables(),
         all_figures(),
         study_outputs(STUDY),
+        inference_outputs(STUDY),

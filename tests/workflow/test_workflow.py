@@ -67,6 +67,8 @@ def test_dry_run(configfile, tmp_path):
     text = out.stdout + out.stderr
     for rule in ("prepare_data", "train", "evaluate", "trace", "utilization", "collect", "tables", "fig_gpu_load"):
         assert rule in text
+    asks = "inference" in yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())  # inherited by the others
+    assert asks and "rule inference:" in text and "rule fig_inference:" in text
     runs = yaml.safe_load((ROOT / configfile).read_text())["experiments"]
     assert runs
     if configfile == "configs/capacity.yaml":  # the declared capacity analysis, not the claims study's tables
@@ -123,6 +125,8 @@ SMOKE_OUTPUTS = [
         for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width")
         for e in ("png", "pdf")
     ),
+    *(f"results/smoke/tables/T4_inference.{e}" for e in ("csv", "md")),
+    *(f"figures/smoke/F13_inference.{e}" for e in ("png", "pdf")),
 ]
 
 

@@ -95,3 +95,20 @@ rule collect:
     shell:
         "python -m mohge.collect --results {params.results:q} --runs {params.runs:q} --traced {params.traced:q}"
         " --presets {params.presets:q} --out {params.results:q} > {log:q} 2>&1"
+
+
+rule inference_table:
+    # Every run's inference record into one row per run and knob point, and T4 (means over seeds).
+    input:
+        records=expand(f"{RES}/inference/{{run}}.json", run=inference_runs()),
+    output:
+        rows=f"{RES}/inference.csv",
+        csv=f"{RES}/tables/T4_inference.csv",
+        md=f"{RES}/tables/T4_inference.md",
+    log:
+        f"{LOGS}/inference_table.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/inference_table.py"

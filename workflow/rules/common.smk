@@ -584,3 +584,37 @@ def study_param(study, key):
         "balance_ep": analysis.get("balance_ep", 4),
         "balance_bar": analysis.get("balance_bar", 1.10),
     }[key]
+
+
+# ------------------------------------------------ inference records (a config with an `inference` section)
+
+
+def inference_runs():
+    """The runs with an inference record: every run this config makes, when its config has an `inference`
+    section (a committed run's weights are not in the checkout)."""
+    return list(MADE) if "inference" in config and not FROM_RESULTS else []
+
+
+def inference_args():
+    """The `inference` section as flags of python -m mohge.bench inference (a knob without points is left out)."""
+    from mohge.config.runs import InferenceConfig
+
+    inf = InferenceConfig.from_dict(config.get("inference") or {}, "inference")
+    args = []
+    for key in ("group_topk", "bar_widest", "topk"):
+        points = getattr(inf.knob_points, key)
+        if points:
+            args += [f"--{key.replace('_', '-')}", *map(str, points)]
+    args += ["--prompt-lengths", *map(str, inf.prompt_lengths)]
+    args += ["--batch-sizes", *map(str, inf.batch_sizes)]
+    args += ["--decode-tokens", str(inf.decode_tokens), "--reps", str(inf.reps)]
+    return args + ["--eval-batches", str(inf.eval_batches)]
+
+
+def inference_outputs(study=STUDY):
+    """T4 and F13 of this config's study when it makes inference records, else nothing."""
+    if study != STUDY or not inference_runs():
+        return []
+    return expand(
+        "results/{study}/tables/T4_inference.{ext}", study=study, ext=["csv", "md"]
+    ) + expand("figures/{study}/F13_inference.{ext}", study=study, ext=["png", "pdf"])

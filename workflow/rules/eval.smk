@@ -65,3 +65,32 @@ rule trace:
         "python -m mohge.traces --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
         " --device {params.device} --out {output.trace:q} > {log:q} 2>&1"
         " && cp {output.trace:q} {output.summary:q}"
+
+
+rule inference:
+    # Serving cost per token (prefill and cached-decode tokens/s, memory, activated FLOPs as routed) and
+    # validation perplexity at every knob point of the config's `inference` section, without retraining.
+    input:
+        model=f"{WORK}/runs/{{run}}/model.safetensors",
+        cfg=f"{RES}/runs/{{run}}/config.json",
+        meta=data_meta,
+    output:
+        record=f"{RES}/inference/{{run}}.json",
+    log:
+        f"{LOGS}/inference/{{run}}.log",
+    benchmark:
+        f"{RES}/benchmarks/inference/{{run}}.tsv"
+    conda:
+        "../envs/train.yaml"
+    # one torch thread: the timings are the thread's CPU time, so a training beside it does not slow them
+    threads: 1
+    resources:
+        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
+        runtime=eval_runtime,
+    params:
+        ckpt=lambda wc, input: os.path.dirname(input.model),
+        data=data_dir,
+        args=inference_args(),
+    shell:
+        "python -m mohge.bench inference --models {params.ckpt:q} --data {params.data:q} {params.args:q}"
+        " --out {output.record:q} > {log:q} 2>&1"

@@ -159,6 +159,25 @@ rule fig_kernels:
         "../scripts/plot_kernels.py"
 
 
+rule fig_inference:
+    input:
+        rows="results/{study}/inference.csv",
+    output:
+        png=report(
+            "figures/{study}/F13_inference.png",
+            caption="../report/F13_inference.rst",
+            category="Inference",
+        ),
+        pdf="figures/{study}/F13_inference.pdf",
+    log:
+        "logs/{study}/figures/F13.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/plot_inference.py"
+
+
 rule figures:
     # Every committed study's tables and figures from its committed results/<study>/*.csv alone: with
     # `snakemake --cores 1 figures` no training, evaluation or collect job is part of the plan.

@@ -5,6 +5,8 @@
     python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
     python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
     python -m mohge.bench eval     # lm-eval with each choice context computed once vs every request scored whole
+    python -m mohge.bench inference  # trained models: prefill, cached decode, memory, FLOPs per token as routed,
+                                     # validation perplexity along the cost knobs; MoHGE / MoE and / dense
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -14,7 +16,8 @@ Median of ``--reps`` runs after one warm-up run, the paths interleaved; with one
 clock is the thread's CPU time.
 
 Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
-tokens/s of MoHGE against a homogeneous MoE) and `data` (the data preparation against ``encode_batch``).
+tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``) and
+`inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -135,6 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
     sub.add_parser("precision", add_help=False, help="bf16 vs fp32 training of one run config: final val loss")
     sub.add_parser("eval", add_help=False, help="lm-eval with each choice context computed once vs scored whole")
+    sub.add_parser("inference", add_help=False, help="trained models: prefill, decode, memory, FLOPs per token, knob")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -148,6 +152,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .data import main as data_main
 
         return data_main(rest)
+    if args.what == "inference":
+        from .inference import main as inference_main
+
+        return inference_main(rest)
     if args.what == "precision":
         from .precision import main as precision_main
 

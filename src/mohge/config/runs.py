@@ -8,7 +8,8 @@ its vocabulary and context taken from the dataset.
 Workflow config keys (see ``configs/README.md``): ``study`` (the name of the output roots), ``datasets`` (name ->
 data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), ``experiments`` (a list of {dataset,
 families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
-``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources). Names
+``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources), ``inference``
+(per-run serving cost and the route-override knob points). Names
 (datasets, variants, study) are identifiers (:func:`mohge.core.strict.check_name`); :func:`plan` refuses every mistake
 in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.config.preflight`).
 
@@ -77,6 +78,31 @@ class ClusterConfig(_Section):
     _path: str = field(default="cluster", repr=False, compare=False)
 
 
+@dataclass(frozen=True)
+class KnobPoints(_Section):
+    """The cheaper routings each trained model is served at (mohge.evaluate.route_override); a point at or above a
+    model's trained value, or one it cannot take, is left out for that model."""
+
+    group_topk: tuple[int, ...] = knob((), "MoHGE: groups per token (K_g) below the trained value", ge=1)
+    bar_widest: tuple[int, ...] = knob((), "MoHGE: widest groups no token may reach", ge=1)
+    topk: tuple[int, ...] = knob((), "moe, hmoe, modse: experts per token below the trained top-k", ge=1)
+    _path: str = field(default="inference.knob_points", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class InferenceConfig(_Section):
+    """Per-run inference records (python -m mohge.bench inference): serving cost per token and validation
+    perplexity along the knob points; a study whose config has this section gets them, a table and a figure."""
+
+    knob_points: KnobPoints = knob(doc="the cheaper routings served", factory=KnobPoints)
+    prompt_lengths: tuple[int, ...] = knob((16, 64, 128), "prefill prompt lengths (capped by the context)", ge=1)
+    batch_sizes: tuple[int, ...] = knob((1, 16), "batch sizes of the cached decode", ge=1, min_items=1)
+    decode_tokens: int = knob(16, "new tokens per timed decode (capped by the context)", ge=1)
+    reps: int = knob(5, "timed rounds (median)", ge=1)
+    eval_batches: int = knob(8, "validation batches of the cost and knob passes (0: the whole split)", ge=0)
+    _path: str = field(default="inference", repr=False, compare=False)
+
+
 DESIGNS = ("claims", "capacity")
 
 
@@ -128,6 +154,7 @@ TOP_LEVEL = (
     "analysis",
     "figures",
     "cluster",
+    "inference",
 )
 # model keys each run takes from its dataset (model key -> data key), so a config may not set them
 DATASET_KEYS = {"vocab_size": "vocab_size", "max_seq_len": "seq_len"}
@@ -137,6 +164,7 @@ SECTIONS = {
     "analysis": AnalysisConfig,
     "figures": FiguresConfig,
     "cluster": ClusterConfig,
+    "inference": InferenceConfig,
 }
 
 

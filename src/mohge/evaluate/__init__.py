@@ -7,6 +7,8 @@ Owns:
   `lm_eval_adapter`      the adapter: our trained folder as an lm-eval model (``--model mohge``)
   `traces`               routing traces of a trained model on held-out data, and synthetic ones
                          (``python -m mohge.traces``)
+  `route_override`       serving a trained model with fewer groups or experts per token, or the widest barred
+  `serving`              the export's experts re-read per width group, as fused-MoE engines take them
   `token_width`          the token-level Q3 record of a trace: each token's routed width against its loss
   `hf_export`            a trained folder as a Hugging Face model folder (``python -m mohge.hf_export``)
   `modeling_mohge`, `configuration_mohge`   the model code copied into every exported folder (``auto_map``

@@ -3,6 +3,7 @@
     python -m mohge.evaluate --ckpt results/<run>/model --data data/<source> --out metrics.json [--tasks ...]
     python -m mohge.evaluate build-tasks --data data/<source> --ckpt MODEL --out TASKDIR   (or --max-length N)
     python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= python -m mohge.traces)
+    python -m mohge.evaluate ... --route-override group_topk=2    (a cheaper routing, no retraining: .route_override)
 
 Local tasks: the YAMLs in ``configs/tasks`` are used as shipped, here and by lm-eval's own CLI
 (``--include_path configs/tasks``). They read their documents through ``configs/tasks/mohge_task_data.py``
@@ -65,6 +66,8 @@ from mohge.data.loader import sealed_file
 from mohge.data.tokenizer import encode, load_tokenizer
 from mohge.train.checkpoint import check_trained_on
 from mohge.train.heldout import heldout_loss
+
+from .route_override import RouteOverride, apply_route_override
 
 log = logging.getLogger("mohge.evaluate")
 
@@ -334,15 +337,18 @@ def evaluate(
     max_loss_batches: int = 0,
     templates: str | Path = TASK_TEMPLATES,
     eval_config: str | Path | None = None,
+    route_override: RouteOverride | None = None,
 ) -> dict[str, Any]:
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
-    defaults of tasks, limit and batch size."""
+    defaults of tasks, limit and batch size. ``route_override`` serves the model with a cheaper routing
+    (:mod:`.route_override`; every task and loss then sees it, and metrics.json records it)."""
     if not allow_hub:
         go_offline()
     from .lm_eval_adapter import MoHGELM
 
     lm = MoHGELM(str(ckpt), device=device, batch_size=batch_size or 16)
     check_trained_on(ckpt, lm.cfg, data_dir)  # another tokenizer or data config: refused, naming both
+    served = apply_route_override(lm.model, lm.cfg.model, route_override) if route_override else None
     # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
     run_cfg = load_run_config(eval_config) if eval_config else lm.cfg
     ec = run_cfg.eval
@@ -371,6 +377,8 @@ def evaluate(
             lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast
         )
     metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built, "skipped": skipped}
+    if route_override:
+        metrics["route_override"] = {"point": route_override.label(), "routing": served}
     metrics["code"] = code_version(to_dict(run_cfg))  # which code made it, from which config (mohge.provenance)
     return metrics
 
@@ -403,6 +411,13 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
     ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
+    ap.add_argument(
+        "--route-override",
+        nargs="+",
+        metavar="KEY=VALUE",
+        help="serve a cheaper routing without retraining: group_topk=N, topk=N, bar_widest=N "
+        "(mohge.evaluate.route_override)",
+    )
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return ap
 
@@ -439,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.max_loss_batches,
         args.task_configs,
         args.eval_config,
+        RouteOverride.parse(args.route_override) if args.route_override else None,
     )
     write_json_atomic(args.out, metrics)
     print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))
