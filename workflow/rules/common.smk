@@ -592,7 +592,10 @@ def study_param(study, key):
 def inference_runs():
     """The runs with an inference record: every run this config makes, when its config has an `inference`
     section (a committed run's weights are not in the checkout)."""
-    return list(MADE) if "inference" in config and not FROM_RESULTS else []
+    from mohge.config.runs import InferenceConfig
+
+    asked = "inference" in config and InferenceConfig.from_dict(config["inference"], "inference").enabled
+    return list(MADE) if asked and not FROM_RESULTS else []
 
 
 def inference_args():

@@ -94,6 +94,7 @@ class InferenceConfig(_Section):
     """Per-run inference records (python -m mohge.bench inference): serving cost per token and validation
     perplexity along the knob points; a study whose config has this section gets them, a table and a figure."""
 
+    enabled: bool = knob(True, "make the records (false: a config extending one that asks for them opts out)")
     knob_points: KnobPoints = knob(doc="the cheaper routings served", factory=KnobPoints)
     prompt_lengths: tuple[int, ...] = knob((16, 64, 128), "prefill prompt lengths (capped by the context)", ge=1)
     batch_sizes: tuple[int, ...] = knob((1, 16), "batch sizes of the cached decode", ge=1, min_items=1)
