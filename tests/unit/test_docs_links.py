@@ -54,6 +54,9 @@ EXTENSIONS = {
 NESTED_SECTIONS = {"ffn", "router", "parallel"}  # sections inside model and train, named by their own name
 NOT_YET_MADE = {  # outputs the docs name that exist only where a run made them
     "figures/<study>/F6_kernels.{png,pdf}": "made only from a GPU measurement in results/bench/kernels.csv",
+    # the inference rule needs the trained weights, which are not committed: made when a study is run
+    "results/<study>/inference/<run>.json": "made by rule inference from a run's trained model",
+    "results/<study>/inference.csv": "collected by rule inference_table from the inference records",
 }
 
 FENCE = re.compile(r"^(```|~~~)[^\n]*\n(.*?)^\1[ \t]*$", re.M | re.S)
