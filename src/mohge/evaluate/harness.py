@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from mohge.core.cli import user_errors
 
 MODEL_HELP = """python -m mohge.lm_eval: lm-eval's command line with the model `mohge` registered
-(mohge.lm_eval_model.MoHGELM, a trained model folder of python -m mohge.train):
+(mohge.evaluate.lm_eval_adapter.MoHGELM, a trained model folder of python -m mohge.train):
 
   python -m mohge.lm_eval --model mohge --model_args pretrained=MODEL_DIR[,KEY=VALUE...] --device cpu \\
       --include_path configs/tasks --tasks mohge_ppl,mohge_cloze --metadata '{"task_data": "mohge_tasks"}'
@@ -37,6 +37,8 @@ model_args of `mohge` (any other is refused):
   precision         auto (bf16 on CUDA, else fp32), fp32, bf16
   dtype             HFLM's name for precision: auto, float32, bfloat16 (also fp32, bf16)
   trust_remote_code accepted and ignored (no remote code)
+  share_context     true (default): choices sharing their scored window run it once through the KV cache; false:
+                    every request scored whole (the same scores)
 
 Task documents: python -m mohge.evaluate build-tasks --data DATA --ckpt MODEL_DIR --out mohge_tasks
 Everything else is lm-eval's own command line, whose help follows.
