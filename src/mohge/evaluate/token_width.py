@@ -1,4 +1,4 @@
-"""The token-level Q3 record: each held-out token's routed width against its loss (docs/study.md, issue 21 item 4).
+"""The token-level Q3 record: each held-out token's routed width against its loss (docs/study.md).
 
 The tracer (:mod:`mohge.evaluate.traces`) runs a model over every test token of graded data once; per position t
 (which predicts target y_t, whose level it takes, as the trace's ``counts_by_level`` do) it keeps
@@ -31,6 +31,7 @@ import numpy as np
 from scipy import stats
 
 from mohge.config import LEVEL_NAMES
+from mohge.core.stats import one_sample
 
 N_PERM = 200
 WIDTH_DEFINITION = "gate-weighted mean routed width (gates normalised per token and layer), mean over MoE layers"
@@ -86,20 +87,17 @@ def permutation_test(x: np.ndarray, y: np.ndarray, strata: np.ndarray, n_perm: i
 
 def within_token_contrast(width_T: np.ndarray, level_T: np.ndarray, target_T: np.ndarray, alpha: float = 0.05) -> dict:
     """Per target token id present at the easy and at the hard level: mean width at easy minus at hard; their mean,
-    (1 - alpha) t interval, two-sided one-sample t p and count over ids."""
+    (1 - alpha) t interval, the two-sided one-sample t p of H0: mean 0, and count over ids (the degenerate cases as
+    :mod:`mohge.core.stats` defines them)."""
     easy, hard = LEVEL_NAMES.index("easy"), LEVEL_NAMES.index("hard")
     diffs = []
     width_T, level_T, target_T = np.asarray(width_T), np.asarray(level_T), np.asarray(target_T)
     for tok in np.intersect1d(target_T[level_T == easy], target_T[level_T == hard]):
         mine = target_T == tok
         diffs.append(width_T[mine & (level_T == easy)].mean() - width_T[mine & (level_T == hard)].mean())
-    d = np.asarray(diffs, dtype=np.float64)
-    out = {"n_ids": int(len(d)), "easy_minus_hard": float(d.mean()) if len(d) else math.nan}
-    out.update(low=math.nan, high=math.nan, p=math.nan)
-    if len(d) >= 2 and np.ptp(d) > 0:
-        lo, hi = stats.t.interval(1 - alpha, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
-        out.update(low=float(lo), high=float(hi), p=float(stats.ttest_1samp(d, 0.0).pvalue))
-    return out
+    est = one_sample(diffs)
+    low, high = est.interval(alpha)
+    return {"n_ids": est.n, "easy_minus_hard": est.estimate, "low": low, "high": high, "p": est.p_h0_eq(0.0)}
 
 
 def token_summary(
