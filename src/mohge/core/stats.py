@@ -19,6 +19,7 @@ Owns:
       independent source and their Welch-Satterthwaite df.
   :func:`ols_line`: least squares of y on x, the slope as a :class:`TEstimate` (df = n - 2).
   :func:`holm`: Holm's step-down adjustment of the p-values of one declared family.
+  :func:`spearman` and :func:`stratified_permutation_test` (Spearman's rho against permutations within strata).
   :func:`p_binomial_h0_le` (exact binomial, H0: at or below chance) and :func:`fisher_combined_p` (Fisher's
       combination of independent p-values).
   :func:`compare` and :func:`power_row`: one declared paired test on log ratios as a study-table row (S2, S8, S9).
@@ -63,6 +64,8 @@ __all__ = [
     "power_welch",
     "sample_sd",
     "satterthwaite_df",
+    "spearman",
+    "stratified_permutation_test",
     "t_half_width",
     "t_interval",
     "t_quantile",
@@ -236,6 +239,52 @@ def fisher_combined_p(pvalues: Sequence[float]) -> float:
     ~ chi^2 with 2k df); nan for none."""
     p = _values(pvalues)
     return float(_st.combine_pvalues(p, method="fisher").pvalue) if len(p) else math.nan
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rank correlation and its stratified permutation test
+
+
+def _centred_ranks(x: np.ndarray) -> np.ndarray:
+    r = _st.rankdata(x).astype(np.float64)
+    r -= r.mean()
+    return r / (np.linalg.norm(r) or 1.0)
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> float:
+    """Spearman's rho (average ranks for ties); nan for fewer than 3 values or a constant input."""
+    x, y = np.asarray(x), np.asarray(y)
+    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return math.nan
+    return float(_centred_ranks(x) @ _centred_ranks(y))
+
+
+def stratified_permutation_test(
+    x: np.ndarray, y: np.ndarray, strata: np.ndarray, n_perm: int = 200, seed: int = 0
+) -> dict:
+    """Spearman's rho of x with y against ``n_perm`` permutations of x within each stratum (same ranks, so each
+    permuted rho is the Pearson correlation of the permuted ranks): the p of H0 "x and y are exchangeable within
+    every stratum", two-sided about the null's mean, (1 + #{|rho* - mean| >= |rho - mean|}) / (1 + n_perm).
+    Returns rho, the null's mean and sd, p, n_perm and n."""
+    x, y, strata = np.asarray(x), np.asarray(y), np.asarray(strata)
+    out = {"rho": spearman(x, y), "null_mean": math.nan, "null_sd": math.nan, "p": math.nan, "n_perm": n_perm}
+    out["n"] = int(len(x))
+    if out["rho"] != out["rho"] or n_perm < 1:
+        return out
+    rx, ry = _centred_ranks(x), _centred_ranks(y)
+    groups = [np.flatnonzero(strata == s) for s in np.unique(strata)]
+    rng = np.random.default_rng(seed)
+    null = np.empty(n_perm)
+    perm = np.arange(len(x))
+    for i in range(n_perm):
+        for g in groups:
+            perm[g] = rng.permutation(g)
+        null[i] = rx[perm] @ ry
+    centre = float(null.mean())
+    extreme = np.abs(null - centre) >= abs(out["rho"] - centre) - 1e-12
+    out.update(null_mean=centre, null_sd=float(null.std(ddof=1)) if n_perm > 1 else math.nan)
+    out["p"] = float((1 + extreme.sum()) / (1 + n_perm))
+    return out
 
 
 # --------------------------------------------------------------------------------------------------------------
