@@ -34,6 +34,18 @@ def test_one_sample_p_values_of_each_null_match_scipy_ttest_1samp(null):
     assert est.p_h0_le(null) + est.p_h0_ge(null) == pytest.approx(1.0)
 
 
+def test_p_values_and_intervals_are_scipys_to_the_bit():
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        x = rng.normal(rng.normal(), rng.uniform(0.01, 10), size=int(rng.integers(2, 40)))
+        y = rng.normal(0.0, rng.uniform(0.01, 10), size=int(rng.integers(2, 40)))
+        est, w = stats.one_sample(x), stats.welch(x, y)
+        assert est.p_h0_eq(0.3) == sp.ttest_1samp(x, 0.3).pvalue
+        assert est.p_h0_le(0.3) == sp.ttest_1samp(x, 0.3, alternative="greater").pvalue
+        assert est.interval() == sp.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=sp.sem(x))
+        assert w.p_h0_eq(0.0) == sp.ttest_ind(x, y, equal_var=False).pvalue
+
+
 def test_paired_is_the_one_sample_test_of_differences_and_scipys_ttest_rel():
     a, b = A[:4], B
     est = stats.paired(a, b)

@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import special as _special
 from scipy import stats as _st
 
 __all__ = [
@@ -107,12 +108,16 @@ class TEstimate:
     """A location estimate with a Student-t sampling distribution: (estimate - true) / se ~ t(df).
 
     ``n``: the values behind it (one-sample: n; Welch: n_a + n_b; a fit: its points). ``se`` is 0 when the data
-    have no spread, nan when it cannot be estimated (module docstring)."""
+    have no spread, nan when it cannot be estimated (module docstring). ``t_se``, when given, is the same standard
+    error as the t statistic divides it: for one sample scipy.stats.ttest_1samp's sqrt(var / n) (var from the second
+    central moment), which can differ from ``se`` = sd / sqrt(n) (scipy.stats.t.interval's scale) in its last bit;
+    with it every p and interval here is scipy's to the bit."""
 
     estimate: float
     se: float
     df: float
     n: int
+    t_se: float = math.nan
 
     @property
     def defined(self) -> bool:
@@ -141,7 +146,7 @@ class TEstimate:
         diff = self.estimate - null
         if self.se == 0:
             return math.nan if diff == 0 else math.copysign(math.inf, diff)
-        return diff / self.se
+        return diff / (self.t_se if self.t_se == self.t_se else self.se)
 
     def _p(self, null: float, tail: str) -> float:
         t = self.t(null)
@@ -150,11 +155,11 @@ class TEstimate:
         if math.isinf(t):  # no spread: certain, whatever the df
             up = t > 0
             return {"le": 0.0 if up else 1.0, "ge": 1.0 if up else 0.0, "eq": 0.0}[tail]
-        if tail == "le":
-            return float(_st.t.sf(t, self.df))
+        if tail == "le":  # Student t's survival function, as scipy's tests evaluate it
+            return float(_special.stdtr(self.df, -t))
         if tail == "ge":
-            return float(_st.t.cdf(t, self.df))
-        return float(min(1.0, 2 * _st.t.sf(abs(t), self.df)))
+            return float(_special.stdtr(self.df, t))
+        return float(min(1.0, 2 * _special.stdtr(self.df, -abs(t))))
 
     def p_h0_le(self, null: float) -> float:
         """One-sided p of H0: true value <= ``null`` (H1: above it)."""
@@ -184,7 +189,7 @@ def one_sample(values: Sequence[float]) -> TEstimate:
         return TEstimate(mean, math.nan, math.nan, n)
     if np.ptp(x) == 0:  # every value equal: the mean is that value, exactly (a sum may round it)
         return TEstimate(float(x[0]), 0.0, float(n - 1), n)
-    return TEstimate(mean, sample_sd(x) / math.sqrt(n), float(n - 1), n)
+    return TEstimate(mean, sample_sd(x) / math.sqrt(n), float(n - 1), n, math.sqrt(_moment_var(x) / n))
 
 
 def sample_sd(values: Sequence[float]) -> float:
@@ -193,6 +198,12 @@ def sample_sd(values: Sequence[float]) -> float:
     if len(x) < 2:
         return math.nan
     return 0.0 if np.ptp(x) == 0 else float(np.std(x, ddof=1))
+
+
+def _moment_var(x: np.ndarray) -> float:
+    """The sample variance (ddof 1) as scipy's t tests compute it: the second central moment times n / (n - 1)."""
+    n = len(x)
+    return float(np.mean((x - x.mean()) ** 2) * (n / (n - 1)))
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> TEstimate:
@@ -218,7 +229,8 @@ def welch(a: Sequence[float], b: Sequence[float]) -> TEstimate:
     est = one_sample(a).estimate - one_sample(b).estimate if na and nb else math.nan
     if na < 2 or nb < 2:
         return TEstimate(est, math.nan, math.nan, na + nb)
-    va, vb = sample_sd(a) ** 2 / na, sample_sd(b) ** 2 / nb
+    va = 0.0 if np.ptp(a) == 0 else _moment_var(a) / na
+    vb = 0.0 if np.ptp(b) == 0 else _moment_var(b) / nb
     return TEstimate(est, math.sqrt(va + vb), satterthwaite_df([va, vb], [na - 1, nb - 1]), na + nb)
 
 
