@@ -12,6 +12,7 @@ import torch
 from conftest import tiny_run, train_tiny
 from scipy import stats
 
+from mohge.core import stats as mstats
 from mohge.data import TokenStream
 from mohge.evaluate import token_width as tw
 from mohge.evaluate import traces
@@ -37,8 +38,8 @@ def test_routed_width_is_the_gate_weighted_mean():
 
 def test_spearman_matches_scipy_and_a_planted_correlation_is_found():
     width, loss, level, _ = _tokens(2000, 0, slope=8.0)
-    assert tw.spearman(width, loss) == pytest.approx(stats.spearmanr(width, loss).statistic)
-    out = tw.permutation_test(width, loss, level, n_perm=99)
+    assert mstats.spearman(width, loss) == pytest.approx(stats.spearmanr(width, loss).statistic)
+    out = mstats.stratified_permutation_test(width, loss, level, n_perm=99)
     assert out["rho"] > 0.2 and out["p"] == pytest.approx(1 / 100)  # beyond every permuted rho
     assert abs(out["null_mean"]) < 0.02 and 0 < out["null_sd"] < 0.05
 
@@ -46,13 +47,14 @@ def test_spearman_matches_scipy_and_a_planted_correlation_is_found():
 def test_the_null_keeps_the_between_level_part_and_finds_nothing_within():
     # width and loss both rise with the level, independent within it: rho is large, the within-level null as well
     width, loss, level, _ = _tokens(2000, 1, slope=0.0, level_effect=1.0)
-    out = tw.permutation_test(width, loss, level, n_perm=99)
+    out = mstats.stratified_permutation_test(width, loss, level, n_perm=99)
     assert out["rho"] > 0.2 and out["null_mean"] == pytest.approx(out["rho"], abs=0.05) and out["p"] > 0.05
 
 
 def test_permutation_p_is_uniform_under_the_null():
     ps = [
-        tw.permutation_test(*_tokens(300, seed, level_effect=0.5)[:3], n_perm=99, seed=seed)["p"] for seed in range(40)
+        mstats.stratified_permutation_test(*_tokens(300, seed, level_effect=0.5)[:3], n_perm=99, seed=seed)["p"]
+        for seed in range(40)
     ]
     assert stats.kstest(ps, "uniform").pvalue > 0.01
     assert 0.3 < np.mean(ps) < 0.7 and np.mean(np.array(ps) < 0.05) <= 0.15

@@ -1,7 +1,8 @@
 """Shared style and glue of every table and figure script: colours, labels, statistics, saving, invocation.
 
 Figures never need a GPU: the scripts import pandas, matplotlib and this module, nothing
-else. Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
+else; this module takes its statistics from mohge.core.stats (numpy and scipy, no torch).
+Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
 Scripts run by Snakemake's ``script:`` directive get a preamble prepended (Snakemake 9.27), so they must not
 use ``from __future__ import``; they find this module through ``snakemake.scriptdir``.
 Colours are the Okabe-Ito palette (safe under the common colour-vision deficiencies); each family also has its
@@ -24,6 +25,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+
+from mohge.core import stats  # noqa: E402
 
 FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
 FAMILY_COLORS = {
@@ -203,30 +206,11 @@ def ordered(values: Iterable, order: Iterable) -> list:
     return [v for v in order if v in present] + sorted((v for v in present if v not in order), key=str)
 
 
-# ---- statistics: mean and 95% confidence interval over seeds (Student t), without scipy ---------------------
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131)
-_T975 += (2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """Two-sided 95% Student t quantile t(0.975, df): the table for df 1..30, a Cornish-Fisher series beyond."""
-    if df < 1:
-        raise ValueError(f"df={df}: needs at least two samples")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
+# ---- statistics: mean and 95% confidence interval over seeds (Student t; mohge.core.stats) ----------------------
 def mean_ci(values: Iterable[float]) -> tuple[float, float, int]:
     """(mean, half-width of the 95% CI, n) of the non-missing values; the half-width is NaN with one value."""
     s = pd.Series(list(values), dtype=float).dropna()
-    n = len(s)
-    if n == 0:
-        return math.nan, math.nan, 0
-    if n == 1:
-        return float(s.iloc[0]), math.nan, 1
-    return float(s.mean()), t975(n - 1) * float(s.std(ddof=1)) / math.sqrt(n), n
+    return (float(s.mean()) if len(s) else math.nan), stats.one_sample(s.to_numpy()).half_width(0.05), len(s)
 
 
 def summarise(df: pd.DataFrame, by: list[str], cols: list[str]) -> pd.DataFrame:
@@ -375,7 +359,7 @@ def mean_band(df: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """Per ``x``: mean of ``y`` over the rows (seeds) and the 95% CI band lo/hi (NaN where one seed)."""
     g = df.dropna(subset=[y]).groupby(x)[y]
     out = pd.DataFrame({"mean": g.mean(), "std": g.std(), "n": g.count()})
-    hw = out["std"] * out["n"].map(lambda k: t975(k - 1) if k > 1 else math.nan) / out["n"] ** 0.5
+    hw = stats.t_half_width(out["std"].to_numpy(), out["n"].to_numpy(), 0.05)
     return out.assign(lo=out["mean"] - hw, hi=out["mean"] + hw).reset_index()
 
 

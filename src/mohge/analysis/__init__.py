@@ -4,10 +4,13 @@ Owns:
   `utilization`  expert placement -> per-rank load, analytic and measured (``python -m mohge.utilization``)
   `ep_timing`    the torchrun harness that times each rank's expert compute for the utilization study
   `collect`      the per-run summaries gathered into the study's tables (``python -m mohge.collect``)
-  `paired`       paired tests on log ratios, their intervals and declared power (shared by the study tables)
   `study`        the paired tests and the claims of docs/study.md (``python -m mohge.study``)
   `controls`     the tests of the arms declared after the claims study's results (S8-S10 of ``mohge.study``)
+  `capacity`     the capacity study's declared tests, tables C1-C3 and its figure (rule capacity_analysis)
   `plan`         memory and throughput of a cluster config before it runs (``python -m mohge.plan``)
+
+Every interval and test comes from mohge.core.stats (the evaluation's token-level record needs them too, so they
+live below both).
 
 May import: core, config, model, data, train, evaluate and mohge.kernels; never bench.
 """

@@ -1,10 +1,11 @@
-"""The claims study's arms declared after its results (issue 21; docs/study.md "Declared before their runs"):
+"""The claims study's arms declared after its results (docs/study.md "Declared before their runs"):
 their tests.
 
 Every declared test is reported when its runs are in runs.csv and listed as "declared, not run" (no numbers) when
 they are not; a test is declared when the study config plans its models (:func:`mohge.config.runs.plan`), so a
-study without these arms lists none. The quality tests are those of S2 (:func:`mohge.analysis.paired.compare`:
-paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on the seeds the two models share.
+study without these arms lists none. The quality tests are those of S2 (:func:`mohge.core.stats.compare`:
+paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on the seeds the two models share
+(:func:`paired_log_diffs`).
 
 * S8_controls, the attribution of Q1b (MoHGE vs the iso-parameter MoE-208, "the package"):
   (a) MoHGE vs hom208 (MoHGE's router and losses, every width 208) and hom208 vs MoE-208, two-sided;
@@ -36,12 +37,18 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from mohge.config.runs import plan
+from mohge.core.stats import (
+    compare,
+    detectable,
+    fisher_combined_p,
+    one_sample,
+    power_two_sided,
+    sample_sd,
+    t_interval,
+)
 from mohge.model.losses import group_cost_weights
-
-from .paired import compare, detectable, paired_log_diffs, power_two_sided, t_interval
 
 NOT_RUN = "declared, not run"
 COMPARE_COLUMNS = [
@@ -67,6 +74,16 @@ LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/st
 def model_name(family: str, variant: str) -> str:
     """The runs.csv name of a model: its family, qualified by the variant (mohge.analysis.collect.model_name)."""
     return f"{family}+{variant}" if variant else family
+
+
+def paired_log_diffs(runs: pd.DataFrame, metric: str, a: str, b: str) -> pd.Series:
+    """log metric(a) - log metric(b) per seed, over the seeds both models have (index: seed): the claims study pairs
+    by seed, which fixes the data order of every model."""
+    wide = runs[runs["family"].isin([a, b])].pivot_table(index="seed", columns="family", values=metric)
+    if a not in wide or b not in wide:
+        return pd.Series(dtype=np.float64)
+    wide = wide.dropna(subset=[a, b])
+    return np.log(wide[a]) - np.log(wide[b])
 
 
 def planned_models(config: dict) -> dict[tuple[str, str], dict[int, object]]:
@@ -271,9 +288,9 @@ def _against_control(per, runs, ds, model, control, emh, alpha, margin) -> dict:
     if not len(d):
         return out
     out["emh_vs_control"], out["evc_low"], out["evc_high"] = t_interval(d, alpha)
-    if len(d) >= 2 and np.ptp(d) > 0:
-        out["evc_p"] = float(stats.ttest_1samp(d, 0.0).pvalue)
-        sd = float(np.std(d, ddof=1))
+    out["evc_p"] = one_sample(d).p_h0_eq(0.0)
+    if len(d) >= 2:  # in units of the sd (0 with no spread), searched up to 100 sd
+        sd = sample_sd(d)
         out["evc_mde80"] = sd * detectable(lambda e: power_two_sided(len(d), sd, e * sd, alpha), hi=100.0)
     if len(d) < 2:
         out["steers"] = "n < 2"
@@ -346,7 +363,7 @@ def token_q3(
         row["null_mean"] = _ci(null, alpha)[0]
         row["excess"], row["excess_low"], row["excess_high"] = _ci(rho - null, alpha)
         ok = ps[ps == ps]
-        row["perm_p_fisher"] = float(stats.combine_pvalues(ok, method="fisher").pvalue) if len(ok) else math.nan
+        row["perm_p_fisher"] = fisher_combined_p(ok)
         row["perm_p_below_alpha"] = f"{int((ok < alpha).sum())} of {len(ok)}"
         rho_all = np.array([_num(r["all"]["rho"]) for r in recs])
         row["rho_all"], row["rho_all_low"], row["rho_all_high"] = _ci(rho_all, alpha)

@@ -6,12 +6,13 @@ data order of every model) and works on log-perplexity, so a difference is a rat
     d_s = log ppl_A(s) - log ppl_B(s),   ratio = exp(mean d),   95 % CI = exp(t-interval of mean d)
 
 * Q1, parity: TOST equivalence of MoHGE and the reference MoE at margin m: both one-sided t tests
-  H0: mean d <= -log(1+m) and H0: mean d >= +log(1+m) must reject at alpha (scipy.stats.ttest_1samp).
+  H0: mean d <= -log(1+m) and H0: mean d >= +log(1+m) must reject at alpha (:func:`mohge.core.stats.compare`, as
+  every interval and test here).
 * Q1, non-inferiority (the test that matches "same quality with fewer parameters"): the upper TOST leg alone,
-  H0: mean d >= +log(1+m); and the two-sided paired t test of the difference (added after the results, issue 21).
+  H0: mean d >= +log(1+m); and the two-sided paired t test of the difference (added after the results).
 * Q1b, the MoHGE package: one-sided paired t test of MoHGE against the iso-parameter MoE, H1: mean d < 0. It
   changes router, gate function, auxiliary losses and widths at once, so it tests the package, not heterogeneity.
-* Power (declared, issue 21): from each test's paired sd and n, the power at the declared effect (a ratio of
+* Power (declared after the results): from each test's paired sd and n, the power at the declared effect (a ratio of
   exactly 1 for TOST and non-inferiority, a difference of the margin for the other tests) and the minimum
   detectable effect at 80 % power (noncentral t; TOST by integrating over the sd's chi distribution). Never the
   "observed power" at the observed effect.
@@ -27,7 +28,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
   test split (from each run's trace.json), mean over seeds.
 * Q3, difficulty: mean routed expert width per difficulty level (from groups_by_level.csv), per seed, then mean
   and CI over seeds; the paired easy - hard difference per seed.
-* The arms declared after the results (issue 21; :mod:`mohge.analysis.controls`): S8 the controls of Q1b and its
+* The arms declared after the results (:mod:`mohge.analysis.controls`): S8 the controls of Q1b and its
   restatement, S9 Q3's alpha_G = 0 control and dose-response, S10 the token-level Q3 record of the traces.
 
     python -m mohge.study --results results/claims --config configs/config.yaml configs/study.yaml --out DIR
@@ -43,22 +44,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 from mohge.core.cli import user_errors
+from mohge.core.stats import compare, p_binomial_h0_le, t_interval
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
-from .controls import control_tests, graded_datasets, planned_models, q3_dose, token_q3
-from .paired import (  # noqa: F401  (re-exported: the study's tests and scripts read them here)
-    compare,
-    detectable,
-    paired_log_diffs,
-    power_one_sided,
-    power_row,
-    power_tost,
-    power_two_sided,
-    t_interval,
-)
+from .controls import control_tests, graded_datasets, paired_log_diffs, planned_models, q3_dose, token_q3
 from .utilization import analyze
 
 # The metric each local task is scored by (what its YAML's metric_list declares first) and its chance level.
@@ -92,8 +83,8 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
     primary = analysis.get("primary_metric", "test_ppl")
     metrics = [primary, *(m for m in ("test_ppl", "val_ppl") if m != primary)]
     sweep = sweep_widths(runs)
-    # (question, A, B, test, role): the tests declared before the runs (issue 12) and those added after the
-    # results were read (issue 21: the test that matches the claim, the difference, dense against the MoEs)
+    # (question, A, B, test, role): the tests declared before the runs and those added after the results were read
+    # (the test that matches the claim, the difference, dense against the MoEs)
     pre, post = "pre-declared", "added after the results"
     plan = [
         ("Q1 parity", "mohge", ref, "tost", pre),
@@ -152,7 +143,7 @@ def reportable_tasks(runs: pd.DataFrame, docs: dict[str, int], alpha: float = 0.
         scores = runs[col].dropna()
         k = int(round(float(scores.sum()) * docs[task]))
         n = docs[task] * len(scores)
-        p = stats.binomtest(k, n, chance, alternative="greater").pvalue
+        p = p_binomial_h0_le(k, n, chance)
         pooled = k / n
         if p >= alpha:
             out[task] = f"not reported: at chance ({pooled:.3f} vs {chance:.2f}, p = {p:.2g})"
@@ -394,7 +385,7 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     groups = pd.read_csv(results / "groups_by_level.csv")
     write_table(difficulty(groups, runs, alpha), out / "S4_difficulty")
     write_table(task_table(runs, alpha), out / "S5_tasks")
-    # the arms declared after the results (issue 21): reported where they ran, "declared, not run" where not
+    # the arms declared after the results: reported where they ran, "declared, not run" where not
     planned = planned_models(config)
     write_table(control_tests(runs, config, planned), out / "S8_controls")
     write_table(q3_dose(mean_width_by_level(groups), runs, config, planned), out / "S9_q3_dose")

@@ -1,4 +1,4 @@
-"""The token-level Q3 record: each held-out token's routed width against its loss (docs/study.md, issue 21 item 4).
+"""The token-level Q3 record: each held-out token's routed width against its loss (docs/study.md).
 
 The tracer (:mod:`mohge.evaluate.traces`) runs a model over every test token of graded data once; per position t
 (which predicts target y_t, whose level it takes, as the trace's ``counts_by_level`` do) it keeps
@@ -14,7 +14,8 @@ and summarises them (:func:`token_summary`, a few numbers that go into trace.jso
   level) and over all tokens, against a shuffled baseline: ``n_perm`` permutations of the widths *within level*
   (separators, level -1, are one more stratum for ``all``). A within-level shuffle keeps the between-level part of
   rho (levels differ in both width and loss), so the null is centred there, not at 0; ``p`` is two-sided about the
-  null's mean, (1 + #{|rho* - mean| >= |rho - mean|}) / (1 + n_perm). ``rho_by_layer``: rho per MoE layer.
+  null's mean, (1 + #{|rho* - mean| >= |rho - mean|}) / (1 + n_perm) (:mod:`mohge.core.stats`, as every test
+  here). ``rho_by_layer``: rho per MoE layer.
 * ``within_token``: the same answer token at two levels. For every target token id that occurs at the easy and at
   the hard level, mean width_T at easy minus at hard; over those ids: mean, 95 % t CI, two-sided one-sample t p, n.
   Negative means easy tokens route narrower than the same token id in a hard sum (the study's sign, S4).
@@ -25,12 +26,10 @@ results/. Legend: T tokens, L MoE layers, K top-k, E experts.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from scipy import stats
 
 from mohge.config import LEVEL_NAMES
+from mohge.core.stats import one_sample, spearman, stratified_permutation_test
 
 N_PERM = 200
 WIDTH_DEFINITION = "gate-weighted mean routed width (gates normalised per token and layer), mean over MoE layers"
@@ -45,61 +44,19 @@ def routed_width(idx_TK: np.ndarray, gates_TK: np.ndarray, widths_E: np.ndarray)
     return np.where(total_T > 0, (g_TK * w_TK).sum(1) / np.where(total_T > 0, total_T, 1), w_TK.mean(1))
 
 
-def _centred_ranks(x: np.ndarray) -> np.ndarray:
-    r = stats.rankdata(x).astype(np.float64)
-    r -= r.mean()
-    return r / (np.linalg.norm(r) or 1.0)
-
-
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman's rho (average ranks for ties); nan for fewer than 3 values or a constant input."""
-    x, y = np.asarray(x), np.asarray(y)
-    if len(x) < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
-        return math.nan
-    return float(_centred_ranks(x) @ _centred_ranks(y))
-
-
-def permutation_test(x: np.ndarray, y: np.ndarray, strata: np.ndarray, n_perm: int = N_PERM, seed: int = 0) -> dict:
-    """Spearman's rho of x with y against ``n_perm`` permutations of x within each stratum (same ranks, so each
-    permuted rho is the Pearson correlation of the permuted ranks). Returns rho, the null's mean and sd, the
-    two-sided p about the null mean, n_perm and n."""
-    x, y, strata = np.asarray(x), np.asarray(y), np.asarray(strata)
-    out = {"rho": spearman(x, y), "null_mean": math.nan, "null_sd": math.nan, "p": math.nan, "n_perm": n_perm}
-    out["n"] = int(len(x))
-    if out["rho"] != out["rho"] or n_perm < 1:
-        return out
-    rx, ry = _centred_ranks(x), _centred_ranks(y)
-    groups = [np.flatnonzero(strata == s) for s in np.unique(strata)]
-    rng = np.random.default_rng(seed)
-    null = np.empty(n_perm)
-    perm = np.arange(len(x))
-    for i in range(n_perm):
-        for g in groups:
-            perm[g] = rng.permutation(g)
-        null[i] = rx[perm] @ ry
-    centre = float(null.mean())
-    extreme = np.abs(null - centre) >= abs(out["rho"] - centre) - 1e-12
-    out.update(null_mean=centre, null_sd=float(null.std(ddof=1)) if n_perm > 1 else math.nan)
-    out["p"] = float((1 + extreme.sum()) / (1 + n_perm))
-    return out
-
-
 def within_token_contrast(width_T: np.ndarray, level_T: np.ndarray, target_T: np.ndarray, alpha: float = 0.05) -> dict:
     """Per target token id present at the easy and at the hard level: mean width at easy minus at hard; their mean,
-    (1 - alpha) t interval, two-sided one-sample t p and count over ids."""
+    (1 - alpha) t interval, the two-sided one-sample t p of H0: mean 0, and count over ids (the degenerate cases as
+    :mod:`mohge.core.stats` defines them)."""
     easy, hard = LEVEL_NAMES.index("easy"), LEVEL_NAMES.index("hard")
     diffs = []
     width_T, level_T, target_T = np.asarray(width_T), np.asarray(level_T), np.asarray(target_T)
     for tok in np.intersect1d(target_T[level_T == easy], target_T[level_T == hard]):
         mine = target_T == tok
         diffs.append(width_T[mine & (level_T == easy)].mean() - width_T[mine & (level_T == hard)].mean())
-    d = np.asarray(diffs, dtype=np.float64)
-    out = {"n_ids": int(len(d)), "easy_minus_hard": float(d.mean()) if len(d) else math.nan}
-    out.update(low=math.nan, high=math.nan, p=math.nan)
-    if len(d) >= 2 and np.ptp(d) > 0:
-        lo, hi = stats.t.interval(1 - alpha, len(d) - 1, loc=d.mean(), scale=stats.sem(d))
-        out.update(low=float(lo), high=float(hi), p=float(stats.ttest_1samp(d, 0.0).pvalue))
-    return out
+    est = one_sample(diffs)
+    low, high = est.interval(alpha)
+    return {"n_ids": est.n, "easy_minus_hard": est.estimate, "low": low, "high": high, "p": est.p_h0_eq(0.0)}
 
 
 def token_summary(
@@ -111,7 +68,7 @@ def token_summary(
     answer = level_T >= 0
 
     def block(sel: np.ndarray) -> dict:
-        out = permutation_test(width_T[sel], loss_T[sel], level_T[sel], n_perm)
+        out = stratified_permutation_test(width_T[sel], loss_T[sel], level_T[sel], n_perm)
         out["rho_by_layer"] = [spearman(width_TL[sel, i], loss_T[sel]) for i in range(width_TL.shape[1])]
         return out
 

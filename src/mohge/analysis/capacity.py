@@ -1,0 +1,242 @@
+"""The capacity study's declared analysis (configs/capacity.yaml; docs/study.md "The capacity study"): tables C1-C3.
+
+B is the bits stored (runs.csv ``bits_stored``), P the total non-embedding parameters. Every interval and test comes
+from :mod:`mohge.core.stats`.
+
+Seeds do not pair here: the facts and their order are the data's, the same in every run, and a seed only sets the
+initialisation of architectures that share nothing else. So every comparison of two models is unpaired, Welch's
+test on log B: exp(mean log B_A - mean log B_B) is the ratio of geometric means, with its Student-t interval on
+Welch-Satterthwaite df. Each row's p is the p of the null its ``h0`` column names:
+
+* G1, the reference MoE stores reliably more than the iso MoE: H0 ratio <= gate_ratio (1.05); passes if the 95 %
+  interval's lower end lies above gate_ratio (the one-sided test at alpha / 2).
+* G2, the sweep slope: OLS of log B on log P over every sweep run (every seed a point); H0 slope = 0; passes if the
+  slope is at least gate_slope (0.5) with four widths or more.
+* G3, saturation on the quarter set: H0 ratio outside [1 - margin, 1 + margin] (TOST); passes if the 95 % interval
+  lies inside, read on the point ratio with one seed a model.
+* Claim 1, non-inferiority of MoHGE to the reference: H0 ratio <= 1 - margin (0.97); supported if the 95 %
+  interval's lower end lies above 1 - margin, refuted if its upper end lies below, undecided otherwise.
+* MoE-equivalent size: the sweep fit inverted at an arm's mean log B, P_eq = exp((mean log B - a) / b), as
+  P_eq / P_arm; its interval is the delta method's (the fit's covariance on n - 2 df and the variance of the arm's
+  mean on n_arm - 1 df, Welch-Satterthwaite df) with t quantiles.
+* Heterogeneity, MoHGE against the iso MoE: H0 ratio = 1, two-sided.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mohge.core.stats import TEstimate, delta_interval, delta_variance, ols_line, one_sample, t_interval, welch
+
+DEFAULTS = {
+    "reference": "moe",
+    "iso": "moe_equal",
+    "sweep": ["moe+w9", "moe_equal", "moe", "moe+w19"],
+    "mohge": ["mohge", "mohge+ae5e2"],
+    "dataset": "facts",
+    "quarter": "facts_quarter",
+    "alpha": 0.05,
+    "margin": 0.03,
+    "gate_ratio": 1.05,
+    "gate_slope": 0.5,
+    "unused_share": 0.01,
+}
+TEST_COLUMNS = ["test", "a", "b", "n_a", "n_b", "estimate", "ci_low", "ci_high", "h0", "p", "threshold", "verdict"]
+MODEL_COLUMNS = ["dataset", "model", "n", "params_non_embedding", "params_total", "bits_stored", "bits_low"]
+MODEL_COLUMNS += ["bits_high", "bits_per_param", "fraction_of_data", "recall"]
+UNUSED_COLUMNS = ["model", "run", "layer", "unused", "unused_params"]
+
+
+def settings(params: dict) -> dict:
+    """DEFAULTS, then the study config's ``settings``, then any other key of ``params``."""
+    return {**DEFAULTS, **params.get("settings", {}), **{k: v for k, v in params.items() if k != "settings"}}
+
+
+def _log_bits(runs: pd.DataFrame, model: str) -> np.ndarray:
+    return np.log(runs.loc[runs["family"] == model, "bits_stored"].to_numpy(np.float64))
+
+
+def ratio_row(runs: pd.DataFrame, a: str, b: str, alpha: float) -> tuple[dict, TEstimate]:
+    """B_a / B_b unpaired (Welch on log B): the row's a, b, n_a, n_b, ratio of geometric means and its (1 - alpha)
+    interval, and the estimate (log scale) for the row's test."""
+    la, lb = _log_bits(runs, a), _log_bits(runs, b)
+    est = welch(la, lb)
+    lo, hi = est.interval(alpha)
+    row = {"a": a, "b": b, "n_a": len(la), "n_b": len(lb), "estimate": math.exp(est.estimate)}
+    row.update(ci_low=math.exp(lo), ci_high=math.exp(hi))
+    return row, est
+
+
+def sweep_fit(runs: pd.DataFrame, sweep: Sequence[str]) -> dict:
+    """OLS of log B on log P over the sweep's runs: n, widths, intercept, slope, its covariance and df, the slope's
+    estimate (a :class:`mohge.core.stats.TEstimate`); slope nan below 3 runs or with one P."""
+    s = runs[runs["family"].isin(sweep)]
+    x, y = np.log(s["total_params_non_embedding"].to_numpy(float)), np.log(s["bits_stored"].to_numpy(float))
+    fit = {"n": len(s), "widths": int(s["family"].nunique()), "slope": math.nan, "intercept": math.nan}
+    if len(s) < 3:
+        return fit
+    line = ols_line(x, y)
+    fit.update(intercept=line.intercept, slope=line.slope, cov=line.cov, df=line.df, slope_t=line.slope_t)
+    return fit
+
+
+def equivalent_size(runs: pd.DataFrame, fit: dict, model: str, alpha: float) -> dict:
+    """P_eq / P_model: the sweep's parameters at the model's mean log B, with its delta-method t interval."""
+    y = _log_bits(runs, model)
+    m = runs[runs["family"] == model]
+    out = {"a": model, "b": "sweep fit", "n_a": len(y), "n_b": fit["n"], "estimate": math.nan}
+    out.update(ci_low=math.nan, ci_high=math.nan)
+    if not len(y) or not math.isfinite(fit["slope"]) or fit["slope"] <= 0:
+        return out
+    mean, p_model = one_sample(y), float(m["total_params_non_embedding"].mean())
+    a, b = fit["intercept"], fit["slope"]
+    g = (mean.estimate - a) / b
+    out["estimate"] = math.exp(g) / p_model
+    v_fit = delta_variance([-1.0 / b, -(mean.estimate - a) / b**2], fit["cov"])  # d g / d (a, b)
+    v_mean = mean.se**2 / b**2
+    lo, hi, _ = delta_interval(g, [v_fit, v_mean], [fit["df"], mean.df], alpha)
+    out.update(ci_low=math.exp(lo) / p_model, ci_high=math.exp(hi) / p_model)
+    return out
+
+
+def _gate_g1(main: pd.DataFrame, p: dict) -> dict:
+    g1, est = ratio_row(main, p["reference"], p["iso"], p["alpha"])
+    bar = p["gate_ratio"]
+    g1.update(test="G1 reference > iso", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
+    g1["threshold"] = f"95% low > {bar}"
+    g1["verdict"] = "pass" if g1["ci_low"] > bar else ("fail" if est.defined else "needs 2 seeds a model")
+    return g1
+
+
+def _gate_g2(fit: dict, p: dict) -> dict:
+    slope = fit.get("slope_t")
+    lo, hi = slope.interval(p["alpha"]) if slope is not None else (math.nan, math.nan)
+    g2 = {"test": "G2 sweep slope", "a": ", ".join(p["sweep"]), "b": "log P", "n_a": fit["n"], "n_b": math.nan}
+    g2.update(estimate=fit["slope"], ci_low=lo, ci_high=hi, h0="slope = 0")
+    g2.update(p=slope.p_h0_eq(0.0) if slope is not None else math.nan, threshold=f">= {p['gate_slope']}")
+    enough = fit["widths"] >= 4
+    g2["verdict"] = ("pass" if fit["slope"] >= p["gate_slope"] else "fail") if enough else "needs 4 widths"
+    return g2
+
+
+def _gate_g3(quarter: pd.DataFrame, p: dict) -> dict:
+    refq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["reference"]]
+    isoq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["iso"]]
+    lo, hi = 1 - p["margin"], 1 + p["margin"]
+    if refq and isoq:
+        g3, est = ratio_row(quarter, refq[0], isoq[0], p["alpha"])
+        g3["p"] = est.p_tost(math.log(lo), math.log(hi))
+    else:
+        g3 = {"a": p["reference"], "b": p["iso"], "n_a": 0, "n_b": 0, "estimate": math.nan, "ci_low": math.nan}
+        g3.update(ci_high=math.nan, p=math.nan)
+    g3.update(test="G3 saturation (quarter set)", h0=f"ratio outside [{lo:.2f}, {hi:.2f}]")
+    g3["threshold"] = f"within [{lo:.2f}, {hi:.2f}]"
+    if g3["ci_low"] == g3["ci_low"]:
+        inside = lo <= g3["ci_low"] and g3["ci_high"] <= hi
+    else:  # one seed a model: the point ratio
+        inside = lo <= g3["estimate"] <= hi
+    g3["verdict"] = "pass" if inside else ("fail" if g3["n_a"] and g3["n_b"] else "no runs")
+    return g3
+
+
+def decide(main: pd.DataFrame, quarter: pd.DataFrame, p: dict) -> tuple[pd.DataFrame, dict]:
+    """The tests of docs/study.md, in order: the gate's three parts, claim 1, the equivalent sizes, heterogeneity."""
+    alpha, floor = p["alpha"], 1 - p["margin"]
+    fit = sweep_fit(main, p["sweep"])
+    gates = [_gate_g1(main, p), _gate_g2(fit, p), _gate_g3(quarter, p)]
+    gate = all(g["verdict"] == "pass" for g in gates)
+    c1, est = ratio_row(main, p["mohge"][0], p["reference"], alpha)
+    c1.update(test="Claim 1 non-inferiority", h0=f"ratio <= {floor:.2f}", p=est.p_h0_le(math.log(floor)))
+    c1["threshold"] = f"95% low > {floor:.2f}"
+    if not est.defined:
+        c1["verdict"] = "needs 2 seeds a model"
+    elif c1["ci_low"] > floor:
+        c1["verdict"] = "supported" if gate else "supported, but the gate fails"
+    elif c1["ci_high"] < floor:
+        c1["verdict"] = "refuted" if gate else "refuted, but the gate fails"
+    else:
+        c1["verdict"] = "undecided"
+    rows = [*gates, c1]
+    for arm in p["mohge"]:
+        eq = equivalent_size(main, fit, arm, alpha)
+        eq.update(test=f"MoE-equivalent size of {arm}", h0="", p=math.nan, threshold="claim: about 1.2", verdict="")
+        rows.append(eq)
+    het, est = ratio_row(main, p["mohge"][0], p["iso"], alpha)
+    het.update(test="Heterogeneity", h0="ratio = 1", p=est.p_h0_eq(0.0), threshold="two-sided", verdict="")
+    if est.defined:
+        het["verdict"] = "differs" if het["p"] < alpha else "no difference shown"
+    rows.append(het)
+    tests = pd.DataFrame(rows)[TEST_COLUMNS].astype({"n_a": "Int64", "n_b": "Int64"})
+    return tests, {"gate": gate, "fit": fit}
+
+
+def model_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
+    """Per dataset and model: n, B and recall (mean, 95 % CI), parameters, bits per non-embedding parameter."""
+    rows = []
+    for (dataset, fam), g in runs.groupby(["dataset", "family"], sort=True):
+        b, lo, hi = t_interval(g["bits_stored"].to_numpy(float), alpha)
+        p_ne = float(g["total_params_non_embedding"].mean())
+        rows.append(
+            {
+                "dataset": dataset,
+                "model": fam,
+                "n": len(g),
+                "params_non_embedding": p_ne,
+                "params_total": float(g["total_params"].mean()),
+                "bits_stored": b,
+                "bits_low": lo,
+                "bits_high": hi,
+                "bits_per_param": b / p_ne,
+                "fraction_of_data": b / float(g["data_bits"].mean()),
+                "recall": float(g["fact_recall"].mean()),
+            }
+        )
+    return pd.DataFrame(rows, columns=MODEL_COLUMNS)
+
+
+def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float) -> pd.DataFrame:
+    """Per model and MoE layer: mean number of experts (over seeds) whose share of routed slots is below
+    `share` of a uniform share, and the expert parameters they hold."""
+    fam = runs.set_index("run")["family"].to_dict()
+    rows = []
+    for path in traces:
+        t = json.loads(Path(path).read_text())
+        run = Path(path).parent.name
+        if run not in fam:
+            continue
+        widths = [w for w in t["expert_widths"] for _ in range(t["experts_per_group"])]
+        for i, layer in enumerate(t["layers"]):
+            c = np.asarray(layer["counts"], dtype=float)
+            unused = c / c.sum() < share / len(c)
+            params = sum(3 * t["d_model"] * w for w, u in zip(widths, unused, strict=True) if u)
+            rows.append(
+                {"model": fam[run], "run": run, "layer": i, "unused": int(unused.sum()), "unused_params": params}
+            )
+    df = pd.DataFrame(rows, columns=UNUSED_COLUMNS)
+    return df.groupby(["model", "layer"], as_index=False).agg(
+        n=("run", "nunique"), unused=("unused", "mean"), unused_params=("unused_params", "mean")
+    )
+
+
+def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
+    """Every result of the study from runs.csv's rows and the runs' trace.json paths: ``models`` (C1), ``tests`` and
+    ``gate`` (C2), ``unused`` (C3), the sweep ``fit``, the ``main`` dataset's runs and the merged ``settings``."""
+    p = settings(params)
+    runs = runs[runs["bits_stored"].notna()] if "bits_stored" in runs else runs.iloc[0:0]
+    main, quarter = runs[runs["dataset"] == p["dataset"]], runs[runs["dataset"] == p["quarter"]]
+    tests, summary = decide(main, quarter, p)
+    return {
+        "settings": p,
+        "main": main,
+        "models": model_table(runs, p["alpha"]),
+        "tests": tests,
+        "gate": summary["gate"],
+        "fit": summary["fit"],
+        "unused": unused_table(traces, runs, p["unused_share"]),
+    }

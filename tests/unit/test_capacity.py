@@ -1,0 +1,203 @@
+"""The capacity study's declared analysis (mohge.analysis.capacity) on synthetic runs with known answers: a gate
+that passes and a claim that holds, a gate that fails, the sweep fit, the equivalent size, unpaired comparisons, and
+the tables and figure of its workflow script."""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats as sp
+
+from mohge.analysis import capacity as ca
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+
+
+def _script():
+    sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location("capacity_analysis", SCRIPTS / "capacity_analysis.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+P = {"moe+w9": 65696, "moe_equal": 84128, "moe": 102560, "moe+w19": 127136, "mohge": 84640, "mohge+ae5e2": 84640}
+
+
+def synthetic(slope=0.8, mohge_vs_ref=1.0, ref_gain=None, noise=0.01, quarter_ratio=1.0) -> pd.DataFrame:
+    """B = c P^slope for the homogeneous MoEs (3 seeds each), MoHGE at mohge_vs_ref x the reference."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for fam, p in P.items():
+        for seed in range(3):
+            b = 1e5 * (p / 84128) ** slope
+            if fam.startswith("mohge"):
+                b = 1e5 * (102560 / 84128) ** slope * mohge_vs_ref
+            if fam == "moe" and ref_gain is not None:
+                b = 1e5 * ref_gain
+            b *= math.exp(noise * rng.standard_normal())
+            rows.append({"run": f"facts-{fam}-s{seed}", "dataset": "facts", "family": fam, "seed": seed})
+            rows[-1].update(bits_stored=b, total_params_non_embedding=p, total_params=p + 32896)
+            rows[-1].update(data_bits=262144.0, fact_recall=0.3)
+    for fam, b in (("moe+quarter", 60000.0 * quarter_ratio), ("moe_equal+quarter", 60000.0)):
+        rows.append({"run": f"q-{fam}", "dataset": "facts_quarter", "family": fam, "seed": 0, "bits_stored": b})
+        rows[-1].update(total_params_non_embedding=P[fam.split("+")[0]], total_params=1, data_bits=65536.0)
+        rows[-1]["fact_recall"] = 0.9
+    return pd.DataFrame(rows)
+
+
+def decide(df: pd.DataFrame, **settings):
+    return ca.decide(df[df.dataset == "facts"], df[df.dataset == "facts_quarter"], {**ca.DEFAULTS, **settings})
+
+
+def test_a_sensitive_setup_passes_the_gate_and_decides_claim_1():
+    df = synthetic(noise=0.004)  # with 3 seeds, 1 % noise on log B leaves a 3 % margin undecided (next test)
+    tests, summary = decide(df)
+    t = tests.set_index("test")
+    assert summary["gate"]
+    assert t.loc["G1 reference > iso", "estimate"] == pytest.approx((102560 / 84128) ** 0.8, rel=0.02)
+    assert t.loc["G2 sweep slope", "estimate"] == pytest.approx(0.8, abs=0.1)
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "supported"
+    # MoHGE stores what the reference stores: its MoE-equivalent size is the reference's, 1.21 x its own
+    eq = t.loc["MoE-equivalent size of mohge"]
+    assert eq["estimate"] == pytest.approx(102560 / 84640, rel=0.03) and eq["ci_low"] < eq["estimate"] < eq["ci_high"]
+    assert t.loc["Heterogeneity", "verdict"] == "differs"
+
+
+def test_three_noisy_seeds_leave_claim_1_undecided():
+    df = synthetic(noise=0.015)
+    tests, _ = decide(df)
+    assert tests.set_index("test").loc["Claim 1 non-inferiority", "verdict"] == "undecided"
+
+
+def test_claim_1_is_refuted_when_mohge_stores_what_the_iso_moe_stores():
+    df = synthetic(mohge_vs_ref=(84128 / 102560) ** 0.8)
+    tests, _ = decide(df)
+    t = tests.set_index("test")
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "refuted"
+    assert t.loc["Heterogeneity", "verdict"] == "no difference shown"
+
+
+def test_a_blind_setup_fails_the_gate_and_says_so():
+    df = synthetic(slope=0.05, ref_gain=1.01, quarter_ratio=1.1)
+    tests, summary = decide(df)
+    t = tests.set_index("test")
+    assert not summary["gate"]
+    assert t.loc["G1 reference > iso", "verdict"] == "fail"
+    assert t.loc["G2 sweep slope", "verdict"] == "fail"
+    assert t.loc["G3 saturation (quarter set)", "verdict"] == "fail"
+    assert "gate fails" in t.loc["Claim 1 non-inferiority", "verdict"] or t.loc[
+        "Claim 1 non-inferiority", "verdict"
+    ] in ("undecided",)
+
+
+def test_tables_figure_and_unused_experts(tmp_path):
+    df = synthetic()
+    df.to_csv(tmp_path / "runs.csv", index=False)
+    trace = tmp_path / "facts-mohge-s0" / "trace.json"
+    trace.parent.mkdir()
+    counts = [100] * 32
+    counts[0] = counts[5] = 0  # two experts of group 0 and 1 (widths 5 and 7) never routed
+    layers = [{"counts": counts}, {"counts": [100] * 32}]
+    trace.write_text(
+        json.dumps(
+            {"expert_widths": [5, 7, 9, 11, 13, 15, 17, 19], "experts_per_group": 4, "d_model": 32, "layers": layers}
+        )
+    )
+    outs = {
+        f"{t}_{e}": str(tmp_path / "out" / f"{t}.{e}")
+        for t in ("C1_models", "C2_tests", "C3_unused")
+        for e in ("csv", "md", "tex", "html")
+    }
+    outs.update(png=str(tmp_path / "fig.png"), pdf=str(tmp_path / "fig.pdf"))
+    _script().main({"runs": str(tmp_path / "runs.csv"), "traces": [str(trace)]}, outs, {})
+    unused = pd.read_csv(outs["C3_unused_csv"])
+    row = unused[(unused.model == "mohge") & (unused.layer == 0)].iloc[0]
+    assert row["unused"] == 2 and row["unused_params"] == 3 * 32 * (5 + 7)
+    assert unused[(unused.model == "mohge") & (unused.layer == 1)].iloc[0]["unused"] == 0
+    assert "The gate passes" in Path(outs["C2_tests_md"]).read_text()
+    c1 = pd.read_csv(outs["C1_models_csv"])
+    assert set(c1.model) >= {"mohge", "moe", "moe_equal"} and (c1[c1.dataset == "facts"].n == 3).all()
+    assert Path(outs["png"]).stat().st_size > 0 and Path(outs["pdf"]).stat().st_size > 0
+
+
+def test_h0_ratio_le_gate_and_margin_p_values_are_welch_on_log_b_not_paired():
+    """Seeds do not pair in this study: reordering one model's seeds changes nothing, and each p is Welch's."""
+    df = synthetic(noise=0.02)
+    t = decide(df)[0].set_index("test")
+    shuffled = df.copy()
+    moe = shuffled["family"] == "moe"
+    shuffled.loc[moe, "seed"] = shuffled.loc[moe, "seed"].to_numpy()[::-1]
+    pd.testing.assert_frame_equal(decide(shuffled)[0], decide(df)[0])
+    log_b = {f: np.log(df.loc[(df.dataset == "facts") & (df.family == f), "bits_stored"].to_numpy()) for f in P}
+    g1 = t.loc["G1 reference > iso"]
+    ref = sp.ttest_ind(log_b["moe"], log_b["moe_equal"], equal_var=False, alternative="greater")
+    assert g1["h0"] == "ratio <= 1.05" and (g1["n_a"], g1["n_b"]) == (3, 3)
+    assert g1["p"] == pytest.approx(
+        sp.ttest_ind(log_b["moe"] - math.log(1.05), log_b["moe_equal"], equal_var=False, alternative="greater").pvalue
+    )
+    assert g1["estimate"] == pytest.approx(math.exp(log_b["moe"].mean() - log_b["moe_equal"].mean()))
+    ci = sp.ttest_ind(log_b["moe"], log_b["moe_equal"], equal_var=False).confidence_interval(0.95)
+    assert (g1["ci_low"], g1["ci_high"]) == pytest.approx((math.exp(ci.low), math.exp(ci.high)))
+    assert ref.pvalue < g1["p"]  # the null ratio 1.05 is harder to reject than 1
+    claim = t.loc["Claim 1 non-inferiority"]
+    ni = sp.ttest_ind(log_b["mohge"] - math.log(0.97), log_b["moe"], equal_var=False, alternative="greater")
+    assert claim["h0"] == "ratio <= 0.97" and claim["p"] == pytest.approx(ni.pvalue)
+    het = t.loc["Heterogeneity"]
+    assert het["h0"] == "ratio = 1"
+    assert het["p"] == pytest.approx(sp.ttest_ind(log_b["mohge"], log_b["moe_equal"], equal_var=False).pvalue)
+
+
+def test_h0_ratio_le_margin_rejected_exactly_when_non_inferiority_is_supported_at_alpha_over_2():
+    for noise in (0.004, 0.015):
+        claim = decide(synthetic(noise=noise))[0].set_index("test").loc["Claim 1 non-inferiority"]
+        assert (claim["p"] < 0.025) == (claim["ci_low"] > 0.97)
+    refuted = decide(synthetic(mohge_vs_ref=0.8, noise=0.004))[0].set_index("test").loc["Claim 1 non-inferiority"]
+    assert refuted["verdict"] == "refuted" and refuted["p"] > 0.99  # the null of non-inferiority stands
+
+
+def test_h0_slope_0_is_the_ols_t_test_over_every_sweep_run():
+    df = synthetic(noise=0.02)
+    g2 = decide(df)[0].set_index("test").loc["G2 sweep slope"]
+    s = df[(df.dataset == "facts") & df.family.isin(ca.DEFAULTS["sweep"])]
+    ref = sp.linregress(np.log(s["total_params_non_embedding"]), np.log(s["bits_stored"]))
+    t10 = sp.t.ppf(0.975, len(s) - 2)
+    assert g2["h0"] == "slope = 0" and g2["n_a"] == len(s) == 12 and pd.isna(g2["n_b"])
+    assert g2["estimate"] == pytest.approx(ref.slope) and g2["p"] == pytest.approx(ref.pvalue, rel=1e-6)
+    assert (g2["ci_low"], g2["ci_high"]) == pytest.approx((ref.slope - t10 * ref.stderr, ref.slope + t10 * ref.stderr))
+
+
+def test_equivalent_size_interval_uses_t_quantiles_not_z():
+    df = synthetic(noise=0.02)
+    main = df[df.dataset == "facts"]
+    fit = ca.sweep_fit(main, ca.DEFAULTS["sweep"])
+    eq = ca.equivalent_size(main, fit, "mohge", 0.05)
+    y = np.log(main.loc[main.family == "mohge", "bits_stored"].to_numpy())
+    a, b = fit["intercept"], fit["slope"]
+    g = (y.mean() - a) / b
+    grad = np.array([-1 / b, -(y.mean() - a) / b**2])
+    v_fit, v_mean = grad @ fit["cov"] @ grad, y.var(ddof=1) / len(y) / b**2
+    df_ws = (v_fit + v_mean) ** 2 / (v_fit**2 / fit["df"] + v_mean**2 / (len(y) - 1))
+    half = sp.t.ppf(0.975, df_ws) * math.sqrt(v_fit + v_mean)
+    p_model = P["mohge"]
+    assert eq["estimate"] == pytest.approx(math.exp(g) / p_model)
+    assert (eq["ci_low"], eq["ci_high"]) == pytest.approx((math.exp(g - half) / p_model, math.exp(g + half) / p_model))
+    z_half = 1.959964 * math.sqrt(v_fit + v_mean)
+    assert eq["ci_high"] / eq["ci_low"] > math.exp(2 * z_half)  # wider than the normal interval
+    assert (eq["n_a"], eq["n_b"]) == (3, fit["n"])
+
+
+def test_one_seed_a_model_gives_estimates_and_no_tests():
+    df = synthetic()
+    one = df[(df.seed == 0)]
+    t = decide(one)[0].set_index("test")
+    g1, claim = t.loc["G1 reference > iso"], t.loc["Claim 1 non-inferiority"]
+    assert g1["estimate"] > 1 and math.isnan(g1["ci_low"]) and math.isnan(g1["p"])
+    assert g1["verdict"] == "needs 2 seeds a model" and claim["verdict"] == "needs 2 seeds a model"
+    g3 = t.loc["G3 saturation (quarter set)"]  # one seed on the quarter set: read on the point ratio
+    assert g3["verdict"] == "pass" and math.isnan(g3["p"]) and g3["h0"] == "ratio outside [0.97, 1.03]"
