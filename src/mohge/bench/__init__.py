@@ -4,6 +4,7 @@
     python -m mohge.bench kernels  # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
     python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
     python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
+    python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -13,7 +14,8 @@ Median of ``--reps`` runs after one warm-up run, the paths interleaved; with one
 clock is the thread's CPU time.
 
 Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
-tokens/s of MoHGE against a homogeneous MoE) and `data` (the data preparation against ``encode_batch``).
+tokens/s of MoHGE against a homogeneous MoE), `peers` (one layer against
+torchtitan's and transformers' MoE layers) and `data` (the data preparation against ``encode_batch``).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -32,34 +34,12 @@ import torch
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
-from mohge.kernels.cpu_gemm import clock
 from mohge.model.experts import SwiGLU
 from mohge.model.moe import MoELayer
 
+from .timing import time_fwd_bwd, time_interleaved
 
-def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:
-    """Seconds per forward+backward, one warm-up run first (CPU time of the thread with one torch thread)."""
-    times = []
-    for i in range(reps + 1):
-        x.grad = None
-        t0 = clock()
-        fn(x).sum().backward()
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        if i:
-            times.append(clock() - t0)
-    return times
-
-
-def time_interleaved(paths: dict[str, Callable], x: torch.Tensor, reps: int) -> dict[str, list[float]]:
-    """:func:`time_fwd_bwd` of every path, one repetition of each in turn (order flipped every round)."""
-    for fn in paths.values():
-        time_fwd_bwd(fn, x, 0)
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for r in range(reps):
-        for name in sorted(paths, reverse=bool(r % 2)):
-            times[name] += time_fwd_bwd(paths[name], x, 1)
-    return times
+__all__ = ["main", "time_fwd_bwd", "time_interleaved"]
 
 
 def layer_bench(args: argparse.Namespace) -> dict:
@@ -133,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("train", add_help=False, help="training tokens/s, MoHGE vs a homogeneous MoE of equal FLOPs")
     sub.add_parser("data", add_help=False, help="data preparation vs tokenizers' encode_batch, peak RSS (--mb)")
     sub.add_parser("precision", add_help=False, help="bf16 vs fp32 training of one run config: final val loss")
+    sub.add_parser("peers", add_help=False, help="MoE and MoHGE layers vs torchtitan's and transformers' MoE layers")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -150,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .precision import main as precision_main
 
         return precision_main(rest)
+    if args.what == "peers":
+        from .peers import main as peers_main
+
+        return peers_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.threads > 0:
