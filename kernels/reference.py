@@ -156,6 +156,20 @@ class RowLayout:
         return v_PD if self.dest_A is None else v_PD[self.dest_A]
 
 
+def gate_up_halves(h_R2H: Tensor) -> tuple[Tensor, Tensor]:
+    """The gate a and up u halves [R, H] of a pre-activation [R, 2H].
+
+    In bf16/fp16 they are copied out of their row-strided views, so SiLU and the products that follow run
+    vectorised over one flat range: on a strided view a CPU's elementwise loop goes row by row and does each
+    row's tail (H mod the vector width) element by element, in the slow scalar SiLU. fp32 keeps the views: there
+    the scalar and vector SiLU round differently, and the copies would change the results' last bits.
+    """
+    a_RH, u_RH = h_R2H.chunk(2, dim=-1)
+    if h_R2H.element_size() < 4:
+        a_RH, u_RH = a_RH.contiguous(), u_RH.contiguous()
+    return a_RH, u_RH
+
+
 class _GroupedSwiGLU(torch.autograd.Function):
     """Sort-gather-compute-scatter with a hand-written backward.
 
@@ -173,16 +187,16 @@ class _GroupedSwiGLU(torch.autograd.Function):
         gate_A = gates_TK.reshape(-1)[lay.order_A]
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
-        pre = []  # pre-activation [C, 2H] per non-empty expert
+        pre = []  # pre-activation (a, u), each [C, H], per non-empty expert
         for e in range(E):
             s, t = lay.row0[e], lay.row0[e + 1]
             if s == t:
                 pre.append(None)
                 continue
             h_C2H = xs_PD[s:t] @ w1_e[e].t()
-            a_CH, u_CH = h_C2H.chunk(2, dim=-1)
+            a_CH, u_CH = gate_up_halves(h_C2H)
             torch.mm(F.silu(a_CH) * u_CH, w2_e[e].t(), out=out_PD[s:t])
-            pre.append(h_C2H)
+            pre.append((a_CH, u_CH))
         out_AD = lay.slots(out_PD)
         y_TD = torch.zeros_like(x_TD).index_add_(0, lay.tok_A, out_AD * gate_A[:, None])
         ctx.num_classes = num_classes
@@ -205,19 +219,19 @@ class _GroupedSwiGLU(torch.autograd.Function):
         dw1s = [torch.empty_like(w) for w in w1s]
         dw2s = [torch.empty_like(w) for w in w2s]
         members = [(c, j) for c, w in enumerate(w1s) for j in range(w.shape[0])]
-        for e, h_C2H in enumerate(ctx.pre):
+        for e, au in enumerate(ctx.pre):
             c, j = members[e]
-            if h_C2H is None:
+            if au is None:
                 dw1s[c][j].zero_()
                 dw2s[c][j].zero_()
                 continue
             s, t = lay.row0[e], lay.row0[e + 1]
-            a_CH, u_CH = h_C2H.chunk(2, dim=-1)
+            a_CH, u_CH = au
             silu_CH = F.silu(a_CH)
             dact_CH = dout_PD[s:t] @ w2_e[e]
             torch.mm(dout_PD[s:t].t(), silu_CH * u_CH, out=dw2s[c][j])
-            dh_C2H = torch.empty_like(h_C2H)
-            H = a_CH.shape[1]
+            C, H = a_CH.shape
+            dh_C2H = a_CH.new_empty(C, 2 * H)
             # d/da SiLU(a)*u = dact*u*SiLU'(a) (aten's fused silu_backward); d/du = dact*SiLU(a)
             dh_C2H[:, :H] = torch.ops.aten.silu_backward(dact_CH * u_CH, a_CH)
             torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .reference import RowLayout, check_contract, pads_rows
+from .reference import RowLayout, check_contract, gate_up_halves, pads_rows
 
 Tensor = torch.Tensor
 
@@ -67,15 +67,19 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         gate_A = gates_TK.reshape(-1)[lay.order_A]
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
-        pre = []  # pre-activation [P_c, 2H] per class
+        pre = []  # pre-activation (a, u), each [P_c, H], per class
         for (r0, r1), offs, w1, w2 in zip(rows.spans, rows.offs, w1s, w2s, strict=True):
             if r0 == r1:
                 pre.append(None)
                 continue
             h_P2H = F.grouped_mm(xs_PD[r0:r1], w1.transpose(-2, -1), offs=offs)
-            a_PH, u_PH = h_P2H.chunk(2, dim=-1)
-            out_PD[r0:r1] = F.grouped_mm(F.silu(a_PH) * u_PH, w2.transpose(-2, -1), offs=offs)
-            pre.append(h_P2H)
+            a_PH, u_PH = gate_up_halves(h_P2H)
+            out_cD = F.grouped_mm(F.silu(a_PH) * u_PH, w2.transpose(-2, -1), offs=offs)
+            if r1 - r0 == len(out_PD):  # one class holds every row: its output is the row buffer
+                out_PD = out_cD
+            else:
+                out_PD[r0:r1] = out_cD
+            pre.append((a_PH, u_PH))
         out_AD = lay.slots(out_PD)
         y_TD = torch.zeros_like(x_TD).index_add_(0, lay.tok_A, out_AD * gate_A[:, None])
         ctx.num_classes, ctx.lay, ctx.rows, ctx.pre = num_classes, lay, rows, pre
@@ -92,22 +96,26 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         dout_PD = lay.spread(dys_AD * gate_A[:, None])
         dxs_PD = torch.empty_like(xs_PD)
         dw1s, dw2s = [], []
-        for (r0, r1), offs, w1, w2, h_P2H in zip(rows.spans, rows.offs, w1s, w2s, ctx.pre, strict=True):
-            if h_P2H is None:  # no row in the whole class
+        for (r0, r1), offs, w1, w2, au in zip(rows.spans, rows.offs, w1s, w2s, ctx.pre, strict=True):
+            if au is None:  # no row in the whole class
                 dw1s.append(torch.zeros_like(w1))
                 dw2s.append(torch.zeros_like(w2))
                 continue
-            a_PH, u_PH = h_P2H.chunk(2, dim=-1)
+            a_PH, u_PH = au
             silu_PH = F.silu(a_PH)
             dout = dout_PD[r0:r1]
             dact_PH = F.grouped_mm(dout, w2, offs=offs)
             dw2s.append(F.grouped_mm(dout.t(), silu_PH * u_PH, offs=offs))
-            H = a_PH.shape[1]
-            dh_P2H = torch.empty_like(h_P2H)
+            P, H = a_PH.shape
+            dh_P2H = a_PH.new_empty(P, 2 * H)
             dh_P2H[:, :H] = torch.ops.aten.silu_backward(dact_PH * u_PH, a_PH)  # d/da of SiLU(a) u
             torch.mul(dact_PH, silu_PH, out=dh_P2H[:, H:])  # d/du
             dw1s.append(F.grouped_mm(dh_P2H.t(), xs_PD[r0:r1], offs=offs))
-            dxs_PD[r0:r1] = F.grouped_mm(dh_P2H, w1, offs=offs)
+            dxs_cD = F.grouped_mm(dh_P2H, w1, offs=offs)
+            if r1 - r0 == len(dxs_PD):
+                dxs_PD = dxs_cD
+            else:
+                dxs_PD[r0:r1] = dxs_cD
         dx_TD = torch.zeros_like(dy_TD).index_add_(0, lay.tok_A, lay.slots(dxs_PD))
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
         ctx.pre = ctx.lay = ctx.rows = None

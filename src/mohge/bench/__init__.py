@@ -7,6 +7,7 @@
     python -m mohge.bench eval     # lm-eval with each choice context computed once vs every request scored whole
     python -m mohge.bench inference  # trained models: prefill, cached decode, memory, FLOPs per token as routed,
                                      # validation perplexity along the cost knobs; MoHGE / MoE and / dense
+    python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -16,8 +17,9 @@ Median of ``--reps`` runs after one warm-up run, the paths interleaved; with one
 clock is the thread's CPU time.
 
 Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
-tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``) and
-`inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep).
+tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``),
+`inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep) and
+`peers` (one layer against torchtitan's and transformers' MoE layers).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -36,34 +38,12 @@ import torch
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
-from mohge.kernels.cpu_gemm import clock
 from mohge.model.experts import SwiGLU
 from mohge.model.moe import MoELayer
 
+from .timing import time_fwd_bwd, time_interleaved
 
-def time_fwd_bwd(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, reps: int) -> list[float]:
-    """Seconds per forward+backward, one warm-up run first (CPU time of the thread with one torch thread)."""
-    times = []
-    for i in range(reps + 1):
-        x.grad = None
-        t0 = clock()
-        fn(x).sum().backward()
-        if x.is_cuda:
-            torch.cuda.synchronize()
-        if i:
-            times.append(clock() - t0)
-    return times
-
-
-def time_interleaved(paths: dict[str, Callable], x: torch.Tensor, reps: int) -> dict[str, list[float]]:
-    """:func:`time_fwd_bwd` of every path, one repetition of each in turn (order flipped every round)."""
-    for fn in paths.values():
-        time_fwd_bwd(fn, x, 0)
-    times: dict[str, list[float]] = {name: [] for name in paths}
-    for r in range(reps):
-        for name in sorted(paths, reverse=bool(r % 2)):
-            times[name] += time_fwd_bwd(paths[name], x, 1)
-    return times
+__all__ = ["main", "time_fwd_bwd", "time_interleaved"]
 
 
 def layer_bench(args: argparse.Namespace) -> dict:
@@ -139,6 +119,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("precision", add_help=False, help="bf16 vs fp32 training of one run config: final val loss")
     sub.add_parser("eval", add_help=False, help="lm-eval with each choice context computed once vs scored whole")
     sub.add_parser("inference", add_help=False, help="trained models: prefill, decode, memory, FLOPs per token, knob")
+    sub.add_parser("peers", add_help=False, help="MoE and MoHGE layers vs torchtitan's and transformers' MoE layers")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -164,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .evaluation import main as eval_main
 
         return eval_main(rest)
+    if args.what == "peers":
+        from .peers import main as peers_main
+
+        return peers_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.threads > 0:

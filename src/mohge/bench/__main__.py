@@ -1,4 +1,4 @@
-"""``python -m mohge.bench {layer,kernels,train,data,precision}``."""
+"""``python -m mohge.bench {layer,kernels,train,data,precision,peers}``."""
 
 import sys
 
