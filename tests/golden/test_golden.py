@@ -12,7 +12,7 @@ versions, ATen kernel level, CPU identity and feature flags, the variables that 
   a hundred times more than the LM loss.
 
 Measured (median relative deviation against the record, which an AMD EPYC made; here an Intel Xeon of the same
-2-core kind, 2026-12-02): the largest noise is ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (another MKL code path on this CPU);
+2-core kind): the largest noise is ``MKL_ENABLE_INSTRUCTIONS=AVX2`` (another MKL code path on this CPU);
 the plain run, 1 or 2 threads and ``ATEN_CPU_CAPABILITY=avx2`` stay at most 4e-7 on the losses and 6e-6 on the grad
 norm. Each column's noise and smallest real change stand beside its tolerance in ``FOREIGN_MEDIAN_RTOL``: each
 tolerance lies at least 5x under the smallest real change of its column and at least 14x over its noise.

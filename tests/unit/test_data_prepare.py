@@ -162,7 +162,7 @@ def test_manifest_lists_every_shard_with_counts_and_hashes(graded3):
             assert (out / e["levels"]["file"]).stat().st_size == e["tokens"]
         shards = [np.fromfile(out / e["file"], dtype=np.uint16) for e in entries]
         assert np.array_equal(read_split(out, s), np.concatenate(shards))
-    assert not list(out.glob("*.bin")) and "legacy_files" not in meta  # no single-file splits any more
+    assert not list(out.glob("*.bin")) and "legacy_files" not in meta  # every split is sharded
     assert not [p for p in out.rglob(".*")], "temporary files left behind"
 
 

@@ -1,6 +1,6 @@
-"""Issue 23: what is checked once is checked on every path that reads a file.
+"""What is checked once is checked on every path that reads a file.
 
-Each test is the repro of one item of the issue, now refused by name (or resumed exactly):
+Each test is one way a file can be changed under the code, refused by name (or resumed exactly):
 1 a shard rewritten in place (same size) before a resume; 2 a tokenizer.json with two merges swapped;
 3 evaluation on a data folder of another tokenizer or data config; 4 an edited test_docs.jsonl;
 9 refusals in one line naming the file or key; 10 seals bypassed by deleting or redirecting entries.

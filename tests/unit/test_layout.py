@@ -1,4 +1,5 @@
-"""The package layout (STYLE.md "Dependencies run one way"): every import of src/mohge and kernels/, module level
+"""The package layout: dependencies run one way (config <- model, data <- train, evaluate <- analysis, so models
+never import the trainer and no subsystem imports one above it). Every import of src/mohge and kernels/, module level
 and inside functions alike, goes to the importer's own subpackage or a lower layer, and no modules import each
 other in a circle. Also: a dozen modules at most directly in src/mohge, and a docstring on every subpackage."""
 

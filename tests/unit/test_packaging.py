@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_mohge_has_one_path_entry():
-    assert len(mohge.__path__) == 1, mohge.__path__  # nothing appends the repository root any more
+    assert len(mohge.__path__) == 1, mohge.__path__  # nothing appends the repository root
 
 
 def test_kernels_import_from_elsewhere_without_pythonpath(tmp_path):

@@ -1,4 +1,4 @@
-"""Issue 23 item 7: SIGTERM (SLURM before a time limit or on preemption) and SIGINT (Ctrl-C) stop training after
+"""SIGTERM (SLURM before a time limit or on preemption) and SIGINT (Ctrl-C) stop training after
 the current step with a checkpoint of that step, the locks released, exit 128 + signum and one line; the resume
 is bit-identical to the uninterrupted run. One process, and FSDP2 on 2 gloo ranks (every rank checkpoints)."""
 

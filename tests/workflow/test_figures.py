@@ -662,9 +662,9 @@ def test_study_tables_tex(study, default_study, tmp_path):
 
 
 def test_study_controls_tex(tmp_path):
-    """S8 (the declared controls of issue 21) as LaTeX from the committed claims study, where every arm has run: each
-    row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the restated Q1b
-    last; a rerun is identical."""
+    """S8 (the controls declared after the results) as LaTeX from the committed claims study, where every arm has
+    run: each row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the
+    restated Q1b last; a rerun is identical."""
     from mohge.analysis import controls
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config

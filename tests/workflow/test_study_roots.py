@@ -379,7 +379,7 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MOHGE_RERUN_COMMITTED", None)
     committed, done, declared = committed_part(clone / "configs" / "study.yaml", clone / "results" / "claims")
-    # the 48 runs of the study as first run, and the arms of issue 21 committed as they finish; the rest wait
+    # the 48 runs of the study as first run, and the arms declared after the results as they finish; the rest wait
     assert len(done) >= 48 and len(done) + len(declared) == 98, (len(done), len(declared))
     (tmp_path / "committed.yaml").write_text(yaml.safe_dump(committed))
 
@@ -411,7 +411,7 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     # (with --forcerun train: after mtimes every committed result is up to date, so only a forced rule remakes it)
     reproduce = plan("configs/study.yaml", "--forcerun", "train", MOHGE_RERUN_COMMITTED="1")[0]
     assert reproduce["train"] == len(done) + len(declared), reproduce
-    # the committed experiments alone are another config of the committed study: refused before any job (issue 23);
+    # the committed experiments alone are another config of the committed study: refused before any job;
     # with every declared arm committed they are the study itself, so a study without its last experiment stands in
     if not declared:
         cut = yaml.safe_load((clone / "configs" / "study.yaml").read_text())
@@ -433,7 +433,7 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
 
 
 def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(tmp_path):
-    """Issue 20: the capacity study grows over sittings. In a clone, after `python -m mohge.mtimes`, the plan
+    """The capacity study grows over sittings. In a clone, after `python -m mohge.mtimes`, the plan
     trains exactly the runs whose results are not committed; once every run is, tables and figures at most."""
     clone = tmp_path / "mohge"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)

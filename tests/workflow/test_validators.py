@@ -1,4 +1,4 @@
-"""Issue 23 items 5, 6, 8: one validator for the workflow and `python -m mohge.runs list`, bounded config loading
+"""One validator for the workflow and `python -m mohge.runs list`, bounded config loading
 before any expansion, and committed results that no other config can overwrite.
 
 The same config files go to both: they must refuse with the same one-line message (or both accept)."""

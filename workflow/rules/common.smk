@@ -307,7 +307,7 @@ def committed_runs():
             continue
         try:
             recorded = load_run_config(f"{RES}/runs/{run}/config.json")
-        except (OSError, ValueError):  # ConfigError included: a key no longer known
+        except (OSError, ValueError):  # ConfigError included: a key the config schema does not know
             continue
         if resolved(recorded) == resolved(RUNS[run]):
             kept.add(run)
@@ -483,7 +483,7 @@ STUDY_TABLES = [
     "S5_tasks",
     "S6_balance_decision",
     "S7_unused_experts",
-    "S8_controls",  # the arms declared after the results (issue 21); S9, S10: Q3's dose and token-level record
+    "S8_controls",  # the arms declared after the results; S9, S10: Q3's dose and token-level record
     "S9_q3_dose",
     "S10_token_q3",
 ]
@@ -495,7 +495,7 @@ STUDY_FIGURES = [
     "F9_study_balance",
     "F10_study_frontier",
     "F11_study_difficulty",
-    "F12_study_controls",  # S8's paired tests (the control arms of issue 21)
+    "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
 ]
 
 

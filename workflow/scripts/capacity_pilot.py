@@ -1,4 +1,4 @@
-"""The capacity study's pilot (docs/study.md "The capacity study", issue 20): bits stored against exposures.
+"""The capacity study's pilot (docs/study.md "The capacity study"): bits stored against exposures.
 
     python workflow/scripts/capacity_pilot.py SPEC.yaml NAME [--work DIR] [--results results/capacity/pilot]
 

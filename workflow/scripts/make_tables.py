@@ -6,7 +6,7 @@ Outputs: keys starting with the table (case-insensitive) and ending in _csv, _md
 Params: source (T3: a routing trace; T3 pools the traces of every seed of that trace's model; default: every
 model, one row block each), task_docs (T1: documents per lm-eval task, an int for every task or a dict per task;
 used where runs.csv has no task:<task>:n_samples column), alpha (default 0.05).
-Reporting rules (issue 12): means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
+Reporting rules: means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
 parameters are reported beside every comparison, one definition per column; a task is reported only where its
 declared metric leaves both chance and ceiling (mohge.analysis.study.reportable_tasks), the others are listed in a note
 with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from every other row).

@@ -54,7 +54,11 @@ def s2_tests(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     d["A / B"] = [f"{ps.family_label(a)} / {ps.family_label(b)}" for a, b in zip(t["A"], t["B"], strict=True)]
     d["Test"] = t["test"]
     if "role" in t:
-        d["Declared"] = t["role"].map({"pre-declared": "before", "added after the results": "after"}).fillna("")
+        d["Declared"] = (
+            t["role"]
+            .map({"pre-declared": "before", "post hoc (added after the results)": "after (post hoc)"})
+            .fillna("")
+        )
     d["n pairs"] = t["n"]
     d["PPL ratio A/B [95% CI]"] = cis(t, "ratio", "ci_low", "ci_high", 3)
     if "ci90_low" in t:
@@ -63,6 +67,8 @@ def s2_tests(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             for r, lo, hi in zip(t["ratio"], t["ci90_low"], t["ci90_high"], strict=True)
         ]
     d["p"] = t["p"].map(p_text)
+    if "p_holm" in t:
+        d["p (Holm)"] = t["p_holm"].map(p_text)
     if "power" in t:
         d["Power (at)"] = [
             "—" if p != p else f"{p:.2f} ({at})" for p, at in zip(t["power"], t["power_at"].fillna(""), strict=True)
@@ -72,7 +78,9 @@ def s2_tests(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     caption = "Paired tests on log-perplexity (ratio of perplexities, paired by seed). TOST, non-inferiority and "
     caption += "one-sided tests read the 90% CI, two-sided tests the 95% CI. Power at the declared effect (not the "
     caption += "observed one); MDE 80%: the difference (for TOST and non-inferiority: the margin) detected with "
-    caption += "80% power."
+    caption += "80% power. p (Holm): adjusted within its family (per metric, the pre-declared tests one family, "
+    caption += "the post-hoc tests another). Q1's rows decide 'not decidable (gate)' unless MoE-208 and MoE-256 "
+    caption += "separate at 95%, the declared condition for deciding Q1."
     return d, caption
 
 
@@ -117,13 +125,17 @@ def s8_controls(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     d["n pairs"] = t["n"].map(lambda v: "—" if v != v else f"{int(v)}")
     d["PPL ratio A/B [95% CI]"] = cis(t, "ratio", "ci_low", "ci_high", 3)
     d["p"] = t["p"].map(p_text)
+    if "p_holm" in t:
+        d["p (Holm)"] = t["p_holm"].map(p_text)
     at = t["power_at"].astype(object).fillna("")  # all empty (nothing run yet) reads as a float column
     d["Power (at)"] = ["—" if p != p else f"{p:.2f} ({a})" for p, a in zip(t["power"], at, strict=True)]
     d["MDE 80% (%)"] = t["mde80_pct"].map(lambda v: "—" if v != v else f"{v:.1f}")
-    d["Decision"] = t["decision"]
+    d["Decision"] = t["decision_holm"] if "decision_holm" in t else t["decision"]
     d["Note"] = t["note"].astype(object).fillna("")
-    caption = "The controls of Q1b declared after the results (issue 21), paired by seed on log test perplexity "
-    caption += "as in S2; declared, not run: no numbers yet. The last row restates Q1b by its declared rule."
+    caption = "The controls of Q1b declared after the results, paired by seed on log test perplexity as in S2; "
+    caption += "declared, not run: no numbers yet. p (Holm): adjusted over the family of S8's 7 paired tests; the "
+    caption += "decision reads the Holm p. (c) chooses each family's best lr on the test split it then tests on. "
+    caption += "The last row restates Q1b by its declared rule, on the Holm decisions."
     return d, caption
 
 

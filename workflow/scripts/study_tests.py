@@ -4,7 +4,7 @@ non-inferiority and one-sided tests at alpha 0.05; 95% CI for two-sided tests) a
 ±margin equivalence band shaded, each row's test, n, p-value and decision written beside it.
 
 F12, the same plot of S8_controls (mohge.analysis.controls): the paired tests of the control arms declared after
-the results (issue 21), labelled by arm, without the equivalence band (none of them is an equivalence test); the
+the results, labelled by arm, without the equivalence band (none of them is an equivalence test); the
 selection and rule rows of S8 (best lr, Q1b restated) have no ratio and are not drawn; an arm not run yet is
 listed as "declared, not run".
 
@@ -109,7 +109,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         )
     n = s2["n"].max()
     n = int(n) if n == n else 0
-    what = "Control arms (declared after the results, issue 21)" if controls else "Paired comparisons"
+    what = "Control arms (declared after the results)" if controls else "Paired comparisons"
     fig.suptitle(
         f"{what}: perplexity ratio over n paired seeds (n per row, up to {n})\n"
         "thick bar: the interval the row's test reads (90% CI for TOST, non-inferiority, one-sided; 95% CI for "

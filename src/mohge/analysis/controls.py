@@ -13,18 +13,25 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   probabilities) vs MoE-208, two-sided; (c) per family (MoHGE, MoE-208) the best of its lrs by mean test ppl over
   the seeds all its lr arms share, and Q1b re-tested at the two best lrs, one-sided; (d) noaux (MoE-208 without its
   Switch loss) vs MoE-208, two-sided, and Q1b re-tested against noaux, one-sided.
-  **Restating Q1b** (the last row, a computed verdict): "heterogeneity helps" only if Q1b holds (S2), MoHGE beats
-  hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than renorm, i.e. the code_exact
-  gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux ((d)); otherwise "the package".
+  (c) chooses on the test split it then tests on; each selection row's note says which arm val perplexity picks.
+  **Multiplicity**: the 7 paired tests ((a) two, (b), (b'), (c), (d) two) are one family (S8_FAMILY); ``p_holm`` is
+  Holm's adjustment over them and ``decision_holm`` the decision read at it, a finding only where p_holm < alpha.
+  **Restating Q1b** (the last row, a computed verdict, on the Holm decisions): "heterogeneity helps" only if Q1b
+  holds (S2), MoHGE beats hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than
+  renorm, i.e. the code_exact gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux
+  ((d)); otherwise "the package".
 * S9_q3_dose, Q3's control and dose-response over alpha_G (every MoHGE model of the graded dataset, by its
   loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated parameters
   and test perplexity (mean, CI over seeds), the paired easy - hard routed width and the Q3 test at each alpha_G
   ("easy tokens go to small groups" if its CI lies below 0); against the alpha_G = 0 control, per seed, the difference
   of easy - hard (two-sided paired t: "steers" needs a difference, in the direction of the claim), the perplexity
-  ratio (paired, two-sided, as S8) and the activated parameters (%).
+  ratio (paired, two-sided, as S8) and the activated parameters (%). Holm within each family of tests against the
+  control (``evc_p_holm`` over the arms' easy - hard tests, ``prc_p_holm`` over their perplexity tests); ``steers``
+  reads ``evc_p_holm``.
 * S10_token_q3, the token-level record of each run's trace (:mod:`mohge.evaluate.token_width`), over seeds: Spearman's
   rho of routed width with loss over answer tokens and all tokens, its excess over the within-level shuffled null,
-  the permutation p-values (Fisher's combination over seeds), and the within-token easy - hard contrast. A run traced
+  the permutation p-values (Fisher's combination over seeds; ``perm_p_fisher_holm``: Holm over the dataset's arms),
+  and the within-token easy - hard contrast. A run traced
   before the record existed has none ("no token-level record").
 """
 
@@ -43,6 +50,7 @@ from mohge.core.stats import (
     compare,
     detectable,
     fisher_combined_p,
+    holm,
     one_sample,
     power_two_sided,
     sample_sd,
@@ -55,17 +63,23 @@ COMPARE_COLUMNS = [
     "n", "ratio", "ci_low", "ci_high", "ci90_low", "ci90_high", "p", "p_lower", "p_upper", "decision", "sd",
     "power", "power_at", "mde80_pct",
 ]  # fmt: skip
-CONTROL_COLUMNS = ["arm", "question", "metric", "A", "B", "test", "status", *COMPARE_COLUMNS, "note"]
+CONTROL_COLUMNS = [
+    "arm", "question", "metric", "A", "B", "test", "status", *COMPARE_COLUMNS, "p_holm", "decision_holm", "family",
+    "note",
+]  # fmt: skip
+# S8's family for Holm's adjustment: its paired tests (every row but (c)'s selections and the restatement)
+S8_FAMILY = ("a", "a2", "b", "b'", "c", "d2", "d")
 DOSE_COLUMNS = [
     "dataset", "model", "alpha_G", "omega_max", "status", "n", "activated_params", "activated_low",
     "activated_high", "test_ppl", "test_ppl_low", "test_ppl_high", "easy_minus_hard", "emh_low", "emh_high",
-    "q3_decision", "control", "n_pairs", "emh_vs_control", "evc_low", "evc_high", "evc_p", "evc_mde80", "steers",
-    "ppl_ratio_vs_control", "prc_low", "prc_high", "prc_p", "prc_mde80_pct", "activated_vs_control_pct",
-    "avc_low", "avc_high",
+    "q3_decision", "control", "n_pairs", "emh_vs_control", "evc_low", "evc_high", "evc_p", "evc_p_holm", "evc_mde80",
+    "steers", "ppl_ratio_vs_control", "prc_low", "prc_high", "prc_p", "prc_p_holm", "prc_mde80_pct",
+    "activated_vs_control_pct", "avc_low", "avc_high", "family",
 ]  # fmt: skip
 TOKEN_COLUMNS = [
     "dataset", "model", "n", "n_token_record", "status", "rho_answer", "rho_answer_low", "rho_answer_high",
-    "null_mean", "excess", "excess_low", "excess_high", "perm_p_fisher", "perm_p_below_alpha", "rho_all",
+    "null_mean", "excess", "excess_low", "excess_high", "perm_p_fisher", "perm_p_fisher_holm", "perm_p_below_alpha",
+    "rho_all",
     "rho_all_low", "rho_all_high", "within_emh", "within_emh_low", "within_emh_high", "token_ids",
 ]  # fmt: skip
 LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/study.yaml
@@ -115,7 +129,8 @@ def _test_row(runs, planned, dataset, arm, question, a, b, test, alpha, margin, 
     row = {"arm": arm, "question": question, "metric": metric, "A": a, "B": b, "test": test, "note": note}
     row["status"] = _status(len(d), max(_declared_pairs(planned, dataset, a, b), len(d)))
     if not len(d):
-        return {**row, **dict.fromkeys(COMPARE_COLUMNS, math.nan), "n": 0, "decision": NOT_RUN, "power_at": ""}
+        row.update(dict.fromkeys(COMPARE_COLUMNS, math.nan), n=0, decision=NOT_RUN, power_at="")
+        return row
     return {**row, **compare(d, test, alpha, margin)}
 
 
@@ -172,12 +187,15 @@ def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None)
     sel = {fam: best_lr(runs, planned, dataset, fam, metric) for fam in ("mohge", iso)}
     if all(len(s["arms"]) > 1 for s in sel.values()):
         for fam, s in sel.items():
-            rows[f"c-{fam}"] = _selection_row(s, fam, planned, dataset, metric)
+            val = best_lr(runs, planned, dataset, fam, "val_ppl") if "val_ppl" in runs else {"best": None}
+            rows[f"c-{fam}"] = _selection_row(s, fam, planned, dataset, metric, val)
         a, b = sel["mohge"]["best"] or "", sel[iso]["best"] or ""
         question = "Q1b at each family's best lr"
+        note = f"lrs chosen on the {metric} split this test reads"
         rows["c"] = _test_row(
-            runs, planned, dataset, "(c) learning rate", question, a, b, "less", alpha, margin, metric
+            runs, planned, dataset, "(c) learning rate", question, a, b, "less", alpha, margin, metric, note
         )
+    _holm_family(rows, alpha)
     if {"a", "b", "c", "d"} <= set(rows):
         q1b = _test_row(runs, planned, dataset, "", "", "mohge", iso, "less", alpha, margin, metric)
         rows["verdict"] = restate_q1b(q1b, rows, metric)
@@ -185,25 +203,53 @@ def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None)
     return pd.DataFrame([rows[k] for k in order if k in rows], columns=CONTROL_COLUMNS)
 
 
-def _selection_row(sel: dict, family: str, planned: dict, dataset: str, metric: str) -> dict:
-    """(c)'s choice of one family's lr: the best arm (A), over how many seeds, the means in the note."""
+def _holm_family(rows: dict[str, dict], alpha: float) -> None:
+    """``p_holm`` (Holm within S8_FAMILY, the tests that ran) and ``decision_holm``, the row's decision read at the
+    Holm p: a finding only where p_holm < alpha."""
+    keys = [k for k in S8_FAMILY if k in rows]
+    adjusted = holm([rows[k]["p"] for k in keys])
+    m = sum(1 for k in keys if rows[k]["p"] == rows[k]["p"])
+    for k, p in zip(keys, adjusted, strict=True):
+        row = rows[k]
+        row.update(p_holm=p, family=f"S8 paired tests: {m} tests")
+        if p != p:
+            row["decision_holm"] = row["decision"]
+        elif row["test"] == "less":
+            row["decision_holm"] = "A lower" if p < alpha else "A not shown lower"
+        else:
+            lower = row["ratio"] < 1
+            row["decision_holm"] = ("A lower" if lower else "A higher") if p < alpha else "not separated"
+    for row in rows.values():
+        row.setdefault("p_holm", math.nan)
+        row.setdefault("decision_holm", row["decision"])
+        row.setdefault("family", "")
+
+
+def _selection_row(sel: dict, family: str, planned: dict, dataset: str, metric: str, val: dict) -> dict:
+    """(c)'s choice of one family's lr: the best arm (A), over how many seeds, the means in the note; the choice is
+    made on ``metric`` (the split (c) then tests on), and the note says which arm val perplexity (``val``) picks."""
     row = {"arm": "(c) learning rate", "question": f"best lr: {family}", "metric": metric, "B": "", "test": "selection"}
     row.update(dict.fromkeys(COMPARE_COLUMNS, math.nan), power_at="", note=_lr_note(sel, metric))
     declared = set.intersection(*(set(planned.get((dataset, m), {})) for m in sel["arms"]))
     n, best = len(sel["seeds"]), sel["best"]
     row.update(A=best or "", n=n, status=_status(n if best else 0, max(len(declared), n)))
     row["decision"] = f"best: {best} (lr {sel['lr'][best]})" if best else NOT_RUN
+    if best:
+        row["note"] = f"chosen on {metric}, the split (c) tests on; " + row["note"]
+        if val.get("best"):
+            row["note"] += f"; val_ppl picks {val['best']} (lr {val['lr'][val['best']]})"
     return row
 
 
 def restate_q1b(q1b: dict, rows: dict[str, dict], metric: str) -> dict:
-    """The restatement rule of Q1b (docs/study.md) as a row: each condition met, not met or not run."""
+    """The restatement rule of Q1b (docs/study.md) as a row: each condition met, not met or not run; the conditions
+    on S8's tests read their Holm decisions (a finding only where the Holm p < alpha), Q1b its S2 decision."""
     conditions = {  # condition -> (its row, whether its decision meets it)
         "Q1b": (q1b, q1b["decision"] == "A lower"),
-        "(a) MoHGE beats hom208": (rows["a"], rows["a"]["decision"] == "A lower"),
-        "(b) the lead survives the gate": (rows["b"], rows["b"]["decision"] in ("not separated", "A higher")),
-        "(c) Q1b at the best lrs": (rows["c"], rows["c"]["decision"] == "A lower"),
-        "(d) Q1b against noaux": (rows["d"], rows["d"]["decision"] == "A lower"),
+        "(a) MoHGE beats hom208": (rows["a"], rows["a"]["decision_holm"] == "A lower"),
+        "(b) the lead survives the gate": (rows["b"], rows["b"]["decision_holm"] in ("not separated", "A higher")),
+        "(c) Q1b at the best lrs": (rows["c"], rows["c"]["decision_holm"] == "A lower"),
+        "(d) Q1b against noaux": (rows["d"], rows["d"]["decision_holm"] == "A lower"),
     }
     verdicts = {}
     for name, (row, met) in conditions.items():
@@ -216,6 +262,7 @@ def restate_q1b(q1b: dict, rows: dict[str, dict], metric: str) -> dict:
     row["status"] = "run" if all(v in ("met", "not met") for v in arms) else "partly run"
     row["status"] = NOT_RUN if all(v == NOT_RUN for v in arms) else row["status"]
     row["decision"] = "heterogeneity helps" if helps else "the package"
+    row.update(decision_holm=row["decision"], p_holm=math.nan, family="")
     row["note"] = "; ".join(f"{k}: {v}" for k, v in verdicts.items())
     return row
 
@@ -277,7 +324,31 @@ def q3_dose(per: pd.DataFrame, runs: pd.DataFrame, config: dict, planned: dict |
         if ag != 0.0 and control is not None:
             row.update(_against_control(per, runs, ds, model, control, emh, alpha, margin))
         rows.append(row)
-    return pd.DataFrame(rows, columns=DOSE_COLUMNS)
+    table = pd.DataFrame(rows, columns=DOSE_COLUMNS)
+    return _dose_holm(table, alpha)
+
+
+def _dose_holm(table: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """Holm within each dataset's arms against the alpha_G = 0 control, one family per test (easy - hard: evc_p;
+    perplexity: prc_p); ``steers`` reads the Holm p of easy - hard (a finding only where it is below alpha)."""
+    table["family"] = ""
+    for ds, g in table.groupby("dataset", sort=False):
+        for p, adj in (("evc_p", "evc_p_holm"), ("prc_p", "prc_p_holm")):
+            table.loc[g.index, adj] = holm(g[p].to_numpy(dtype=np.float64))
+        m = int(g["evc_p"].notna().sum())
+        if m:
+            family = f"S9 {ds}, each arm against the alpha_G = 0 control: {m} tests of evc_p, {m} of prc_p"
+            table.loc[g.index[g["evc_p"].notna()], "family"] = family
+    for i, r in table[table["n_pairs"] > 0].iterrows():
+        if r["n_pairs"] < 2:
+            table.loc[i, "steers"] = "n < 2"
+        elif not r["evc_p_holm"] < alpha:
+            table.loc[i, "steers"] = "no difference shown"
+        elif r["emh_vs_control"] < 0:
+            table.loc[i, "steers"] = "steers: easy - hard lower than at alpha_G = 0"
+        else:
+            table.loc[i, "steers"] = "differs: easy - hard higher than at alpha_G = 0"
+    return table
 
 
 def _against_control(per, runs, ds, model, control, emh, alpha, margin) -> dict:
@@ -292,14 +363,6 @@ def _against_control(per, runs, ds, model, control, emh, alpha, margin) -> dict:
     if len(d) >= 2:  # in units of the sd (0 with no spread), searched up to 100 sd
         sd = sample_sd(d)
         out["evc_mde80"] = sd * detectable(lambda e: power_two_sided(len(d), sd, e * sd, alpha), hi=100.0)
-    if len(d) < 2:
-        out["steers"] = "n < 2"
-    elif not out.get("evc_p", math.nan) < alpha:
-        out["steers"] = "no difference shown"
-    elif out["emh_vs_control"] < 0:
-        out["steers"] = "steers: easy - hard lower than at alpha_G = 0"
-    else:
-        out["steers"] = "differs: easy - hard higher than at alpha_G = 0"
     rr = runs[runs["dataset"] == ds]
     q = compare(paired_log_diffs(rr, "test_ppl", model, control), "two-sided", alpha, margin)
     out.update(ppl_ratio_vs_control=q["ratio"], prc_low=q["ci_low"], prc_high=q["ci_high"], prc_p=q["p"])
@@ -371,4 +434,7 @@ def token_q3(
         row["within_emh"], row["within_emh_low"], row["within_emh_high"] = _ci(within, alpha)
         row["token_ids"] = float(np.mean([r["within_token"]["n_ids"] for r in recs]))
         rows.append(row)
-    return pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+    table = pd.DataFrame(rows, columns=TOKEN_COLUMNS)
+    for _, g in table.groupby("dataset", sort=False):  # one family: the arms of a dataset
+        table.loc[g.index, "perm_p_fisher_holm"] = holm(g["perm_p_fisher"].to_numpy(dtype=np.float64))
+    return table

@@ -17,7 +17,11 @@ data order of every model) and works on log-perplexity, so a difference is a rat
   detectable effect at 80 % power (noncentral t; TOST by integrating over the sd's chi distribution). Never the
   "observed power" at the observed effect.
 * Sensitivity: two-sided paired t tests between neighbouring widths of the homogeneous MoE sweep; Q1 is decidable
-  only if the iso-parameter width and the reference width separate at alpha.
+  only if the iso-parameter width and the reference width separate at alpha. Where they do not, every Q1 row (the
+  declared TOST and the post-hoc tests) decides "not decidable (gate)", whatever its own test gave (``test_result``):
+  the gate blocks a verdict either way, as the capacity study's gate does (:func:`gate_q1`).
+* Multiplicity: ``p_holm``, Holm's adjustment within a family (``family``): per metric, the pre-declared tests of S2
+  are one family, its post-hoc tests another (:func:`add_holm`).
 * Q2, balance: per-rank expert-FLOP max/mean r >= 1 of each placement (layer "all" of utilization_summary.csv)
   over the seeds of each model: geometric mean and the exponentiated t interval of mean log r, its lower end
   truncated at 1 (r >= 1 always, so intersecting the interval with [1, inf) keeps its coverage); the same for a
@@ -46,7 +50,7 @@ import numpy as np
 import pandas as pd
 
 from mohge.core.cli import user_errors
-from mohge.core.stats import compare, p_binomial_h0_le, t_interval
+from mohge.core.stats import compare, holm, p_binomial_h0_le, t_interval
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
 from .controls import control_tests, graded_datasets, paired_log_diffs, planned_models, q3_dose, token_q3
@@ -85,7 +89,7 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
     sweep = sweep_widths(runs)
     # (question, A, B, test, role): the tests declared before the runs and those added after the results were read
     # (the test that matches the claim, the difference, dense against the MoEs)
-    pre, post = "pre-declared", "added after the results"
+    pre, post = "pre-declared", POST_HOC
     plan = [
         ("Q1 parity", "mohge", ref, "tost", pre),
         ("Q1 non-inferiority", "mohge", ref, "noninferiority", post),
@@ -102,7 +106,43 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
             d = paired_log_diffs(runs, metric, a, b)
             row = {"question": question, "role": role, "metric": metric, "A": a, "B": b, "test": test}
             rows.append({**row, **compare(d, test, alpha, margin)})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    return gate_q1(add_holm(table, ["metric", "role"], "S2"), iso, ref, alpha)
+
+
+POST_HOC = "post hoc (added after the results)"
+GATED = "not decidable (gate)"
+
+
+def add_holm(table: pd.DataFrame, by: list[str], name: str) -> pd.DataFrame:
+    """``p_holm`` beside ``p``: Holm's adjustment (:func:`mohge.core.stats.holm`) within each family, the rows that
+    share the values of ``by`` (S2: one metric and one role, so the pre-declared tests of the primary endpoint are one
+    family and the post-hoc tests another); ``family`` names it and counts its tests."""
+    table = table.copy()
+    table["p_holm"], table["family"] = math.nan, ""
+    for key, g in table.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        m = int(g["p"].notna().sum())
+        table.loc[g.index, "p_holm"] = holm(g["p"].to_numpy())
+        table.loc[g.index, "family"] = f"{name} {', '.join(map(str, key))}: {m} tests"
+    cols = list(table.columns)
+    cols.insert(cols.index("p") + 1, cols.pop(cols.index("p_holm")))
+    return table[cols]
+
+
+def gate_q1(table: pd.DataFrame, iso: str, ref: str, alpha: float) -> pd.DataFrame:
+    """The declared gate of Q1 (docs/study.md "Tests"): Q1 is decidable only if the iso-parameter and the reference
+    MoE separate at ``alpha`` (two-sided, nominal p), per metric. Where they do not, every Q1 row (the declared TOST
+    and the post-hoc non-inferiority and difference) decides "not decidable (gate)", whichever way its own test went:
+    the gate blocks a verdict for the claim and against it alike. ``test_result`` keeps each row's own test outcome."""
+    table = table.assign(test_result=table["decision"])
+    for _, g in table.groupby("metric", sort=False):
+        sens = g[(g["question"] == "sensitivity") & g["A"].isin([iso, ref]) & g["B"].isin([iso, ref])]
+        if len(sens) and sens["p"].iloc[0] < alpha:
+            continue
+        q1 = g.index[g["question"].str.startswith("Q1 ")]
+        table.loc[q1, "decision"] = GATED
+    return table
 
 
 def sweep_widths(runs: pd.DataFrame) -> list[str]:
@@ -194,6 +234,9 @@ def ratio_interval(values: Sequence[float], alpha: float = 0.05, floor: float = 
 
 
 ORACLES = {"flop_lpt": "in-sample oracle: fit on the trace it is scored on"}
+# the all-size placement of a trace made even inside groups: balanced by the allocation's construction wherever the
+# experts per rank are a multiple of G, so its number checks the code and is no evidence about trained routing
+IDENTITY = "check of the code (identity)"
 
 
 def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: str = "max_over_mean") -> pd.DataFrame:
@@ -225,7 +268,8 @@ def balance(util: pd.DataFrame, runs: pd.DataFrame, alpha: float = 0.05, col: st
 
 def balance_decision(s3: pd.DataFrame, dataset: str, ep: int = 4, bar: float = 1.10) -> pd.DataFrame:
     """Q2's pre-declared bar, read at EP ``ep``: per model and trace, "all-size balances" holds where all-size's
-    interval lies below contiguous placement's (upper end below its lower end) and below ``bar``."""
+    interval lies below contiguous placement's (upper end below its lower end) and below ``bar``. The trace made even
+    inside groups is balanced by construction there: its row decides IDENTITY, a check of the code."""
     d = s3[(s3["dataset"] == dataset) & (s3["ep_size"] == ep)]
     rows = []
     for (model, trace), g in d.groupby(["model", "trace"], sort=False):
@@ -240,7 +284,8 @@ def balance_decision(s3: pd.DataFrame, dataset: str, ep: int = 4, bar: float = 1
                 "all_size": a["max_over_mean"], "all_size_low": a["ci_low"], "all_size_high": a["ci_high"],
                 "contiguous": c["max_over_mean"], "contiguous_low": c["ci_low"], "contiguous_high": c["ci_high"],
                 "bar": bar, "below_contiguous": below_c, "below_bar": below_bar,
-                "decision": "all-size balances" if below_c and below_bar else "bar not met",
+                "decision": IDENTITY if trace == "even_within_groups" else
+                ("all-size balances" if below_c and below_bar else "bar not met"),
             }
         )  # fmt: skip
     return pd.DataFrame(rows, columns=DECISION_COLUMNS)
@@ -375,7 +420,9 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     )
     tables = [trained.assign(trace="trained")]
     if len(even):
-        tables.append(balance(even, runs, alpha).assign(trace="even_within_groups"))
+        even_table = balance(even, runs, alpha).assign(trace="even_within_groups")
+        even_table.loc[even_table["strategy"] == "all_size", "note"] = IDENTITY
+        tables.append(even_table)
     s3 = pd.concat(tables, ignore_index=True)
     write_table(s3, out / "S3_balance")
     ep, bar = int(analysis.get("balance_ep", 4)), float(analysis.get("balance_bar", 1.10))

@@ -8,7 +8,7 @@ on the same documents in batches of the same size, timed around the call alone (
 process. Both run on `--threads` threads (RAYON_NUM_THREADS); throughput is tokens/s per thread.
 The shard job's time is its whole wall time: start-up, imports, streaming, hashing of the split, writing.
 
-Targets (issue 11): peak RSS < 1 GB for every job; prepare / encode_batch >= 0.7.
+Targets: peak RSS < 1 GB for every job; prepare / encode_batch >= 0.7.
 """
 
 from __future__ import annotations

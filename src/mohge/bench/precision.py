@@ -2,7 +2,7 @@
 
 Trains one run config in fp32 and in bf16 (``train.precision``; mohge.train.runtime: fp32 master weights and
 optimizer state, bf16 matrix products forward and backward) on the same seeds, data and schedule, and reports each
-pair's final validation loss, their relative difference and the tokens/s ratio, with the verdict of issue 19's
+pair's final validation loss, their relative difference and the tokens/s ratio, with the verdict of the precision
 criterion (every seed's final val loss within ``--tolerance``, 1 %). Each training is a normal ``mohge.train`` run in
 ``OUT/<precision>-s<seed>/``: a rerun resumes or skips what has finished.
 
@@ -66,7 +66,7 @@ def compare(rows: list[dict], tolerance: float) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m mohge.bench precision",
-        description="Train one run config in fp32 and bf16 on the same seeds; compare final val loss (issue 19).",
+        description="Train one run config in fp32 and bf16 on the same seeds; compare final val loss.",
     )
     ap.add_argument("--config", required=True, help="a resolved run config (results/<study>/runs/<run>/config.json)")
     ap.add_argument("--data", required=True, help="its prepared dataset (work/<study>/data/<dataset>)")

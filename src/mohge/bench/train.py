@@ -12,7 +12,7 @@ the GEMM rate measured in the same run at the model's own GEMM shapes (:func:`mo
 
 Default size (realistic for a CPU run): D 256, 4 layers, 4 heads, vocabulary 2048, sequence 256, batch 8;
 MoHGE 8 groups x 4 experts, widths 128..352 (step 32, mean 240), top-4 experts in top-4 groups; no shared
-expert, no dense first layer. Targets (issue 19): MoHGE/MoE >= 1.0, bf16/fp32 >= 1.6, MFU >= 0.7.
+expert, no dense first layer. Targets: MoHGE/MoE >= 1.0, bf16/fp32 >= 1.6, MFU >= 0.7.
 """
 
 from __future__ import annotations
