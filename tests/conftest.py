@@ -49,13 +49,44 @@ def _seed_and_threads():
     torch.set_num_threads(n)
 
 
+# xdist groups whose tests the suite waits for longest: on `make test` (pytest-xdist) they start first
+LONGEST_FIRST = ("smoke_clone",)
+
+
+def xdist_group(item) -> str | None:
+    """The item's xdist group: its own `@pytest.mark.xdist_group`, else its module's name when it uses a fixture of
+    module scope (a trained model, a fake-SLURM run), so a module's expensive fixture is made on one worker only."""
+    if mark := item.get_closest_marker("xdist_group"):
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(fixturedefs[-1].scope == "module" for fixturedefs in defs.values()):
+        return item.module.__name__
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    """Groups set before pytest-xdist reads them; on an xdist worker, the longest work first: the groups of
+    LONGEST_FIRST, then every group holding a `slow` test, then the rest, each in collection order (run with
+    --no-loadscope-reorder, so pytest-xdist keeps this order)."""
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if not item.get_closest_marker("xdist_group") and (group := xdist_group(item)):
+            item.add_marker(pytest.mark.xdist_group(group))
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+    result = yield
+    if hasattr(config, "workerinput"):
+        slow = {xdist_group(item) or item.nodeid for item in items if "slow" in item.keywords}
+
+        def rank(item) -> int:
+            unit = xdist_group(item) or item.nodeid
+            return 0 if unit in LONGEST_FIRST else 1 if unit in slow else 2
+
+        items[:] = sorted(items, key=rank)
+    return result
 
 
 TINY_RUN = {

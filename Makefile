@@ -1,0 +1,23 @@
+# The two commands of this repository, each setting up what is missing first:
+#   make run    the embedded default study (configs/config.yaml) on every core
+#   make test   the whole test suite, spread over every core (pytest-xdist)
+# Set-up is setup.sh (a .venv with the pinned stack and this package, editable); it runs again only when .venv is
+# missing or pyproject.toml or setup.sh is newer than the stamp it leaves.
+
+VENV := .venv
+STAMP := $(VENV)/.setup-done
+
+.PHONY: run test setup
+
+run: $(STAMP)
+	$(VENV)/bin/snakemake --cores all
+
+# loadgroup: tests marked with one xdist_group (one fresh clone, one trained model) run on one worker
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml setup.sh
+	bash setup.sh
+	touch $@
