@@ -14,11 +14,15 @@ and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
 * ``dense``  - one dense SwiGLU pair of equal FLOPs: [T, D] x [D, 2 F] and [T, F] x [F, D], F = K * mean width;
 * ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
 * ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`;
-* ``grouped_mm`` - one ``F.grouped_mm`` per width class (:mod:`mohge.kernels.torch_grouped_mm`).
+* ``grouped_mm`` - one ``F.grouped_mm`` per width class (:mod:`mohge.kernels.torch_grouped_mm`);
+* ``hom_grouped_mm`` - the same call over experts of one width (the mean routed), the homogeneous reference.
 
 FLOPs = 2 T K D 3 h_mean forward (h_mean the routed slots' mean width), twice that for the backward.
 Prints a table (ratios last: triton/dense and triton/loop are throughput ratios, > 1 means triton is
-faster) and writes a CSV with columns device, date, T, path, pass, ms, tflops.
+faster) and writes a CSV with columns device, date, T, path, pass, ms, tflops and, from :mod:`mohge.kernels.roofline`,
+the share of the device's dense bf16 peak, the bar it meets (15 / 25 / 40 %), the ratio to ``hom_grouped_mm`` (a
+homogeneous grouped_mm layer of equal FLOPs: experts of the mean routed width, goal >= 0.8), and for a decode-shaped
+batch (``pass`` decode, 64 tokens) the bytes of expert weights read, GB/s and the share of HBM bandwidth.
 
     python -m mohge.kernels.bench --out results/kernels_bench.csv
 """
@@ -35,9 +39,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from .roofline import HOMOGENEOUS, annotate, summary
+
 D_MODEL, GROUPS, PER_GROUP, GROUP_TOPK, TOPK = 1024, 8, 8, 4, 6
 WIDTHS = [384 + 128 * g for g in range(GROUPS)]
-PATHS = ("triton", "grouped_mm", "dense", "loop", "torch")
+PATHS = ("triton", "grouped_mm", "hom_grouped_mm", "dense", "loop", "torch")
+DECODE_T = 64  # tokens of one decode step of a batch: the weights read dominate, so bandwidth is the measure
 CPU_PATHS = ("grouped_mm", "torch", "loop", "dense")
 SIZE_KEYS = ("name", "d_model", "widths", "per_width", "topk", "T")
 # CPU-training sizes: (name, d_model, widths, experts per width, top-k, T)
@@ -88,13 +95,52 @@ def _runners(T: int, dtype: torch.dtype, seed: int):
     def moe(fn):
         return timed(lambda: fn(x, idx, gates, w1s, w2s), moe_leaves, moe_flops)
 
+    # the homogeneous layer of equal FLOPs: the same tokens and routing over experts of one width (the mean routed)
+    h = round(h_mean)
+    w1h = (0.02 * torch.randn(GROUPS * PER_GROUP, 2 * h, D_MODEL, device="cuda")).to(dtype).requires_grad_()
+    w2h = (0.02 * torch.randn(GROUPS * PER_GROUP, D_MODEL, h, device="cuda")).to(dtype).requires_grad_()
+    hom = timed(
+        lambda: swiglu_grouped_mm(x, idx, gates, [w1h], [w2h]), [x, gates, w1h, w2h], 2 * T * TOPK * D_MODEL * 3 * h
+    )
     return {
+        HOMOGENEOUS: hom,
         "triton": moe(swiglu_grouped_triton),
         "grouped_mm": moe(swiglu_grouped_mm),
         "dense": timed(lambda: _dense_swiglu(x, w1d, w2d), [x, w1d, w2d], 2 * T * D_MODEL * 3 * F_dense),
         "loop": moe(swiglu_loop),
         "torch": moe(swiglu_grouped_torch),
     }
+
+
+CSV_COLUMNS = ["device", "date", "T", "path", "pass", "ms", "tflops", "peak_tflops", "share_of_peak", "bar",
+               "ratio_to_homogeneous", "bytes", "gbps", "share_of_hbm"]  # fmt: skip
+
+
+def decode_bytes(idx_TK: torch.Tensor, itemsize: int) -> int:
+    """Bytes of expert weights a step must read: each expert routed at least once, its [2h, D] and [D, h] pair."""
+    used = torch.unique(idx_TK).tolist()
+    return sum(3 * WIDTHS[e // PER_GROUP] * D_MODEL * itemsize for e in used)
+
+
+def decode_rows(device: str, date: str, dtype: torch.dtype, args, do_bench) -> list[dict]:
+    """Forward of a decode-shaped batch (DECODE_T tokens) through the Triton and grouped_mm paths, with the bytes of
+    expert weights it reads (its measure is bandwidth, not FLOP/s)."""
+    from .swiglu import swiglu_grouped_triton
+    from .torch_grouped_mm import swiglu_grouped_mm
+
+    x, idx, gates, w1s, w2s = release_problem(DECODE_T, dtype, args.seed)
+    h_mean = torch.tensor(WIDTHS, device=idx.device)[idx // PER_GROUP].float().mean().item()
+    flops, nbytes = 2 * DECODE_T * TOPK * D_MODEL * 3 * h_mean, decode_bytes(idx, x.element_size())
+    out = []
+    with torch.no_grad():
+        for path, fn in (("triton", swiglu_grouped_triton), ("grouped_mm", swiglu_grouped_mm)):
+            if path not in args.paths:
+                continue
+            ms = do_bench(lambda fn=fn: fn(x, idx, gates, w1s, w2s), warmup=args.warmup_ms, rep=args.rep_ms,
+                          return_mode="median")  # fmt: skip
+            out.append({"device": device, "date": date, "T": DECODE_T, "path": path, "pass": "decode", "ms": ms,
+                        "tflops": flops / ms / 1e9, "bytes": nbytes})  # fmt: skip
+    return out
 
 
 def _table(rows: list[dict], paths: list[str]) -> str:
@@ -223,12 +269,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"T={T:6d} {path:6s} {ps:7s} {ms:9.3f} ms {rows[-1]['tflops']:7.1f} TFLOP/s", flush=True)
         del runners
         torch.cuda.empty_cache()
+    rows += decode_rows(device, date, dtype, args, do_bench)
+    rows = annotate(rows)
     print(f"\n{device}, {args.dtype}, d_model {D_MODEL}, widths {WIDTHS[0]}..{WIDTHS[-1]}, top-{TOPK}")
-    print(_table(rows, args.paths))
+    print(_table([r for r in rows if r["pass"] != "decode"], args.paths))
+    print("\nagainst the machine (kernels/roofline.py):", *summary(rows), sep="\n  ")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with args.out.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["device", "date", "T", "path", "pass", "ms", "tflops"])
+            w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
             w.writeheader()
             w.writerows({**r, "ms": f"{r['ms']:.4f}", "tflops": f"{r['tflops']:.2f}"} for r in rows)
         print(f"wrote {args.out}")
