@@ -267,12 +267,7 @@ class MoHGELM(TemplateLM):
         from transformers.cache_utils import DynamicCache
 
         hf = self._hf_model()
-        G, P = len(contexts), max(len(c) for c in contexts)
-        ids_GP = torch.full((G, P), self.eot, dtype=torch.long)
-        mask_GP = torch.zeros((G, P), dtype=torch.long)
-        for g, c in enumerate(contexts):
-            ids_GP[g, P - len(c) :] = torch.tensor(c)
-            mask_GP[g, P - len(c) :] = 1
+        ids_GP, mask_GP = self._left_padded(contexts)
         owner_R = torch.tensor([g for g, cs in enumerate(conts) for _ in cs])  # the context of each continuation
         rows = [c for cs in conts for c in cs]
         C = max(len(c) for c in rows) - 1  # continuation tokens that are inputs (the last only a target)
@@ -304,6 +299,16 @@ class MoHGELM(TemplateLM):
             logits = first if len(c) == 1 else torch.cat([first, logits_RCV[r, : len(c) - 1]])
             out[g].append(_score(logits, c))
         return out
+
+    def _left_padded(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [B, P] of ``rows`` left-padded with the end-of-text token, and the mask [B, P] of real tokens."""
+        B, P = len(rows), max(len(r) for r in rows)
+        ids_BP = torch.full((B, P), self.eot, dtype=torch.long)
+        mask_BP = torch.zeros((B, P), dtype=torch.long)
+        for b, r in enumerate(rows):
+            ids_BP[b, P - len(r) :] = torch.tensor(r, dtype=torch.long)
+            mask_BP[b, P - len(r) :] = 1
+        return ids_BP, mask_BP
 
     def _hf_model(self):
         """The exported Hugging Face model on the same weights (built once): the forward pass with a KV cache."""
@@ -350,12 +355,8 @@ class MoHGELM(TemplateLM):
         from transformers.cache_utils import DynamicCache
 
         hf = self._hf_model()
-        B, P = len(contexts), max(len(c) for c in contexts)
-        ids_BP = torch.full((B, P), self.eot, dtype=torch.long)
-        mask_BP = torch.zeros((B, P), dtype=torch.long)
-        for b, c in enumerate(contexts):
-            ids_BP[b, P - len(c) :] = torch.tensor(c)
-            mask_BP[b, P - len(c) :] = 1
+        B = len(contexts)
+        ids_BP, mask_BP = self._left_padded(contexts)
         ids, mask = ids_BP.to(self._device), mask_BP.to(self._device)
         cache = DynamicCache(config=hf.config)
         new: list[list[int]] = [[] for _ in range(B)]
