@@ -654,7 +654,7 @@ def test_study_tables_tex(study, default_study, tmp_path):
                 assert r"\begin{tabular}" in text and r"\end{tabular}" in text and "<" not in text.replace("$<$", "")
     s2 = (tmp_path / "full" / "S2.md").read_text()
     assert "| Q1 parity | Test PPL (full split) | MoHGE / MoE | tost | before | 8 | 0.988 [0.976, 1.000] |" in s2
-    assert "| Q1 non-inferiority | Test PPL (full split) | MoHGE / MoE | noninferiority | after | 8 |" in s2
+    assert "| Q1 non-inferiority | Test PPL (full split) | MoHGE / MoE | noninferiority | after (post hoc) | 8 |" in s2
     assert "(ratio 1) |" in s2  # the power of TOST and non-inferiority is read at a true ratio of 1
     s1 = (tmp_path / "full" / "S1.tex").read_text()
     assert "Activated (learned routing)" in s1 and "Activated (uniform routing)" in s1 and "& 8 &" in s1

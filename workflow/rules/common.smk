@@ -307,7 +307,8 @@ def committed_runs():
             continue
         try:
             recorded = load_run_config(f"{RES}/runs/{run}/config.json")
-        except (OSError, ValueError):  # ConfigError included: a key the config schema does not know
+        # ConfigError included: a key the config schema does not know
+        except (OSError, ValueError):
             continue
         if resolved(recorded) == resolved(RUNS[run]):
             kept.add(run)
@@ -594,7 +595,10 @@ def inference_runs():
     section (a committed run's weights are not in the checkout)."""
     from mohge.config.runs import InferenceConfig
 
-    asked = "inference" in config and InferenceConfig.from_dict(config["inference"], "inference").enabled
+    asked = (
+        "inference" in config
+        and InferenceConfig.from_dict(config["inference"], "inference").enabled
+    )
     return list(MADE) if asked and not FROM_RESULTS else []
 
 
