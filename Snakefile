@@ -34,3 +34,4 @@ rule all:
         all_figures(),
         study_outputs(STUDY),
         inference_outputs(STUDY),
+        pending_run_outputs(),

@@ -331,6 +331,14 @@ if COMMITTED:
     )
 
 
+def pending_run_outputs():
+    """The evaluated results of the runs a growing study has declared and not yet committed: targets of `all`, so
+    its plan trains them even while its collected CSVs, made from the committed runs, are up to date."""
+    if not COMMITTED or FROM_RESULTS:
+        return []
+    return expand(f"{RES}/runs/{{run}}/metrics.json", run=MADE)
+
+
 wildcard_constraints:
     run="|".join(map(re.escape, MADE)) or "(?!)",
     dataset="|".join(map(re.escape, DATASETS)),
