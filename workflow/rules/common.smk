@@ -332,8 +332,9 @@ if COMMITTED:
 
 
 def pending_run_outputs():
-    """The evaluated results of the runs a growing study has declared and not yet committed: targets of `all`, so
-    its plan trains them even while its collected CSVs, made from the committed runs, are up to date."""
+    """Evaluated results of a growing study's declared runs not yet committed, as targets of `all`: its plan
+    trains them even while its collected CSVs, made from the committed runs, are up to date.
+    """
     if not COMMITTED or FROM_RESULTS:
         return []
     return expand(f"{RES}/runs/{{run}}/metrics.json", run=MADE)
