@@ -516,6 +516,10 @@ def study_config(study):
 CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused"]
 
 
+# variants of selection runs on a held-out seed: in no test (docs/study.md)
+SELECTION = "sel_"
+
+
 def capacity_settings(study):
     """What workflow/scripts/capacity_analysis.py takes from a capacity study's config: the declared analysis,
     the main dataset (the first experiment's) and the MoHGE arms on it ("mohge", "mohge+<variant>").
@@ -527,6 +531,7 @@ def capacity_settings(study):
         for e in cfg["experiments"]
         if e["dataset"] == main and "mohge" in e["families"]
         for v in (e.get("variants") or {})
+        if not v.startswith(SELECTION)
     ]
     return {
         "reference": a.get("reference_family", "moe"),
