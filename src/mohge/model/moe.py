@@ -38,6 +38,13 @@ class LayerStats:
     aux: dict[str, Tensor]  # raw aux losses (no coefficients), with gradient
     counts_E: Tensor  # tokens per expert, router order (int64, no gradient)
     routing: Routing | None = None  # kept only when the layer is asked to record
+    counts_G: Tensor | None = None  # MoHGE: tokens whose top-Kg set holds each group (int64, no gradient)
+
+    def balance_counts(self) -> Tensor:
+        """The counts every balance loss of the layer reads, as one float vector: f_E, then f_G where the layer
+        has groups (what :attr:`MoELayer.balance_counts` takes back, summed over a global batch)."""
+        parts = [self.counts_E] if self.counts_G is None else [self.counts_E, self.counts_G]
+        return torch.cat(parts).double()
 
 
 class MoELayer(nn.Module):
@@ -57,17 +64,22 @@ class MoELayer(nn.Module):
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
         self.record = False
+        # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
+        # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
+        self.balance_counts: Tensor | None = None
 
     def aux_losses(self, r: Routing) -> dict[str, Tensor]:
         ffn, rc, lc = self.ffn_cfg, self.router_cfg, self.loss_cfg
+        f = self.balance_counts
+        f_E, f_G = (None, None) if f is None else (f[: self.E], f[self.E :])
         if self.kind == "mohge":
             return {
-                "group_aux": group_aux_loss(r.group_logits_TG, r.group_map_TG, self.omega_G, rc.group_topk),
+                "group_aux": group_aux_loss(r.group_logits_TG, r.group_map_TG, self.omega_G, rc.group_topk, f_G),
                 "expert_aux": intra_group_aux_loss(
-                    r, self.E, ffn.num_groups, rc.group_topk, rc.topk, lc.expert_aux_mode
+                    r, self.E, ffn.num_groups, rc.group_topk, rc.topk, lc.expert_aux_mode, f_E
                 ),
             }
-        counts_E = r.counts(self.E)
+        counts_E = r.counts(self.E) if f_E is None else f_E
         if self.kind == "hmoe":
             return {"hmoe_penalty": switch_aux_loss(r.probs_TE, counts_E, rc.topk, self.size_weight_E)}
         return {"expert_aux": switch_aux_loss(r.probs_TE, counts_E, rc.topk)}
@@ -83,6 +95,7 @@ class MoELayer(nn.Module):
             aux=self.aux_losses(r) if self.training else {},
             counts_E=r.counts(self.E).detach(),
             routing=r if self.record else None,
+            counts_G=None if r.group_map_TG is None else r.group_map_TG.sum(0).long().detach(),
         )
         return y_TD.view(B, S, D), stats
 

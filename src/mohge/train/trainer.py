@@ -95,6 +95,7 @@ from .step import (
     optimizer_step,
     progress,
     read_log,
+    set_global_balance,
 )
 
 log = logging.getLogger("mohge.train")
@@ -243,6 +244,9 @@ def _train(
             for group in opt.param_groups:
                 group["lr"] = lr
             x_BS, y_BS = batches.batch(s)
+            if cfg.loss.balance_stats == "global_batch":
+                micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
+                set_global_balance(model, micro_x, rt, rt.autocast)
             sums = torch.zeros(3, device=rt.device)
             for m in range(tc.grad_accum):
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))

@@ -145,6 +145,9 @@ def train_parallel(
                 for group in opt.param_groups:
                     group["lr"] = lr
                 x_BS, y_BS = batches.batch(s)
+                if cfg.loss.balance_stats == "global_batch":
+                    micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
+                    training.set_global_balance(model, micro_x, rt, rt.autocast)
                 sums = torch.zeros(3, device=rt.device)
                 for m in range(tc.grad_accum):
                     sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter a step, after the last micro-batch
