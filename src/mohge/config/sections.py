@@ -139,12 +139,19 @@ class RouterConfig(_Section):
         choices=FLAT_GATES,
     )
     init_std: float = knob(0.008, "init std of the router weights", gt=0)
+    expert_bias_rate: float = knob(
+        0.0,
+        "u: step of the per-expert selection bias that balances experts without a loss (0: off; docs/method.md §5.6)",
+        ge=0,
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     def check_against(self, ffn: FFNConfig) -> None:
         """Cross-checks that need the FFN section (called by ModelConfig)."""
         if ffn.kind == "dense":
             return
+        if self.expert_bias_rate and ffn.kind != "mohge":
+            _fail(self.key("expert_bias_rate"), self.expert_bias_rate, "is MoHGE's intra-group balance (kind mohge)")
         if ffn.kind == "mohge":
             if self.group_topk > ffn.num_groups:
                 _fail(self.key("group_topk"), self.group_topk, f"exceeds the number of groups G={ffn.num_groups}")

@@ -91,6 +91,21 @@ def set_global_balance(
         layer.balance_counts = f
 
 
+def bias_balanced(model: torch.nn.Module) -> list[MoELayer]:
+    """The MoE layers whose router balances its experts with a selection bias (docs/method.md §5.6)."""
+    return [m for m in model.modules() if isinstance(m, MoELayer) and getattr(m.router, "bias_rate", 0)]
+
+
+def update_expert_bias(layers: list[MoELayer], step_counts: list[torch.Tensor], rt: Runtime) -> None:
+    """After the optimizer step: each bias-balanced layer's bias from the step's routed tokens per expert, summed
+    over micro-batches (``step_counts``, one [E] per layer of ``layers``) and ranks, so every rank updates alike."""
+    counts = torch.stack(step_counts)
+    if rt.world > 1:
+        dist.all_reduce(counts)
+    for layer, counts_E in zip(layers, counts, strict=True):
+        layer.router.update_expert_bias(counts_E)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Log rows
 # ----------------------------------------------------------------------------------------------------

@@ -89,6 +89,7 @@ from .setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
 from .step import (
     NonFiniteLossError,
     WindowMeter,
+    bias_balanced,
     build_optimizer,
     compute_loss,
     lr_at,
@@ -96,6 +97,7 @@ from .step import (
     progress,
     read_log,
     set_global_balance,
+    update_expert_bias,
 )
 
 log = logging.getLogger("mohge.train")
@@ -237,6 +239,7 @@ def _train(
     bar = tqdm(
         total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
     )
+    biased = bias_balanced(model)
     with bar, stop.in_loop():
         for s in range(start, tc.steps):
             t0 = time.perf_counter()
@@ -247,7 +250,7 @@ def _train(
             if cfg.loss.balance_stats == "global_batch":
                 micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
                 set_global_balance(model, micro_x, rt, rt.autocast)
-            sums = torch.zeros(3, device=rt.device)
+            sums, step_counts = torch.zeros(3, device=rt.device), 0
             for m in range(tc.grad_accum):
                 xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
                 sync = net.no_sync() if rt.world > 1 and m < tc.grad_accum - 1 else contextlib.nullcontext()
@@ -257,11 +260,15 @@ def _train(
                     (total / tc.grad_accum).backward()
                 sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
                 meter.add_micro(layers)
+                if biased:
+                    step_counts = step_counts + torch.stack([st.counts_E for st in layers])
             if rt.world > 1:
                 dist.all_reduce(sums)
                 sums /= rt.world
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
             vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
+            if biased:
+                update_expert_bias(biased, list(step_counts), rt)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step

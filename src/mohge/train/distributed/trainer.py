@@ -137,6 +137,7 @@ def train_parallel(
     flops_window = torch.zeros((), dtype=torch.float64)
     bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=30)
     log_fh = open(log_path, "a") if rt.main else None  # noqa: SIM115 (closed below)
+    biased = training.bias_balanced(model)
     try:
         with stop.in_loop():
             for s in range(start, tc.steps):
@@ -148,7 +149,7 @@ def train_parallel(
                 if cfg.loss.balance_stats == "global_batch":
                     micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
                     training.set_global_balance(model, micro_x, rt, rt.autocast)
-                sums = torch.zeros(3, device=rt.device)
+                sums, step_counts = torch.zeros(3, device=rt.device), 0
                 for m in range(tc.grad_accum):
                     sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter a step, after the last micro-batch
                     xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
@@ -158,11 +159,15 @@ def train_parallel(
                     sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
                     meter.add_micro(layers)
                     flops_window += step_expert_flops(model, layers)
+                    if biased:
+                        step_counts = step_counts + torch.stack([st.counts_E for st in layers])
                 scale_expert_grads(model, layout)
                 dist.all_reduce(sums)
                 sums /= rt.world
                 gnorm = clip_grad_norm(model, tc.grad_clip, layout)
                 vals = training.optimizer_step(s, sums, gnorm, opt, rt, last_good)
+                if biased:
+                    training.update_expert_bias(biased, list(step_counts), rt)
                 dt = time.perf_counter() - t0
                 train_time += dt
                 trained_tokens += tokens_per_step
