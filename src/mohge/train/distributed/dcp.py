@@ -187,7 +187,7 @@ def iter_full(
     for name, (shape, dtype) in sorted(single_process_shapes(cfg).items()):
         prefix, _, c = name.rpartition(".")
         owner, _, w = prefix.rpartition(".")
-        if name not in params:
+        if name in buffers:
             if not grads:  # replicated on every rank: rank 0's copy is the whole state
                 yield name, -1, buffers[name].detach() if rank == 0 else None
             continue

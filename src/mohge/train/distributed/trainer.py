@@ -175,7 +175,7 @@ def train_parallel(
                 bar.update(1)
                 if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
                     row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
-                    row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device))
+                    row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device, model, meter.steps))
                     if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
                         row["data"] = batches.position(s + 1)
                     meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
@@ -230,10 +230,29 @@ def train_parallel(
     return summary
 
 
-def throughput(row: dict, fpt: float, expert_flops_rank: torch.Tensor, layout: Layout, device: torch.device) -> dict:
-    """Log columns: model FLOPs per token, MFU, each rank's expert FLOPs per step (a collective)."""
-    per_rank = [torch.zeros((), dtype=torch.float64, device=device) for _ in range(layout.world)]
-    dist.all_gather(per_rank, expert_flops_rank.to(device, torch.float64))
+def throughput(
+    row: dict,
+    fpt: float,
+    expert_flops_rank: torch.Tensor,
+    layout: Layout,
+    device: torch.device,
+    model: torch.nn.Module,
+    steps: int,
+) -> dict:
+    """Log columns (a collective): model FLOPs per token, MFU, each rank's expert FLOPs per step (analytic, from the
+    rows it received) and, under expert parallelism, each rank's measured seconds of local expert compute per step
+    (forward passes, :class:`ComputeTimer`), with the max / mean over ranks of both: whether the analytic balance
+    is the one the ranks experience."""
+    timers = [m.timer for m in model.modules() if isinstance(m, ExpertParallelExperts)]
+    mine = torch.tensor([float(expert_flops_rank), sum(t.take() for t in timers) / steps])
+    per_rank = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(layout.world)]
+    dist.all_gather(per_rank, mine.to(device, torch.float64))
+    flops, seconds = ([float(r[i]) for r in per_rank] for i in (0, 1))
     tps = row.get("tokens_per_s")
     mfu = tps * fpt / (layout.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
-    return {"model_flops_per_token": fpt, "mfu": mfu, "expert_flops_per_rank": [float(f) for f in per_rank]}
+    out = {"model_flops_per_token": fpt, "mfu": mfu, "expert_flops_per_rank": flops}
+    out["expert_flops_max_mean"] = max(flops) / (sum(flops) / len(flops)) if sum(flops) > 0 else None
+    if timers:
+        out["expert_seconds_per_rank"] = seconds
+        out["expert_seconds_max_mean"] = max(seconds) / (sum(seconds) / len(seconds)) if sum(seconds) > 0 else None
+    return out
