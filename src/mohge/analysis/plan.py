@@ -112,7 +112,9 @@ def cluster_sizes(
         gpus_per_node = cluster.gpus_per_node
     if gpus_per_node <= 0:
         raise ConfigError(f"--gpus-per-node={gpus_per_node}: must be > 0")
-    nodes = nodes if nodes is not None else [cluster.nodes]  # type: ignore[union-attr]
+    if nodes is None:
+        assert cluster is not None
+        nodes = [cluster.nodes]
     for n in nodes:
         if n <= 0:
             raise ConfigError(f"--nodes {n}: must be > 0")
