@@ -4,7 +4,7 @@ Every section is a frozen dataclass whose fields are declared once with :func:`m
 description, allowed values), so a bad config fails before anything is built, with a one-line message that
 names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
 workflow (``python -m mohge.runs schema``) says the same. Each constructor receives only its own section
-(``MoHGELayer`` gets ``FFNConfig`` and ``RouterConfig``, the trainer gets ``TrainConfig``, ...).
+(``MoELayer`` gets ``FFNConfig``, ``RouterConfig`` and ``LossConfig``, the trainer gets ``TrainConfig``, ...).
 
 The MoHGE-specific fields follow the official release (docs/method.md); its ambiguities are switches:
 ``RouterConfig.gate_mode``, ``LossConfig.group_cost_interval`` / ``group_cost_weights``,
