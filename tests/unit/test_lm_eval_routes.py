@@ -1,4 +1,4 @@
-"""lm-eval from its own tools: `lm_eval --model hf` on the exported model and `python -m mohge.lm_eval --model
+"""lm-eval from its own tools: `lm_eval --model hf` on the exported model and `mohge lm-eval --model
 mohge` on the trained folder give the same scores on every local task of the smoke model (tasks built for its
 context: no request longer than it, so neither route raises or truncates); the adapter's model_args, device
 fallback and batched generation; the task YAMLs load as shipped with --include_path."""
@@ -89,7 +89,7 @@ def _flat(x) -> list[float]:
 def test_hf_route_and_mohge_route_give_equal_scores_on_every_task_of_the_smoke_model(smoke):
     """The two command lines run side by side over every task built for the smoke model, every document: lm-eval's
     own `lm_eval` on the HF export (documents from the default ./mohge_tasks of the working directory) and
-    `python -m mohge.lm_eval` on the trained folder (documents named by --metadata). Neither raises; accuracies are
+    `mohge lm-eval` on the trained folder (documents named by --metadata). Neither raises; accuracies are
     identical and every log-likelihood equal to 1e-6. The tasks had documents longer than the context (dropped by
     the builder, counted in tasks.json): without that, `lm_eval --model hf` stops on an assert."""
     built = json.loads((smoke["tasks"] / "tasks.json").read_text())
@@ -103,7 +103,7 @@ def test_hf_route_and_mohge_route_give_equal_scores_on_every_task_of_the_smoke_m
     # one's log-probs at the leading positions of the longer one's (on this model: graded_hard doc 14, 0.25 nats)
     hf_args = f"pretrained={smoke['hf']},trust_remote_code=True,logits_cache=False"
     hf_cmd += ["--model_args", hf_args, "--output_path", "out_hf"]
-    mohge_cmd = [sys.executable, "-m", "mohge.lm_eval", "--model", "mohge"]
+    mohge_cmd = [sys.executable, "-m", "mohge", "lm-eval", "--model", "mohge"]
     mohge_cmd += ["--model_args", f"pretrained={smoke['model']}", "--output_path", "out_mohge"]
     mohge_cmd += ["--metadata", json.dumps({"task_data": str(smoke["tasks"])})]
     env = {**os.environ, **OFFLINE}

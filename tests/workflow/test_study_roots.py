@@ -260,7 +260,7 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     assert len(runs) == 1 + 8  # header + 2 mohge + 2 moe + hmoe + modse + dense + the mohge variant
     assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
 
-    command("python", "-m", "mohge.mtimes")  # committed files dated by their commits (a clone dates them all now)
+    command("python", "-m", "mohge", "mtimes")  # committed files dated by their commits (a clone dates them all now)
     t0 = time.perf_counter()
     text = run("--cores", "2", "figures", "--forceall", timeout=2400)  # a hang guard, not a speed bound
     seconds = time.perf_counter() - t0
@@ -290,7 +290,7 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
         "--out",
         "mohge_tasks",
     )
-    command("python", "-m", "mohge.hf_export", "--ckpt", str(model), "--out", "hf/tiny")
+    command("python", "-m", "mohge", "export", "--ckpt", str(model), "--out", "hf/tiny")
     assert (clone / "mohge_tasks" / "tasks.json").is_file() and (clone / "hf" / "tiny" / "model.safetensors").is_file()
     run("--report", "report.html", timeout=1200)
     report = (clone / "report.html").read_text(errors="replace")
@@ -437,7 +437,7 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     jobs, text = plan("configs/study.yaml")  # a bare clone: the committed runs are sources all the same
     assert jobs.get("train", 0) == len(declared) and not runs_of_jobs(text) & set(done), jobs
     assert f"{len(done)} of {len(done) + len(declared)} runs are committed" in text
-    done_mtimes = subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, capture_output=True, text=True)
+    done_mtimes = subprocess.run(["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, capture_output=True, text=True)
     assert done_mtimes.returncode == 0 and "set the commit time of" in done_mtimes.stdout, done_mtimes.stderr
     jobs, text = plan("configs/study.yaml")
     assert runs_of_jobs(text) == set(declared), sorted(runs_of_jobs(text) ^ set(declared))[:5]
@@ -477,7 +477,7 @@ def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(t
     git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MOHGE_RERUN_COMMITTED", None)
-    subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, check=True, capture_output=True)
+    subprocess.run(["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, check=True, capture_output=True)
     runs = plan_runs(clone / "configs" / "capacity.yaml")
     tracked = set(git("ls-files", "results/capacity/runs", cwd=clone).split())
     pending = {r for r in runs if f"results/capacity/runs/{r}/summary.json" not in tracked}
@@ -490,7 +490,7 @@ def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(t
     blocks = re.findall(r"^(?:local)?rule train:\n((?:    .*\n)+)", text, re.M)
     assert {re.search(r"wildcards: run=(\S+)", b)[1] for b in blocks} == pending
     if not pending:
-        # collect too: a restamp (python -m mohge.provenance restamp) commits run summaries after the CSVs collected
+        # collect too: a restamp (mohge provenance restamp) commits run summaries after the CSVs collected
         # from them, whose bytes it does not change; collect then rewrites them as they are, in seconds
         assert set(jobs) <= CHEAP | {"capacity_analysis", "collect"} | {j for j in jobs if j.startswith("fig_")}, jobs
     assert git("status", "--porcelain", cwd=clone).strip() == ""

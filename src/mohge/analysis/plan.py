@@ -1,6 +1,6 @@
 """The planner: per-GPU memory, fit and days to finish of a run on a cluster, from the trainer's own sharding plan.
 
-    python -m mohge.plan configs/paper.yaml --nodes 4 --gpus-per-node 8 [--gpu-mem 80] [--peak-tflops 989]
+    mohge plan configs/paper.yaml --nodes 4 --gpus-per-node 8 [--gpu-mem 80] [--peak-tflops 989]
         [--mfu 0.4] [--global-batch 512] [--run NAME] [--json OUT]
 
 CONFIG is a workflow config (its first MoHGE run, or ``--run``) or a resolved run config. The layout planned is
@@ -220,7 +220,7 @@ def table(rows: list[dict]) -> str:
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.plan", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge plan", description=__doc__.split("\n")[0])
     ap.add_argument("configs", nargs="+", help="workflow config(s), merged in order, or a resolved run config")
     ap.add_argument("--nodes", type=int, nargs="+", required=True, help="node counts (one table row each)")
     ap.add_argument("--gpus-per-node", type=int, required=True)

@@ -389,7 +389,7 @@ def write_table(doc: Path, record: dict) -> None:
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.bench peers", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge bench peers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
     ap.add_argument("--dtypes", default="fp32,bf16", help="comma-separated, of fp32, bf16")
     ap.add_argument("--reps", type=int, default=5)
