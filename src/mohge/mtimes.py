@@ -94,4 +94,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel").strip())
     print(f"set the commit time of {restore(repo)} files in {repo}")
     return 0
-

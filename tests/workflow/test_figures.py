@@ -256,6 +256,7 @@ def test_command_line_matches_in_process(data, tmp_path):
 
 def test_mean_ci_is_the_student_t_half_width_over_the_values_present():
     import mohge.analysis.plotstyle as ps
+
     mean, hw, n = ps.mean_ci([1, 2, 3])
     assert (mean, n) == (2.0, 3) and hw == pytest.approx(T975_2 / math.sqrt(3), rel=1e-12)
     one = ps.mean_ci([5.0])
@@ -533,6 +534,7 @@ def figure_texts(script: str, inputs: dict, monkeypatch, axes: list | None = Non
     """Every text drawn by a figure script (titles, labels, legends, annotations), captured before saving;
     the (title, ylim) of each axes go to ``axes`` when given."""
     import mohge.analysis.plotstyle as ps
+
     texts: list[str] = []
 
     def capture(fig, png, pdf):

@@ -437,7 +437,9 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     jobs, text = plan("configs/study.yaml")  # a bare clone: the committed runs are sources all the same
     assert jobs.get("train", 0) == len(declared) and not runs_of_jobs(text) & set(done), jobs
     assert f"{len(done)} of {len(done) + len(declared)} runs are committed" in text
-    done_mtimes = subprocess.run(["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, capture_output=True, text=True)
+    done_mtimes = subprocess.run(
+        ["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, capture_output=True, text=True
+    )
     assert done_mtimes.returncode == 0 and "set the commit time of" in done_mtimes.stdout, done_mtimes.stderr
     jobs, text = plan("configs/study.yaml")
     assert runs_of_jobs(text) == set(declared), sorted(runs_of_jobs(text) ^ set(declared))[:5]
