@@ -16,12 +16,13 @@ import yaml
 from conftest import ROOT, tiny_run, train_tiny
 
 from mohge.config.runs import merge_config, plan
-from mohge.core.strict import to_dict
+from mohge.core.resources import TASKS
+from mohge.core.strict import ConfigError, to_dict
 from mohge.data.tokenizer import EOT_ID, encode
 from mohge.evaluate import hf_export
 from mohge.evaluate import metrics as ev
 
-TASK_CONFIGS = ROOT / "configs" / "tasks"
+TASK_CONFIGS = TASKS  # the shipped task definitions (package data)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -157,7 +158,7 @@ def test_dtype_is_hflms_name_for_precision(trained):
 
 
 def test_lm_eval_help_names_the_mohge_model_and_its_model_args(capsys):
-    from mohge import lm_eval as cli
+    from mohge.evaluate import harness as cli
     from mohge.evaluate.lm_eval_adapter import MODEL_ARGS
 
     with pytest.raises(SystemExit) as err:
@@ -249,5 +250,5 @@ def test_shipped_task_yamls_load_with_include_path(trained, monkeypatch):
         include_path=str(TASK_CONFIGS), include_defaults=False, metadata={"task_data": "work/mohge_tasks"}
     )
     assert len(list(named.load(["mohge_cloze"])["tasks"]["mohge_cloze"].test_docs())) == counts["mohge_cloze"]
-    with pytest.raises(FileNotFoundError, match="mohge_tasks"):
+    with pytest.raises(ConfigError, match="mohge_tasks"):
         TaskManager(include_path=str(TASK_CONFIGS), include_defaults=False).load(["mohge_ppl"])

@@ -117,7 +117,7 @@ def test_the_scope_is_the_import_closure_of_training_and_evaluation():
     package = Path(prov.PACKAGE).relative_to(ROOT).as_posix()
     for module in ("routing", "losses", "transformer", "lm_eval_adapter", "tokenizer"):  # by import, lazy included
         assert any(f.startswith(package) and f.endswith(f"/{module}.py") for f in files), module
-    assert {"configs/tasks/mohge_cloze.yaml", "configs/tasks/mohge_task_data.py"} <= files
+    assert {"src/mohge/tasks/mohge_cloze.yaml", "src/mohge/tasks/mohge_task_data.py"} <= files
     assert not any("kernels/" in f or f.endswith("provenance.py") or f.endswith(".md") for f in files)
     assert prov.sources_sha256() == prov.sources_sha256() and len(prov.sources_sha256()) == 64
 
