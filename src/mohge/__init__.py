@@ -16,11 +16,11 @@ are siblings and never import each other; no import circle, imports inside funct
 (tests/unit/test_layout.py checks every import). ``mohge.kernels`` lives in the top-level ``kernels/`` folder
 (the install maps it there, pyproject.toml's package-dir), sits below ``model`` and imports nothing of mohge but
 ``mohge.core.vocab``. The modules directly in this folder are the commands that keep their names
-(``python -m mohge.traces`` ...), each a few lines calling its subsystem's ``main``.
+(``mohge traces`` ...), each a few lines calling its subsystem's ``main``.
 
 The layer API (docs/api.md) is importable from here: ``from mohge import MoHGELayer`` (also ``MoELayer`` and
 ``weighted_aux``). It is :mod:`mohge.model`'s, imported on first use, so that ``import mohge`` (which every
-``python -m mohge.<command>`` runs) imports nothing.
+``mohge <command>`` runs) imports nothing.
 """
 
 __version__ = "0.1.0"

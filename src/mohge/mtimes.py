@@ -2,10 +2,10 @@
 
 A fresh clone writes its files in checkout order, so Snakemake may find a committed result older than the config
 or the code it was made from and plan to remake it; with no trained models in the clone that means retraining a
-whole committed study. After ``python -m mohge.mtimes``, a file is as new as its last commit: results committed
+whole committed study. After ``mohge mtimes``, a file is as new as its last commit: results committed
 after their inputs are up to date, and a figure whose script changed after it was drawn is redrawn, as it should be.
 
-    python -m mohge.mtimes [--repo DIR]
+    mohge mtimes [--repo DIR]
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mohge.core.cli import user_errors
+from mohge.core.strict import ConfigError
 
 
 def _git(repo: Path, *args: str) -> str:
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
     if done.returncode:
-        raise ValueError(f"{repo}: git {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
+        raise ConfigError(f"{repo}: git {' '.join(args)} failed: {done.stderr.strip() or done.returncode}")
     return done.stdout
 
 
@@ -84,7 +85,7 @@ def _date_derived_after_runs(repo: Path, changed: set[str]) -> None:
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.mtimes",
+        prog="mohge mtimes",
         description="Set every tracked file's modification time to its last commit's time, so that Snakemake "
         "treats committed results as up to date in a fresh clone (and extends a committed study without retraining).",
     )
@@ -93,7 +94,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     repo = Path(_git(Path(args.repo), "rev-parse", "--show-toplevel").strip())
     print(f"set the commit time of {restore(repo)} files in {repo}")
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -5,7 +5,6 @@ the tables and figure of its workflow script."""
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,6 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
 
 
 def _script():
-    sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location("capacity_analysis", SCRIPTS / "capacity_analysis.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

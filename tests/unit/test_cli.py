@@ -1,13 +1,19 @@
-"""Every entry point answers a user mistake with one clear line and exit status 2, not a traceback."""
+"""Every entry point answers a user mistake with one clear line and exit status 2, not a traceback; a bug (any
+other exception, ValueError included) keeps its traceback and exits 1; `mohge --help` lists every command."""
 
 from __future__ import annotations
 
+import ast
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from mohge import data
+from mohge import cli, data
 from mohge.analysis import utilization
+from mohge.core.strict import ConfigError
 from mohge.evaluate import metrics as evaluate
 from mohge.evaluate import traces
 from mohge.model import params
@@ -38,7 +44,7 @@ def test_missing_input_is_named_with_status_2(main, argv, tmp_path, monkeypatch,
         (OSError(28, "No space left on device", "/x/state.pt"), 4, "No space left on device (ENOSPC): /x/state.pt"),
         (PermissionError(13, "Permission denied", "/x"), 4, "Permission denied (EACCES): /x"),
         (OSError(4, "Interrupted system call"), 4, "Interrupted system call (EINTR)"),
-        (ValueError("data.seed=-1: must be >= 0"), 2, "data.seed=-1: must be >= 0"),
+        (ConfigError("data.seed=-1: must be >= 0", key="data.seed", value=-1), 2, "data.seed=-1: must be >= 0"),
     ],
 )
 def test_documented_exit_codes_and_debug_traceback(error, code, line, monkeypatch, caplog):
@@ -66,3 +72,95 @@ def test_an_unexpected_os_error_is_a_bug_and_keeps_its_traceback(monkeypatch):
     monkeypatch.delenv("MOHGE_DEBUG", raising=False)
     with pytest.raises(ConnectionResetError):
         main([])
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_mohge_help_lists_every_subcommand_with_one_line(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    listed = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()}
+    assert set(cli.COMMANDS) <= listed, out
+    assert all(text and "\n" not in text for _, text in cli.COMMANDS.values())
+
+
+def test_every_runnable_module_is_a_subcommand_or_a_launched_worker():
+    """A module runnable by name (`__main__.py` or a `__main__` guard) is reached through `mohge <command>`, except
+    the ones that torchrun or a GPU box launches by module name."""
+    launched = {
+        "mohge.__main__",  # python -m mohge
+        "mohge.train.__main__",  # torchrun -m mohge.train, the training rule
+        "mohge.data.__main__",  # the data rules
+        "mohge.evaluate.__main__",  # the eval rule
+        "mohge.bench.__main__",  # the inference rule
+        "mohge.analysis.ep_timing",  # torchrun, launched by mohge utilization --measure
+        "mohge.train.distributed.ep_equivalence",  # torchrun, the tests
+        "mohge.train.distributed.gpu_check",  # torchrun, kernels/gpu_train_check.sh
+        "mohge.kernels.bench",  # GPU boxes without an install (also mohge bench kernels)
+    }
+    runnable = set()
+    for base, prefix in ((ROOT / "src" / "mohge", "mohge"), (ROOT / "kernels", "mohge.kernels")):
+        for path in base.rglob("*.py"):
+            name = ".".join([prefix, *path.relative_to(base).with_suffix("").parts])
+            guard = any(
+                isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in ast.parse(path.read_text()).body
+            )
+            if path.name == "__main__.py" or guard:
+                runnable.add(name)
+    owners = {module for module, _ in cli.COMMANDS.values()}
+    assert runnable - launched == set(), "make it a subcommand of mohge.cli"
+    assert {"mohge.train.trainer", "mohge.evaluate.metrics", "mohge.data.prepare", "mohge.bench"} <= owners
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["trian"])
+    assert done.value.code == 2 and "unknown command 'trian'" in capsys.readouterr().err
+
+
+def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mohge", *args], capture_output=True, text=True, env=env)
+
+
+def test_a_user_error_exits_2_with_one_line(tmp_path):
+    done = _run("params", str(tmp_path / "missing.yaml"))
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ConfigError" in lines[0] and "missing.yaml" in lines[0], done.stderr
+
+
+def test_a_bug_exits_1_with_its_traceback(tmp_path):
+    """A ValueError from inside the code (here a monkeypatched parameter count) is a bug, not a bad config."""
+    script = (
+        "import sys, mohge.model.params as p\n"
+        "def boom(*a, **k): raise ValueError('zip() argument 2 is shorter than argument 1')\n"
+        "p.count_params = boom\n"
+        "from mohge.cli import main\n"
+        f"sys.exit(main(['params', {str(ROOT / 'configs' / 'models' / 'mohge-3b.yaml')!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr
+    assert "Traceback (most recent call last)" in done.stderr and "ValueError: zip()" in done.stderr
+
+
+def test_a_bug_in_a_wrapped_main_propagates(monkeypatch):
+    from mohge.core.cli import user_errors
+
+    @user_errors
+    def main(argv=None) -> int:
+        raise ValueError("operands could not be broadcast together")
+
+    monkeypatch.delenv("MOHGE_DEBUG", raising=False)
+    with pytest.raises(ValueError, match="broadcast"):
+        main([])
+
+
+def test_the_user_error_carries_its_key_and_value():
+    from mohge.config import ModelConfig
+
+    with pytest.raises(ConfigError) as err:
+        ModelConfig.from_dict({"d_model": 0})
+    assert err.value.key == "d_model" and err.value.value == 0 and str(err.value).startswith("d_model=0")

@@ -17,6 +17,7 @@ import torch
 import mohge.data as data
 import mohge.data.graded as graded
 from mohge.core.atomic import atomic_path
+from mohge.core.strict import ConfigError
 from mohge.data import (
     DataConfig,
     TokenStream,
@@ -645,7 +646,7 @@ def test_open_checks_meta_and_module_level_eval_iterator(graded_dir, tmp_path):
     (tmp_path / "meta.json").write_text(json.dumps({**meta, "tokens": {**meta["tokens"], "val": 3}}))
     with pytest.raises(ValueError, match="3"):
         TokenStream.open(tmp_path, "val")
-    with pytest.raises(FileNotFoundError, match="meta.json"):
+    with pytest.raises(ConfigError, match="meta.json"):
         TokenStream.open(tmp_path / "missing", "val")
 
 

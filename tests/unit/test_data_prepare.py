@@ -182,7 +182,7 @@ def test_gather_refuses_a_tampered_or_truncated_shard_by_name(graded3, tmp_path)
     with pytest.raises(ValueError, match=r"val-00001\.bin: \d+ bytes, the manifest expects"):
         gather(cfg, out, {"method": "index"})
     (out / "shards" / "part-00002.json").unlink()
-    with pytest.raises(FileNotFoundError, match="shard job 2 of 3 has not completed"):
+    with pytest.raises(ConfigError, match="shard job 2 of 3 has not completed"):
         gather(cfg, out, {"method": "index"})
     assert not (out / "meta.json").exists()
 

@@ -17,10 +17,10 @@ spans (`...`), markdown link targets ([text](target)) and fenced code blocks, by
   code span must be a module, or a module followed by a name defined at its top level (a function, class, constant
   or import; one level into a class).
 * **Commands.** `make X` needs a target X in the Makefile (the test of make targets skips, saying so, while the
-  repository has no Makefile); `mohge X` needs a `mohge` entry in pyproject.toml's [project.scripts] and a module
-  `mohge.X` (every subcommand keeps its module's name).
+  repository has no Makefile); `mohge X` and `python -m mohge X` need a `mohge` entry in pyproject.toml's
+  [project.scripts] and a subcommand X of mohge.cli.
 * **Config keys.** A dotted word in a code span whose first part is a top-level section of the workflow config (the
-  JSON schema of ``python -m mohge.runs schema``, with `datasets.<name>` read as `data`) or of a run's resolved
+  JSON schema of ``mohge runs schema``, with `datasets.<name>` read as `data`) or of a run's resolved
   config (mohge.config.sections.RunConfig) must be a key there: `model.ffn.ep_size`, `data.num_shards`,
   `train.parallel`. A first part that names a nested section (`ffn`, `router`, `parallel`) must end some key
   (`router.gate_mode`); `datasets.<name>.key` is read as `data.key`. A word ending in a file extension (`train.py`,
@@ -64,7 +64,7 @@ SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PYTHON_M = re.compile(r"python3?\s+-m\s+([\w.<>]+)")
 MAKE = re.compile(r"(?:^|[;&|]\s*)make\s+([A-Za-z][\w.-]*)", re.M)
-MOHGE_CMD = re.compile(r"(?:^|[;&|]\s*)mohge\s+([a-z][\w-]*)", re.M)
+MOHGE_CMD = re.compile(r"(?:^|[;&|]\s*|python3?\s+-m\s+)mohge\s+([a-z][\w-]*)", re.M)
 MODULE = re.compile(r"~?(mohge(?:\.[A-Za-z_]\w*)+)(?:\(\))?")
 KEY = re.compile(r"([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+):?")
 
@@ -309,10 +309,12 @@ def module_problems(doc: str, found: Named, root: Path) -> list[str]:
     for name, at in found.dotted:
         if not dotted_resolves(name):
             problems.append(f"{doc}:{at}: `{name}` is no module, nor a name defined in one")
+    from mohge.cli import COMMANDS
+
     scripts = tomllib.loads((root / "pyproject.toml").read_text()).get("project", {}).get("scripts", {})
     for sub, at in found.commands:
-        if "mohge" not in scripts or find_module(f"mohge.{sub}") is None:
-            problems.append(f"{doc}:{at}: command `mohge {sub}` does not resolve (no mohge script or no mohge.{sub})")
+        if "mohge" not in scripts or sub not in COMMANDS:
+            problems.append(f"{doc}:{at}: command `mohge {sub}` does not resolve (no mohge script or no subcommand)")
     return problems
 
 
@@ -360,7 +362,7 @@ def test_the_checker_fails_on_a_removed_path_and_on_unknown_names(tmp_path):
     for name in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("")
-    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n')
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "x"\n[project.scripts]\nmohge = "mohge.cli:main"\n')
     (tmp_path / ".gitignore").write_text("/work/\n")
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     doc = tmp_path / "docs" / "page.md"
@@ -371,7 +373,7 @@ def test_the_checker_fails_on_a_removed_path_and_on_unknown_names(tmp_path):
         "`results/<study>/study/S1_models.{csv}`, `configs/models/*.yaml`, keys `model.ffn.ep_size`,\n"
         "`router.gate_mode`, `data.num_shards`, `train.parallel: {dp_shard: -1}`; `mohge.config.matched`,\n"
         "`mohge.config.runs.plan`, `mohge.kernels.reference.row_bucket`; files `train.py`, `model.safetensors`.\n\n"
-        "```bash\npython -m mohge.plan configs/paper.yaml\n```\n"
+        "```bash\nmohge plan configs/paper.yaml\n```\n"
     )
     doc.write_text(good)
     assert problems_of(tmp_path, [doc]) == []
@@ -381,12 +383,12 @@ def test_the_checker_fails_on_a_removed_path_and_on_unknown_names(tmp_path):
         good
         + "`results/claims/regen/` `mohge/distributed/memory.py` [gone](missing.md) `results/<study>/T9_*.csv`\n"
         + "`mohge.runs.nothing` `train.no_such_key` `ffn.no_such_key`\n\n"
-        + "```bash\npython -m mohge.no_such_module\nmohge train --config x\n```\n"
+        + "```bash\npython -m mohge.no_such_module\nmohge no-such-command --config x\n```\n"
     )
     problems = problems_of(tmp_path, [doc])
     for expect in ("`workflow/scripts/x.py`", "`results/claims/regen/`", "`mohge/distributed/memory.py`",
                    "`missing.md`", "`results/<study>/T9_*.csv`", "`mohge.runs.nothing`", "`train.no_such_key`",
-                   "`ffn.no_such_key`", "python -m mohge.no_such_module", "`mohge train`"):  # fmt: skip
+                   "`ffn.no_such_key`", "python -m mohge.no_such_module", "`mohge no-such-command`"):  # fmt: skip
         assert any(expect in p for p in problems), (expect, problems)
     assert len(problems) == 10, problems
 

@@ -1,4 +1,4 @@
-"""lm-eval from its own tools: `lm_eval --model hf` on the exported model and `python -m mohge.lm_eval --model
+"""lm-eval from its own tools: `lm_eval --model hf` on the exported model and `mohge lm-eval --model
 mohge` on the trained folder give the same scores on every local task of the smoke model (tasks built for its
 context: no request longer than it, so neither route raises or truncates); the adapter's model_args, device
 fallback and batched generation; the task YAMLs load as shipped with --include_path."""
@@ -16,12 +16,13 @@ import yaml
 from conftest import ROOT, tiny_run, train_tiny
 
 from mohge.config.runs import merge_config, plan
-from mohge.core.strict import to_dict
+from mohge.core.resources import TASKS
+from mohge.core.strict import ConfigError, to_dict
 from mohge.data.tokenizer import EOT_ID, encode
 from mohge.evaluate import hf_export
 from mohge.evaluate import metrics as ev
 
-TASK_CONFIGS = ROOT / "configs" / "tasks"
+TASK_CONFIGS = TASKS  # the shipped task definitions (package data)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -89,7 +90,7 @@ def _flat(x) -> list[float]:
 def test_hf_route_and_mohge_route_give_equal_scores_on_every_task_of_the_smoke_model(smoke):
     """The two command lines run side by side over every task built for the smoke model, every document: lm-eval's
     own `lm_eval` on the HF export (documents from the default ./mohge_tasks of the working directory) and
-    `python -m mohge.lm_eval` on the trained folder (documents named by --metadata). Neither raises; accuracies are
+    `mohge lm-eval` on the trained folder (documents named by --metadata). Neither raises; accuracies are
     identical and every log-likelihood equal to 1e-6. The tasks had documents longer than the context (dropped by
     the builder, counted in tasks.json): without that, `lm_eval --model hf` stops on an assert."""
     built = json.loads((smoke["tasks"] / "tasks.json").read_text())
@@ -103,7 +104,7 @@ def test_hf_route_and_mohge_route_give_equal_scores_on_every_task_of_the_smoke_m
     # one's log-probs at the leading positions of the longer one's (on this model: graded_hard doc 14, 0.25 nats)
     hf_args = f"pretrained={smoke['hf']},trust_remote_code=True,logits_cache=False"
     hf_cmd += ["--model_args", hf_args, "--output_path", "out_hf"]
-    mohge_cmd = [sys.executable, "-m", "mohge.lm_eval", "--model", "mohge"]
+    mohge_cmd = [sys.executable, "-m", "mohge", "lm-eval", "--model", "mohge"]
     mohge_cmd += ["--model_args", f"pretrained={smoke['model']}", "--output_path", "out_mohge"]
     mohge_cmd += ["--metadata", json.dumps({"task_data": str(smoke["tasks"])})]
     env = {**os.environ, **OFFLINE}
@@ -157,7 +158,7 @@ def test_dtype_is_hflms_name_for_precision(trained):
 
 
 def test_lm_eval_help_names_the_mohge_model_and_its_model_args(capsys):
-    from mohge import lm_eval as cli
+    from mohge.evaluate import harness as cli
     from mohge.evaluate.lm_eval_adapter import MODEL_ARGS
 
     with pytest.raises(SystemExit) as err:
@@ -249,5 +250,5 @@ def test_shipped_task_yamls_load_with_include_path(trained, monkeypatch):
         include_path=str(TASK_CONFIGS), include_defaults=False, metadata={"task_data": "work/mohge_tasks"}
     )
     assert len(list(named.load(["mohge_cloze"])["tasks"]["mohge_cloze"].test_docs())) == counts["mohge_cloze"]
-    with pytest.raises(FileNotFoundError, match="mohge_tasks"):
+    with pytest.raises(ConfigError, match="mohge_tasks"):
         TaskManager(include_path=str(TASK_CONFIGS), include_defaults=False).load(["mohge_ppl"])

@@ -98,7 +98,7 @@ def test_without_a_parallel_section_the_ddp_replica_is_planned_and_refused(tmp_p
     """No train.parallel: torchrun trains a whole fp32 replica per GPU (DDP); the planner plans that, and it does
     not fit 80 GB: refused in one line naming train.parallel, exit 2, after the table."""
     config, rows = without_parallel(tmp_path), tmp_path / "plan.json"
-    argv = [sys.executable, "-m", "mohge.plan", config, "--nodes", "2", "--gpus-per-node", "8", "--json", str(rows)]
+    argv = [sys.executable, "-m", "mohge", "plan", config, "--nodes", "2", "--gpus-per-node", "8", "--json", str(rows)]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr
     assert "| 2 x 8 | DDP, 16 replicas |" in out.stdout and "NO (80 GiB)" in out.stdout
@@ -125,7 +125,7 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
 def test_paper_config_alone_plans_its_job_and_warns_that_it_outlives_the_time_limit(tmp_path, capsys):
-    """`python -m mohge.plan configs/paper.yaml` plans the job the workflow submits (cluster: 2 x 8), says which batch
+    """`mohge plan configs/paper.yaml` plans the job the workflow submits (cluster: 2 x 8), says which batch
     it holds, and warns that the days exceed the runtime the train rule asks SLURM for, with the retry path."""
     out = tmp_path / "plan.json"
     assert main([str(PAPER), "--json", str(out)]) == 0

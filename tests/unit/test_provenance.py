@@ -34,7 +34,7 @@ def what_to_run(study: str, found: dict[str, str]) -> str:
         "regenerate the study (hours):",
         f"  MOHGE_RERUN_COMMITTED=1 snakemake --cores all{extra} --forcerun train",
         "or, for a change shown to alter no result (tests/golden exact), restamp it:",
-        *(f"  python -m mohge.provenance restamp --from {h} --reason 'WHAT SHOWS IT' results/{study}" for h in old),
+        *(f"  mohge provenance restamp --from {h} --reason 'WHAT SHOWS IT' results/{study}" for h in old),
     ]
     return "\n".join(lines)
 
@@ -117,7 +117,7 @@ def test_the_scope_is_the_import_closure_of_training_and_evaluation():
     package = Path(prov.PACKAGE).relative_to(ROOT).as_posix()
     for module in ("routing", "losses", "transformer", "lm_eval_adapter", "tokenizer"):  # by import, lazy included
         assert any(f.startswith(package) and f.endswith(f"/{module}.py") for f in files), module
-    assert {"configs/tasks/mohge_cloze.yaml", "configs/tasks/mohge_task_data.py"} <= files
+    assert {"src/mohge/tasks/mohge_cloze.yaml", "src/mohge/tasks/mohge_task_data.py"} <= files
     assert not any("kernels/" in f or f.endswith("provenance.py") or f.endswith(".md") for f in files)
     assert prov.sources_sha256() == prov.sources_sha256() and len(prov.sources_sha256()) == 64
 
@@ -195,8 +195,8 @@ def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_pat
 
 
 def test_the_command_line_gives_the_digest_results_record():
-    """`python -m mohge.provenance` runs the module as __main__: its digest must still be the one imports compute."""
+    """`mohge provenance` prints the digest that importing the package computes."""
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "mohge.provenance"], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-m", "mohge", "provenance"], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["sources_sha256"] == prov.sources_sha256()

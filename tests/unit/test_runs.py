@@ -192,7 +192,7 @@ def test_shipped_configs_pass_plan_and_schema(names):
 
 def test_committed_schema_is_the_generated_one():
     committed = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
-    assert committed == workflow_schema(), "regenerate: python -m mohge.runs schema > workflow/schemas/..."
+    assert committed == workflow_schema(), "regenerate: mohge runs schema > workflow/schemas/..."
 
 
 def test_schema_carries_enums_ranges_and_descriptions():

@@ -255,7 +255,8 @@ def test_command_line_matches_in_process(data, tmp_path):
 
 
 def test_mean_ci_is_the_student_t_half_width_over_the_values_present():
-    ps = load("plotstyle")
+    import mohge.analysis.plotstyle as ps
+
     mean, hw, n = ps.mean_ci([1, 2, 3])
     assert (mean, n) == (2.0, 3) and hw == pytest.approx(T975_2 / math.sqrt(3), rel=1e-12)
     one = ps.mean_ci([5.0])
@@ -345,7 +346,7 @@ def test_tables_without_rows(tmp_path):
 
 
 def test_snakemake_script_directive(data, tmp_path):
-    """The scripts run under Snakemake's script: directive (snakemake object, scriptdir import, log redirect)."""
+    """The scripts run under Snakemake's script: directive (snakemake object, the package import, log redirect)."""
     snakefile = tmp_path / "Snakefile"
     snakefile.write_text(
         f"""
@@ -532,7 +533,8 @@ def build_twice(script: str, inputs: dict, tmp_path: Path, params: dict | None =
 def figure_texts(script: str, inputs: dict, monkeypatch, axes: list | None = None) -> list[str]:
     """Every text drawn by a figure script (titles, labels, legends, annotations), captured before saving;
     the (title, ylim) of each axes go to ``axes`` when given."""
-    ps = load("plotstyle")
+    import mohge.analysis.plotstyle as ps
+
     texts: list[str] = []
 
     def capture(fig, png, pdf):

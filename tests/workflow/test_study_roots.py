@@ -246,7 +246,7 @@ def test_reruns_follow_the_section_that_changed(smoke_clone, tmp_path):
 @pytest.mark.xdist_group("smoke_clone")
 def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     """The smoke run of a fresh clone (the shared `smoke_clone`, stopped by Ctrl-C and finished with
-    --rerun-incomplete): its tables and figures, nothing left to do; after `python -m mohge.mtimes`, the figures
+    --rerun-incomplete): its tables and figures, nothing left to do; after `mohge mtimes`, the figures
     target (which reruns study_analysis: its scipy warnings go to the job's log, not the console; the claims study run
     afterwards plans no study_analysis for its params, the merged config compared as data, not in the order the two
     ways of merging give); the README's lm-eval commands (build-tasks into ./mohge_tasks, the export into ./hf/<run>)
@@ -260,7 +260,7 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     assert len(runs) == 1 + 8  # header + 2 mohge + 2 moe + hmoe + modse + dense + the mohge variant
     assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
 
-    command("python", "-m", "mohge.mtimes")  # committed files dated by their commits (a clone dates them all now)
+    command("python", "-m", "mohge", "mtimes")  # committed files dated by their commits (a clone dates them all now)
     t0 = time.perf_counter()
     text = run("--cores", "2", "figures", "--forceall", timeout=2400)  # a hang guard, not a speed bound
     seconds = time.perf_counter() - t0
@@ -290,7 +290,7 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
         "--out",
         "mohge_tasks",
     )
-    command("python", "-m", "mohge.hf_export", "--ckpt", str(model), "--out", "hf/tiny")
+    command("python", "-m", "mohge", "export", "--ckpt", str(model), "--out", "hf/tiny")
     assert (clone / "mohge_tasks" / "tasks.json").is_file() and (clone / "hf" / "tiny" / "model.safetensors").is_file()
     run("--report", "report.html", timeout=1200)
     report = (clone / "report.html").read_text(errors="replace")
@@ -408,7 +408,7 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
 def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
     """A clone of the claims study plans only what is not committed: the arms declared in configs/study.yaml and not
     yet run (and their data), never a committed run, whose per-run results are sources (common.smk: committed_runs),
-    before and after `python -m mohge.mtimes`; with every arm run, tables and figures at most.
+    before and after `mohge mtimes`; with every arm run, tables and figures at most.
     MOHGE_RERUN_COMMITTED=1 plans every run again."""
     clone = tmp_path / "mohge"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
@@ -437,7 +437,9 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     jobs, text = plan("configs/study.yaml")  # a bare clone: the committed runs are sources all the same
     assert jobs.get("train", 0) == len(declared) and not runs_of_jobs(text) & set(done), jobs
     assert f"{len(done)} of {len(done) + len(declared)} runs are committed" in text
-    done_mtimes = subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, capture_output=True, text=True)
+    done_mtimes = subprocess.run(
+        ["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, capture_output=True, text=True
+    )
     assert done_mtimes.returncode == 0 and "set the commit time of" in done_mtimes.stdout, done_mtimes.stderr
     jobs, text = plan("configs/study.yaml")
     assert runs_of_jobs(text) == set(declared), sorted(runs_of_jobs(text) ^ set(declared))[:5]
@@ -470,14 +472,14 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
 
 
 def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(tmp_path):
-    """The capacity study grows over sittings. In a clone, after `python -m mohge.mtimes`, the plan
+    """The capacity study grows over sittings. In a clone, after `mohge mtimes`, the plan
     trains exactly the runs whose results are not committed; once every run is, tables and figures at most."""
     clone = tmp_path / "mohge"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
     git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MOHGE_RERUN_COMMITTED", None)
-    subprocess.run(["python", "-m", "mohge.mtimes"], cwd=clone, env=env, check=True, capture_output=True)
+    subprocess.run(["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, check=True, capture_output=True)
     runs = plan_runs(clone / "configs" / "capacity.yaml")
     tracked = set(git("ls-files", "results/capacity/runs", cwd=clone).split())
     pending = {r for r in runs if f"results/capacity/runs/{r}/summary.json" not in tracked}
@@ -490,7 +492,7 @@ def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(t
     blocks = re.findall(r"^(?:local)?rule train:\n((?:    .*\n)+)", text, re.M)
     assert {re.search(r"wildcards: run=(\S+)", b)[1] for b in blocks} == pending
     if not pending:
-        # collect too: a restamp (python -m mohge.provenance restamp) commits run summaries after the CSVs collected
+        # collect too: a restamp (mohge provenance restamp) commits run summaries after the CSVs collected
         # from them, whose bytes it does not change; collect then rewrites them as they are, in seconds
         assert set(jobs) <= CHEAP | {"capacity_analysis", "collect"} | {j for j in jobs if j.startswith("fig_")}, jobs
     assert git("status", "--porcelain", cwd=clone).strip() == ""

@@ -1,4 +1,4 @@
-"""One validator for the workflow and `python -m mohge.runs list`, bounded config loading
+"""One validator for the workflow and `mohge runs list`, bounded config loading
 before any expansion, and committed results that no other config can overwrite.
 
 The same config files go to both: they must refuse with the same one-line message (or both accept)."""
@@ -16,7 +16,7 @@ from test_workflow import copy_workflow, smk
 
 
 def runs_list(work: Path, *files: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "mohge.runs", "list", "configs/config.yaml", *files]
+    cmd = [sys.executable, "-m", "mohge", "runs", "list", "configs/config.yaml", *files]
     return subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=120)
 
 

@@ -40,9 +40,7 @@ def test_schema_file_is_generated_from_the_dataclasses():
     from mohge.config.runs import workflow_schema
 
     committed = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
-    assert committed == workflow_schema(), (
-        "regenerate: python -m mohge.runs schema > workflow/schemas/config.schema.json"
-    )
+    assert committed == workflow_schema(), "regenerate: mohge runs schema > workflow/schemas/config.schema.json"
 
 
 def test_snakefmt_clean():

@@ -13,7 +13,7 @@ rule params_run:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m mohge.params {input.cfg:q} --json {output:q} > {log:q} 2>&1"
+        "python -m mohge params {input.cfg:q} --json {output:q} > {log:q} 2>&1"
 
 
 rule params_preset:
@@ -28,7 +28,7 @@ rule params_preset:
     conda:
         "../envs/train.yaml"
     shell:
-        "python -m mohge.params {input.cfg:q} --json {output:q} > {log:q} 2>&1"
+        "python -m mohge params {input.cfg:q} --json {output:q} > {log:q} 2>&1"
 
 
 rule utilization:
@@ -62,7 +62,7 @@ rule utilization:
             else []
         ),
     shell:
-        "python -m mohge.utilization --trace {input.trace:q} --strategies {params.strategies:q}"
+        "python -m mohge utilization --trace {input.trace:q} --strategies {params.strategies:q}"
         " --ep {params.ep:q} {params.measure:q} --out {params.out:q} > {log:q} 2>&1"
 
 
@@ -93,7 +93,7 @@ rule collect:
         traced=trace_runs(),
         presets=PRESETS,
     shell:
-        "python -m mohge.collect --results {params.results:q} --runs {params.runs:q} --traced {params.traced:q}"
+        "python -m mohge collect --results {params.results:q} --runs {params.runs:q} --traced {params.traced:q}"
         " --presets {params.presets:q} --out {params.results:q} > {log:q} 2>&1"
 
 

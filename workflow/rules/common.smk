@@ -44,7 +44,7 @@ def schema_message(err):
 
 
 def checked_plan(config):
-    """mohge.config.runs.plan, the validator `python -m mohge.runs list` runs, then the schema generated from the same
+    """mohge.config.runs.plan, the validator `mohge runs list` runs, then the schema generated from the same
     declarations (which must then agree; tests/workflow feed the same configs to both).
     """
     try:

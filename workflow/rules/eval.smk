@@ -62,7 +62,7 @@ rule trace:
         data=data_dir,
         device="cuda" if eval_gpus() else "cpu",
     shell:
-        "python -m mohge.traces --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
+        "python -m mohge traces --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
         " --device {params.device} --out {output.trace:q} > {log:q} 2>&1"
         " && cp {output.trace:q} {output.summary:q}"
 

@@ -10,18 +10,13 @@ with its fit, the MoHGE arms, the iso and the reference MoE, 95 % CIs, n.
 """
 
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+import mohge.analysis.plotstyle as ps
 from mohge.analysis import capacity
-
-_smk = globals().get("snakemake")
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import make_tables as mt  # noqa: E402
-import plotstyle as ps  # noqa: E402
 
 BY = "capacity_analysis.py"
 
@@ -41,11 +36,11 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     res = capacity.analyse(pd.read_csv(inputs["runs"]), traces, params)
     models, tests, unused = res["models"], res["tests"], res["unused"]
     shown = models.assign(
-        params_non_embedding=models["params_non_embedding"].map(mt.fmt_params),
+        params_non_embedding=models["params_non_embedding"].map(ps.fmt_params),
         bits_stored=[_kbits(*r) for r in models[["bits_stored", "bits_low", "bits_high"]].itertuples(index=False)],
     )[["dataset", "model", "n", "params_non_embedding", "bits_stored", "bits_per_param", "fraction_of_data", "recall"]]
     caption = "Bits stored per model (mean [95% t-CI] over n seeds); parameters without the embeddings."
-    mt.write_table(models, shown.round(3), outputs, "c1", caption, left=2, by=BY)
+    ps.write_table(models, shown.round(3), outputs, "c1", caption, left=2, by=BY)
     display = tests.copy()
     for col in ("estimate", "ci_low", "ci_high", "p"):
         display[col] = display[col].map(_fmt)
@@ -53,10 +48,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         display[col] = display[col].map(lambda v: "—" if pd.isna(v) else str(v))
     note = "The gate passes: the study decides claim 1." if res["gate"] else "The gate fails: claim 1 is not decided."
     caption = "Pre-declared tests, unpaired (Welch) on log B: seeds do not pair (docs/study.md); p is the p of h0."
-    mt.write_table(tests, display, outputs, "c2", caption, notes=[note], by=BY)
+    ps.write_table(tests, display, outputs, "c2", caption, notes=[note], by=BY)
     caption = f"Experts per MoE layer with under {res['settings']['unused_share']:.0%} of a uniform share of routed"
     caption += " slots (mean over n seeds) and the expert parameters they hold."
-    mt.write_table(unused, unused.round(2), outputs, "c3", caption, left=2, by=BY)
+    ps.write_table(unused, unused.round(2), outputs, "c3", caption, left=2, by=BY)
     figure(res["main"], models[models["dataset"] == res["settings"]["dataset"]], res["fit"], res["settings"], outputs)
 
 
@@ -126,4 +121,4 @@ def figure(runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

@@ -8,13 +8,11 @@ cached-decode tokens/s of the record (one torch thread; the CPU is in the cpu co
 """
 
 import json
-import sys
 from pathlib import Path
 
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import pandas as pd  # noqa: E402
-import plotstyle as ps  # noqa: E402
+import pandas as pd
+
+import mohge.analysis.plotstyle as ps
 
 SPEED = ("prefill", "decode")
 
@@ -79,4 +77,4 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

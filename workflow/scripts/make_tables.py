@@ -12,25 +12,17 @@ declared metric leaves both chance and ceiling (mohge.analysis.study.reportable_
 with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from every other row).
 """
 
-import html
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
-
-from mohge.analysis.study import TASK_METRIC, reportable_tasks  # noqa: E402
+import mohge.analysis.plotstyle as ps
+from mohge.analysis.plotstyle import fmt_params, fmt_pm, table_key, write_table
+from mohge.analysis.study import TASK_METRIC, reportable_tasks
 
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts")
 COMPONENTS += ("dense_ffn", "total", "non_embedding")
-TEX_SYMBOLS = {"±": r"$\pm$", "—": "---", "↓": r"$\downarrow$", "↑": r"$\uparrow$", "Δ": r"$\Delta$", "≥": r"$\geq$"}
-TEX_SYMBOLS |= {"<": "$<$", ">": "$>$", "−": "$-$"}  # text-mode < and > print as other glyphs in OT1
 BOLD_RULE = (
     "Bold: the row wins a test, i.e. it has n ≥ 2 seeds and its 95% CI is disjoint from every other row's "
     "interval (a single-seed row counts as its point value); single-seed rows are never bold."
@@ -39,21 +31,6 @@ ACTIVATED = {
     "activated_params": "Activated (learned routing)",
     "activated_params_uniform": "Activated (uniform routing)",
 }
-
-
-def fmt_pm(mean: float, ci: float, digits: int, scale: float = 1.0) -> str:
-    if mean != mean:
-        return "—"
-    ci_text = "—" if ci != ci else f"{ci * scale:,.{digits}f}"
-    return f"{mean * scale:,.{digits}f} ± {ci_text}"
-
-
-def fmt_params(v: float) -> str:
-    if v != v or v == 0:
-        return "—" if v != v else "0"
-    div, unit = ps.param_scale([v])
-    x = v / div
-    return f"{x:.{2 if x < 10 else 1 if x < 100 else 0}f}{unit}"
 
 
 def bold_winner(display, mean: pd.Series, ci: pd.Series, n: pd.Series, col: str, lower: bool, groups) -> None:
@@ -71,80 +48,6 @@ def bold_winner(display, mean: pd.Series, ci: pd.Series, n: pd.Series, col: str,
         others = [i for i in v.index if i != best]
         if (hi[best] < lo[others].min()) if lower else (lo[best] > hi[others].max()):
             display.loc[best, col] = f"**{display.loc[best, col]}**"
-
-
-def tex(s: str) -> str:
-    """Escape LaTeX specials, typeset the symbols, and turn Markdown **bold** into \\textbf."""
-    s = re.sub(r"([&%$#_{}])", r"\\\1", s)
-    for k, v in TEX_SYMBOLS.items():
-        s = s.replace(k, v)
-    return re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", s)
-
-
-def table_key(key: str, prefix: str, ext: str = "") -> bool:
-    """Whether an output key names table ``prefix`` ('t1') in format ``ext``: 't1_csv', 'T1_main_csv', ..."""
-    key = key.lower()
-    return key.startswith(prefix) and not key[len(prefix) : len(prefix) + 1].isdigit() and key.endswith(ext)
-
-
-def write_table(
-    machine, display, outputs: dict, prefix: str, caption: str, left: int = 1, notes=(), by: str = "make_tables.py"
-) -> None:
-    """The machine table as CSV; the display table (strings) as Markdown, as a booktabs LaTeX tabular and, when an
-    ``_html`` output is asked for, as a small HTML page (what `snakemake --report` shows inline), each followed by
-    the ``notes`` (Markdown, HTML: lines under the table; LaTeX: full-width rows under the rule)."""
-    paths = {
-        e: Path(p) for k, p in outputs.items() for e in ("csv", "md", "tex", "html") if table_key(k, prefix, f"_{e}")
-    }
-    for path in paths.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    if "csv" in paths:
-        machine.to_csv(paths["csv"], index=False, lineterminator="\n")
-    head, cells = list(display.columns), display.astype(str).values.tolist()
-    align = ["l" if i < left else "r" for i in range(len(head))]
-    if "md" in paths:
-        rows = [head, [":--" if a == "l" else "--:" for a in align], *cells]
-        body = [f"| {' | '.join(r)} |" for r in rows] if cells else ["_No data yet._"]
-        tail = ["", *(f"- {n}" for n in notes)] if notes else []
-        paths["md"].write_text("\n".join([f"**{prefix.upper()}.** {caption}", "", *body, *tail]) + "\n")
-    if "html" in paths:
-        paths["html"].write_text(html_table(prefix, caption, head, cells, align, notes))
-    if "tex" in paths:
-        rows = [" & ".join(map(tex, r)) + r" \\" for r in [head, *cells]] if cells else [r"No data yet. \\"]
-        width = len(head) if cells else 1
-        lines = [f"% {prefix.upper()}: {caption} (written by {by}; do not edit)"]
-        lines += [rf"\begin{{tabular}}{{{''.join(align) if cells else 'l'}}}", r"\toprule", rows[0], r"\midrule"]
-        foot = [rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {tex(n)}}} \\" for n in notes]
-        paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", *foot, r"\end{tabular}"]) + "\n")
-
-
-def html_table(prefix: str, caption: str, head: list, cells: list, align: list, notes=()) -> str:
-    """One table as a self-contained HTML page: caption, table, notes (every cell escaped)."""
-
-    def esc(text: str) -> str:  # a winner's Markdown bold as <b>
-        return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
-
-    def row(values, tag):
-        return (
-            "<tr>"
-            + "".join(f'<{tag} class="{a}">{esc(str(v))}</{tag}>' for v, a in zip(values, align, strict=True))
-            + "</tr>"
-        )
-
-    body = [row(head, "th"), *(row(r, "td") for r in cells)] if cells else ["<tr><td>No data yet.</td></tr>"]
-    style = (
-        "body{font-family:sans-serif;font-size:14px}table{border-collapse:collapse}"
-        "th,td{padding:3px 10px;border-bottom:1px solid #ddd}th{border-bottom:2px solid #555}.r{text-align:right}"
-    )
-    items = "".join(f"<li>{esc(n)}</li>" for n in notes)
-    return (
-        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{esc(prefix.upper())}</title>'
-        f"<style>{style}</style></head><body>\n<p><b>{esc(prefix.upper())}.</b> {esc(caption)}</p>\n<table>\n"
-        + "\n".join(body)
-        + "\n</table>\n"
-        + (f"<ul>{items}</ul>\n" if notes else "")
-        + "</body></html>\n"
-    )
 
 
 def task_docs(runs: pd.DataFrame, param) -> dict[str, int]:
@@ -315,4 +218,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

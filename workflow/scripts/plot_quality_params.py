@@ -8,14 +8,7 @@ Axes span at least 4% of their centre: a panel whose models differ by less than 
 magnifying a difference far below the noise.
 """
 
-import sys
-from pathlib import Path
-
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 AXES = {"total_params": "total parameters", "activated_params": "activated params/token, learned routing"}
 
@@ -84,4 +77,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

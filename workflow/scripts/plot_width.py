@@ -4,14 +4,7 @@ Inputs: curves (curves.csv; columns mean_width and group_aux_start). Outputs: pn
 Params: families (default ["mohge", "hmoe"]), smooth (as in plot_curves).
 """
 
-import sys
-from pathlib import Path
-
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -54,4 +47,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

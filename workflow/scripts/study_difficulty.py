@@ -12,14 +12,8 @@ dataset (default "graded", else the first in S4). Without any alpha_G variant in
 
 import math
 import re
-import sys
-from pathlib import Path
 
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 # mohge+ag1e5 -> 1e-5; mohge+ag0 -> 0; mohge+ag10 -> 10; mohge+ag1rel -> 1 with the cost weights spanning the widths
 TAG = re.compile(r".*\+ag(\d+)(?:e(\d+))?(rel)?")
@@ -103,4 +97,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

@@ -8,14 +8,7 @@ EP where Q2 is decided), bar (default 1.10: Q2's bar, drawn),
 dataset (default "shakespeare"), metric (default "test_ppl"). Models absent from either table are skipped.
 """
 
-import sys
-from pathlib import Path
-
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 ALPHA_E = {"mohge": 5e-3, "mohge+ae5e2": 5e-2, "mohge+ae2e1": 2e-1}
 SERIES = ("all_size", "contiguous")
@@ -99,4 +92,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

@@ -7,17 +7,11 @@ Every mean carries its 95% CI as [low, high] and every row its n seeds. Nothing 
 pre-declared tests of S2, printed in its Decision column.
 """
 
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py and make_tables.py live.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import make_tables as mt  # noqa: E402
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 CI_NOTE = "Mean [95% Student-t CI] over n seeds; no interval with n = 1. Nothing is bold: S2's tests decide."
 SPLIT = {"test_ppl": "Test PPL (full split)", "val_ppl": "Val PPL (full split)"}
@@ -37,9 +31,9 @@ def cis(df: pd.DataFrame, col: str, low: str, high: str, digits: int = 2) -> lis
 
 def s1_models(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     d = pd.DataFrame({"Dataset": t["dataset"], "Model": t["model"].map(ps.family_label), "n": t["n"]})
-    d["Total params"] = t["total_params"].map(mt.fmt_params)
-    d["Activated (learned routing)"] = t["activated_learned"].map(mt.fmt_params)
-    d["Activated (uniform routing)"] = t["activated_uniform"].map(mt.fmt_params)
+    d["Total params"] = t["total_params"].map(ps.fmt_params)
+    d["Activated (learned routing)"] = t["activated_learned"].map(ps.fmt_params)
+    d["Activated (uniform routing)"] = t["activated_uniform"].map(ps.fmt_params)
     for m in ("test_ppl", "val_ppl"):
         if m in t:
             d[f"{SPLIT[m]} ↓"] = cis(t, m, f"{m}_low", f"{m}_high")
@@ -110,7 +104,7 @@ def s4_difficulty(t: pd.DataFrame) -> tuple[pd.DataFrame, str]:
             d[f"{level} width"] = cis(t, level, f"{level}_low", f"{level}_high", 1)
     if "easy_minus_hard" in t:
         d["easy − hard"] = cis(t, "easy_minus_hard", "emh_low", "emh_high", 1)
-    d["Activated (learned routing)"] = t["activated_params"].map(mt.fmt_params)
+    d["Activated (learned routing)"] = t["activated_params"].map(ps.fmt_params)
     d["Test PPL (full split) ↓"] = cis(t, "test_ppl", "test_ppl_low", "test_ppl_high")
     return d, "Mean routed expert width per difficulty level (easy − hard paired by seed)."
 
@@ -145,17 +139,17 @@ BUILDS = {"s1": s1_models, "s2": s2_tests, "s3": s3_balance, "s4": s4_difficulty
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Write the study tables S1-S4 and S8 as LaTeX (and Markdown where asked)."""
     for prefix, build in BUILDS.items():
-        if not (inputs.get(prefix) and any(mt.table_key(k, prefix) for k in outputs)):
+        if not (inputs.get(prefix) and any(ps.table_key(k, prefix) for k in outputs)):
             continue
-        outs = {k: v for k, v in outputs.items() if mt.table_key(k, prefix) and not k.lower().endswith("_csv")}
+        outs = {k: v for k, v in outputs.items() if ps.table_key(k, prefix) and not k.lower().endswith("_csv")}
         t = ps.read_csv(inputs[prefix])
         if t.empty:
-            mt.write_table(t, t, outs, prefix, f"no rows in {Path(inputs[prefix]).name}", by="study_tables.py")
+            ps.write_table(t, t, outs, prefix, f"no rows in {Path(inputs[prefix]).name}", by="study_tables.py")
             continue
         d, caption = build(t)
         left = {"s2": 4 + ("role" in t), "s3": 3 + ("trace" in t), "s8": 5}.get(prefix, 2)  # text columns: left
-        mt.write_table(t, d, outs, prefix, caption, left=left, notes=[CI_NOTE], by="study_tables.py")
+        ps.write_table(t, d, outs, prefix, caption, left=left, notes=[CI_NOTE], by="study_tables.py")
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

@@ -13,14 +13,7 @@ Params: metric (default "test_ppl", the pre-declared primary metric), margin (de
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.
 """
 
-import sys
-from pathlib import Path
-
-_smk = globals().get("snakemake")  # set by Snakemake's script: directive
-# Snakemake runs a copy of this file (after its preamble: hence no __future__ import here);
-# snakemake.scriptdir is the directory of the original, where plotstyle.py lives.
-sys.path.insert(0, str(getattr(_smk, "scriptdir", None) or Path(__file__).resolve().parent))
-import plotstyle as ps  # noqa: E402
+import mohge.analysis.plotstyle as ps
 
 TESTS = {"tost": "TOST", "noninferiority": "non-inferiority", "less": "one-sided", "two-sided": "two-sided"}
 READS_90 = {"tost", "noninferiority", "less"}  # tests at alpha whose decision is read from the 1 - 2 alpha interval
@@ -120,4 +113,4 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
 
 
 if __name__ == "__main__":
-    ps.run(main, _smk)
+    ps.run(main, globals().get("snakemake"))  # set by Snakemake's script: directive; None on the command line

@@ -1,13 +1,14 @@
 """Analysis of trained runs and traces: the per-GPU utilization study, the result tables, the claims, the planner.
 
 Owns:
-  `utilization`  expert placement -> per-rank load, analytic and measured (``python -m mohge.utilization``)
+  `utilization`  expert placement -> per-rank load, analytic and measured (``mohge utilization``)
   `ep_timing`    the torchrun harness that times each rank's expert compute for the utilization study
-  `collect`      the per-run summaries gathered into the study's tables (``python -m mohge.collect``)
-  `study`        the paired tests and the claims of docs/study.md (``python -m mohge.study``)
+  `collect`      the per-run summaries gathered into the study's tables (``mohge collect``)
+  `study`        the paired tests and the claims of docs/study.md (``mohge study``)
   `controls`     the tests of the arms declared after the claims study's results (S8-S10 of ``mohge.study``)
   `capacity`     the capacity study's declared tests, tables C1-C3 and its figure (rule capacity_analysis)
-  `plan`         memory and throughput of a cluster config before it runs (``python -m mohge.plan``)
+  `plan`         memory and throughput of a cluster config before it runs (``mohge plan``)
+  `plotstyle`    the figures' and tables' shared style and writers (matplotlib, pandas; workflow/scripts use it)
 
 Every interval and test comes from mohge.core.stats (the evaluation's token-level record needs them too, so they
 live below both).

@@ -1,6 +1,6 @@
 """Collect every run's small summaries into the CSVs that the tables and figures read.
 
-    python -m mohge.collect --results results --runs RUN ... --traced RUN ... --presets mohge-3b moe-3b --out results
+    mohge collect --results results --runs RUN ... --traced RUN ... --presets mohge-3b moe-3b --out results
 
 Reads, under ``--results``: ``runs/<run>/{config,summary,metrics,params,trace}.json``, ``runs/<run>/train_log.jsonl``,
 ``params/preset-<name>.json`` and ``utilization/<run>/{summary,analytic,comparison,measured}.csv``; writes
@@ -21,6 +21,8 @@ from pathlib import Path
 import pandas as pd
 
 from mohge.core.atomic import atomic_path
+from mohge.core.cli import setup_logging, user_errors
+from mohge.core.strict import ConfigError
 from mohge.model.experts import swiglu_params
 from mohge.model.losses import group_aux_active
 from mohge.model.params import COMPONENTS
@@ -32,7 +34,7 @@ TASK_METRICS = ("acc", "acc_norm", "exact_match", "bits_per_byte", "n_samples")
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise FileNotFoundError(f"missing input {path}")
+        raise ConfigError(f"missing input {path}")
     return json.loads(path.read_text())
 
 
@@ -105,7 +107,7 @@ def curve_rows(results: Path, run: str) -> list[dict]:
     cfg = _read_json(d / "config.json")
     path = d / "train_log.jsonl"
     if not path.is_file():
-        raise FileNotFoundError(f"missing input {path}")
+        raise ConfigError(f"missing input {path}")
     steps = cfg["train"]["steps"]
     frac = cfg["loss"]["group_aux_start_frac"]
     start = next((s for s in range(steps) if group_aux_active(s, steps, frac)), math.nan)
@@ -268,18 +270,15 @@ def collect(results: Path, runs: Sequence[str], traced: Sequence[str], presets: 
         log.info("wrote %s (%d rows)", out / name, len(df))
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.collect", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge collect", description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=Path("results"), help="the results folder to read")
     ap.add_argument("--runs", nargs="+", required=True, help="runs to collect")
     ap.add_argument("--traced", nargs="*", default=[], help="runs with routing traces and utilization results")
     ap.add_argument("--presets", nargs="*", default=[], help="parameter-count presets (results/params/preset-*.json)")
     ap.add_argument("--out", type=Path, default=Path("results"), help="where the CSVs go")
     args = ap.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(levelname)s %(name)s: %(message)s")
-    try:
-        collect(args.results, args.runs, args.traced, args.presets, args.out)
-    except FileNotFoundError as err:
-        log.error("%s", err)
-        return 2
+    setup_logging()
+    collect(args.results, args.runs, args.traced, args.presets, args.out)
     return 0

@@ -5,7 +5,7 @@ The expert-parallel layer itself (dispatch and combine with ``all_to_all_single`
 drives it. Its correctness check against the single-process experts is :mod:`mohge.train.distributed.ep_equivalence`.
 
 MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.analysis.ep_timing
-measure --trace TRACE --out DIR``; usually launched by ``python -m mohge.utilization --measure``). For each
+measure --trace TRACE --out DIR``; usually launched by ``mohge utilization --measure``). For each
 layer of the trace, the recorded routing (``.npz`` beside the trace), a routing rebuilt with exactly the
 trace's counts (``--routing counts``) or a live router on random inputs (``--routing live``) is split over
 the ranks by tokens and dispatched under every strategy allowed at EP = N; then each rank's local expert
@@ -50,6 +50,7 @@ import torch
 import torch.distributed as dist
 
 from mohge import kernels
+from mohge.core.cli import setup_logging
 from mohge.evaluate.traces import Trace, TraceError, load_replay, load_trace, routing_from_counts
 from mohge.model.allocation import PLACEMENTS, place
 from mohge.train.distributed.ep_layer import ExpertParallelExperts
@@ -278,7 +279,7 @@ def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world:
 
 def measure(args: argparse.Namespace) -> int:
     rank, world, device = _init()
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=f"[rank {rank}] %(message)s")
+    setup_logging()
     try:
         trace = load_trace(args.trace)
         replay = load_replay(trace) if args.routing in ("auto", "replay") else None

@@ -1,6 +1,6 @@
 """The planner: per-GPU memory, fit and days to finish of a run on a cluster, from the trainer's own sharding plan.
 
-    python -m mohge.plan configs/paper.yaml [--nodes 1 2 4] [--gpus-per-node 8] [--gpu-mem 80] [--peak-tflops 989]
+    mohge plan configs/paper.yaml [--nodes 1 2 4] [--gpus-per-node 8] [--gpu-mem 80] [--peak-tflops 989]
         [--mfu 0.4] [--global-batch 512] [--run NAME] [--json OUT]
 
 CONFIG is a workflow config (its first MoHGE run, or ``--run``) or a resolved run config. ``--nodes`` and
@@ -373,7 +373,7 @@ def time_limit_warning(rows: list[dict], cluster: ClusterConfig, profile: Path =
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.plan", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge plan", description=__doc__.split("\n")[0])
     ap.add_argument("configs", nargs="+", help="workflow config(s), merged in order, or a resolved run config")
     ap.add_argument("--nodes", type=int, nargs="+", help="node counts, one table row each (default: cluster.nodes)")
     ap.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: cluster.gpus_per_node)")

@@ -35,7 +35,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
 * The arms declared after the results (:mod:`mohge.analysis.controls`): S8 the controls of Q1b and its
   restatement, S9 Q3's alpha_G = 0 control and dose-response, S10 the token-level Q3 record of the traces.
 
-    python -m mohge.study --results results/claims --config configs/config.yaml configs/study.yaml --out DIR
+    mohge study --results results/claims --config configs/config.yaml configs/study.yaml --out DIR
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import pandas as pd
 
 from mohge.core.cli import user_errors
 from mohge.core.stats import compare, holm, p_binomial_h0_le, t_interval
+from mohge.core.strict import ConfigError
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
 from .controls import control_tests, graded_datasets, paired_log_diffs, planned_models, q3_dose, token_q3
@@ -394,7 +395,7 @@ def write_table(df: pd.DataFrame, stem: Path, floatfmt: str = ".4g") -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m mohge.study", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="mohge study", description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="the study's results root (runs.csv, ...)")
     p.add_argument("--config", nargs="+", required=True, help="workflow config files, merged in order")
     p.add_argument("--out", type=Path, required=True, help="folder for the study tables")
@@ -451,6 +452,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = merge_config(config, load_yaml_or_json(path))
     for name in ("runs.csv", "utilization_summary.csv", "groups_by_level.csv"):
         if not (args.results / name).is_file():
-            raise ValueError(f"--results {args.results}: {name} is missing (run the study's collect step first)")
+            raise ConfigError(f"--results {args.results}: {name} is missing (run the study's collect step first)")
     run_analysis(args.results, config, args.out)
     return 0

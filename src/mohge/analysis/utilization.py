@@ -35,8 +35,8 @@ OUTPUTS (``--out DIR``):
 
 Example::
 
-    python -m mohge.utilization --trace results/eval/trace.json --ep 2 4 8 --out results/utilization
-    python -m mohge.utilization --synthetic --measure --nproc 4 --out results/utilization
+    mohge utilization --trace results/eval/trace.json --ep 2 4 8 --out results/utilization
+    mohge utilization --synthetic --measure --nproc 4 --out results/utilization
 
 Legend: T tokens, K experts per token, E experts, G groups, n experts per group, EP ranks.
 """
@@ -53,11 +53,11 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mohge.core.cli import setup_logging, user_errors
 from mohge.evaluate.traces import (
     SKEWED_POPULARITY,
     WIDTHS_3B,
     Trace,
-    TraceError,
     load_trace,
     replay_arrays,
     replay_path,
@@ -258,7 +258,7 @@ def read_csv(path: str | Path) -> list[dict]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m mohge.utilization",
+        prog="mohge utilization",
         description=(
             "Per-rank expert load under expert parallelism for each placement strategy: analytic FLOPs / "
             "parameter memory / tokens per rank from a routing trace (analytic.csv, summary.csv) and, with "
@@ -364,30 +364,27 @@ def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
     return args.out / "measured.csv"
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()
     args = build_parser().parse_args(argv)
-    try:
-        if args.synthetic:
-            trace, replay = synthetic_trace(
-                args.popularity,
-                tokens=args.tokens,
-                topk=args.topk,
-                expert_widths=args.widths,
-                experts_per_group=args.experts_per_group,
-                d_model=args.d_model,
-                num_layers=args.layers,
-                noise=args.noise,
-                seed=args.seed,
-            )
-            trace_path = write_trace(trace, args.out / "synthetic_trace.json", replay_arrays(replay))
-            log.info("wrote synthetic trace %s (+ %s)", trace_path, replay_path(trace_path).name)
-        else:
-            trace_path = args.trace
-            trace = load_trace(trace_path)
-    except (TraceError, ValueError) as err:
-        log.error("%s", err)
-        return 2
+    if args.synthetic:
+        trace, replay = synthetic_trace(
+            args.popularity,
+            tokens=args.tokens,
+            topk=args.topk,
+            expert_widths=args.widths,
+            experts_per_group=args.experts_per_group,
+            d_model=args.d_model,
+            num_layers=args.layers,
+            noise=args.noise,
+            seed=args.seed,
+        )
+        trace_path = write_trace(trace, args.out / "synthetic_trace.json", replay_arrays(replay))
+        log.info("wrote synthetic trace %s (+ %s)", trace_path, replay_path(trace_path).name)
+    else:
+        trace_path = args.trace
+        trace = load_trace(trace_path)
     log.info(
         "trace %s: model %s, %d layers, E=%d (%d groups x %d), d_model=%d",
         trace_path,

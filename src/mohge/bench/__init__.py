@@ -8,6 +8,9 @@
     python -m mohge.bench inference  # trained models: prefill, cached decode, memory, FLOPs per token as routed,
                                      # validation perplexity along the cost knobs; MoHGE / MoE and / dense
     python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
+    python -m mohge.bench profile  # CPU time per aten op of one ``bench train`` step, by MoE phase
+
+``mohge bench ...`` is the same command (mohge.cli).
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -19,7 +22,8 @@ clock is the thread's CPU time.
 Owns: this package's ``layer`` benchmark and the command (``__main__``), `train` (<- train_bench: training
 tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``),
 `inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep) and
-`peers` (one layer against torchtitan's and transformers' MoE layers).
+`peers` (one layer against torchtitan's and transformers' MoE layers), `profile` (one training step's CPU time per
+aten op).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -38,6 +42,7 @@ import torch
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
+from mohge.core.cli import user_errors
 from mohge.model.experts import SwiGLU
 from mohge.model.moe import MoELayer
 
@@ -99,8 +104,9 @@ def layer_bench(args: argparse.Namespace) -> dict:
     }
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge bench", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     lay = sub.add_parser("layer", help="MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop")
     lay.add_argument("--d-model", type=int, default=512)
@@ -120,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("eval", add_help=False, help="lm-eval with each choice context computed once vs scored whole")
     sub.add_parser("inference", add_help=False, help="trained models: prefill, decode, memory, FLOPs per token, knob")
     sub.add_parser("peers", add_help=False, help="MoE and MoHGE layers vs torchtitan's and transformers' MoE layers")
+    sub.add_parser("profile", add_help=False, help="CPU time per aten op of one bench train step, by MoE phase")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -149,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .peers import main as peers_main
 
         return peers_main(rest)
+    if args.what == "profile":
+        from .profile import main as profile_main
+
+        return profile_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.threads > 0:

@@ -190,7 +190,7 @@ def data_bench(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.bench data", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge bench data", description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=float, default=200.0, help="size of the generated corpus (default 200 MB)")
     ap.add_argument("--threads", type=int, default=1, help="tokenizers threads (RAYON_NUM_THREADS) for both paths")
     ap.add_argument("--vocab-size", type=int, default=16384)

@@ -37,7 +37,7 @@ def compare(whole: dict, shared: dict) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mohge.bench eval", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge bench eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", required=True, help="a trained model folder (what mohge.train writes)")
     ap.add_argument("--data", required=True, help="its prepared data folder")
     ap.add_argument("--eval-config", help="the run's config.json, whose eval section gives tasks, limit, batch size")

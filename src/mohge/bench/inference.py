@@ -488,7 +488,7 @@ def _print(out: dict[str, Any]) -> None:
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.bench inference",
+        prog="mohge bench inference",
         description="Per-token inference cost of trained models (prefill, cached decode, memory, activated FLOPs as "
         "routed) and validation perplexity along the cost knobs (mohge.evaluate.route_override).",
     )

@@ -65,7 +65,7 @@ def compare(rows: list[dict], tolerance: float) -> dict:
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.bench precision",
+        prog="mohge bench precision",
         description="Train one run config in fp32 and bf16 on the same seeds; compare final val loss.",
     )
     ap.add_argument("--config", required=True, help="a resolved run config (results/<study>/runs/<run>/config.json)")

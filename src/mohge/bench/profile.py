@@ -1,6 +1,6 @@
 """Where a training step's time goes, by aten op, in CPU time: fp32 against bf16 autocast, in one run.
 
-    python -m mohge.bench.profile [--json results/bench/profile_train_cpu.json] [--warmup 5]
+    mohge bench profile [--json results/bench/profile_train_cpu.json] [--warmup 5]
 
 A ``TorchDispatchMode`` times every aten op with the thread's CPU clock (``time.thread_time_ns``), so other
 processes on a shared machine do not show up in the figures, as they do in ``torch.profiler``'s wall times. On a
@@ -16,7 +16,6 @@ import collections
 import dataclasses
 import json
 import os
-import sys
 import time
 
 import torch
@@ -51,7 +50,7 @@ class OpTimer(TorchDispatchMode):
 def main(argv: list[str] | None = None) -> int:
     from mohge.bench.train import _Trainer, bench_config
 
-    ap = argparse.ArgumentParser(prog="python -m mohge.bench.profile", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge bench profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--warmup", type=int, default=5, help="steps of each precision before the profiled one")
     ap.add_argument("--top", type=int, default=25)
@@ -84,7 +83,3 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(out, f, indent=2, sort_keys=True)
             f.write("\n")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

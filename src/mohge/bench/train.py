@@ -22,7 +22,6 @@ import dataclasses
 import json
 import os
 import statistics
-import sys
 from collections.abc import Sequence
 
 import torch
@@ -172,7 +171,7 @@ def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, w
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.bench train",
+        prog="mohge bench train",
         description="Training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs (moe_equal), "
         "fp32 and bf16 autocast on this CPU, and the CPU MFU of each, measured in one interleaved run.",
     )
@@ -205,7 +204,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json_atomic(args.json, res)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from mohge.core.strict import ConfigError
+
 from .sections import ModelConfig, RouterConfig
 
 FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
@@ -42,9 +44,9 @@ def _with_ffn(cfg: ModelConfig, router: RouterConfig | None = None, **ffn_change
 def derive(cfg: ModelConfig, family: str, moe_width: int | None = None) -> ModelConfig:
     """The ``family`` baseline matched to MoHGE config ``cfg`` (see the module docstring for each rule)."""
     if cfg.ffn.kind != "mohge":
-        raise ValueError(f"model.ffn.kind={cfg.ffn.kind!r}: matched baselines derive from a mohge config")
+        raise ConfigError(f"model.ffn.kind={cfg.ffn.kind!r}: matched baselines derive from a mohge config")
     if family not in FAMILIES:
-        raise ValueError(f"family={family!r} is not one of {FAMILIES}")
+        raise ConfigError(f"family={family!r} is not one of {FAMILIES}")
     widths = cfg.ffn.expert_widths
     mean_w = sum(widths) / len(widths)
     flat_router = dataclasses.replace(cfg.router, group_topk=1)

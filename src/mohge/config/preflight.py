@@ -1,11 +1,11 @@
 """Checks of what a run needs from the world, made before anything trains: every refusal is one line.
 
 :func:`check_run` is called by :func:`mohge.config.runs.plan` for every planned run (so the Snakefile and
-``python -m mohge.runs list`` refuse at parse time) and again by ``python -m mohge.train`` at start:
+``mohge runs list`` refuse at parse time) and again by ``python -m mohge.train`` at start:
 
 * the ``text`` source's files: every glob matches a file, no file is empty, every file is UTF-8;
-* the eval tasks: a task YAML shipped in ``configs/tasks``, or one of lm-eval's standard tasks listed in
-  ``configs/tasks/standard.yaml`` when ``eval.allow_hub`` is on (the list is read, lm-eval is not imported);
+* the eval tasks: a task YAML shipped in ``mohge/tasks``, or one of lm-eval's standard tasks listed in
+  ``mohge/tasks/standard.yaml`` when ``eval.allow_hub`` is on (the list is read, lm-eval is not imported);
 * the expert backend: ``triton`` needs a GPU, decided from ``train.device`` and the workflow's ``cluster``
   section (``gpus_per_node`` 0 or absent and no CUDA on this machine: the run would train on a CPU);
 * the ``hf`` source without ``hf_local_path``: refused while ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set.
@@ -32,12 +32,13 @@ from typing import Any
 
 import yaml
 
+from mohge.core.resources import TASKS
 from mohge.core.strict import ConfigError, load_yaml_or_json
 
 from .data import DataConfig
 from .sections import RunConfig
 
-TASK_TEMPLATES = Path(__file__).resolve().parents[3] / "configs" / "tasks"
+TASK_TEMPLATES = TASKS
 HUB_HOST, HUB_PORT, HUB_TIMEOUT_S = "huggingface.co", 443, 3.0
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
 
@@ -51,8 +52,6 @@ def known_tasks(templates: Path = TASK_TEMPLATES) -> tuple[list[str], list[str]]
 
 
 def check_tasks(cfg: RunConfig, templates: Path = TASK_TEMPLATES) -> None:
-    if not templates.is_dir():  # an installed package without the checkout's configs: evaluate decides
-        return
     local, standard = known_tasks(templates)
     for i, task in enumerate(cfg.eval.tasks):
         key = f"eval.tasks[{i}]"

@@ -2,16 +2,16 @@
 one of the run config, recorded as ``"code"`` in every run's ``summary.json`` (training) and ``metrics.json``
 (evaluation).
 
-    python -m mohge.provenance                 # today's digest and its scope (the files it reads)
-    python -m mohge.provenance check [ROOT...] # the committed run results not made by today's code (exit 1)
-    python -m mohge.provenance restamp --from OLD --reason TEXT [ROOT...]   # after a change that alters no result
+    mohge provenance                 # today's digest and its scope (the files it reads)
+    mohge provenance check [ROOT...] # the committed run results not made by today's code (exit 1)
+    mohge provenance restamp --from OLD --reason TEXT [ROOT...]   # after a change that alters no result
 
 ``sources_sha256``, the deciding sources: every module of the package that the entry points of data preparation,
-training, evaluation and tracing (``mohge.data``, ``mohge.train``, ``mohge.evaluate``, ``mohge.traces``) import,
-transitively, imports inside functions included, and the local task definitions (``configs/tasks``: the YAMLs
-and ``mohge_task_data.py``). ``mohge.kernels`` is outside it (CPU results run the pure-torch reference, which the
-kernels are tested against), and so is this module, which only records. The hash is of a normalized form, so
-that only what can change a number changes it:
+training, evaluation and tracing (``mohge.data``, ``mohge.train``, ``mohge.evaluate``, ``mohge.evaluate.traces``)
+import, transitively, imports inside functions included, and the local task definitions (``mohge/tasks``, package
+data: the YAMLs and ``mohge_task_data.py``). ``mohge.kernels`` is outside it (CPU results run the pure-torch
+reference, which the kernels are tested against), and so is this module, which only records. The hash is of a
+normalized form, so that only what can change a number changes it:
 
 * each file's AST, which drops comments and formatting, without docstrings (any bare string statement),
   import statements (wherever they are), ``__all__``/``__version__`` and ``logging.getLogger`` assignments;
@@ -35,18 +35,20 @@ import functools
 import hashlib
 import json
 import subprocess
-import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mohge.core.cli import user_errors
+from mohge.core.resources import TASKS
+from mohge.core.strict import ConfigError
+
 PACKAGE = Path(__file__).resolve().parent
 while (PACKAGE.parent / "__init__.py").is_file():  # the top of the mohge package, wherever this module sits in it
     PACKAGE = PACKAGE.parent
-TASKS = PACKAGE.parents[1] / "configs" / "tasks"
-ENTRY_POINTS = ("mohge.data", "mohge.train", "mohge.evaluate", "mohge.traces")
+ENTRY_POINTS = ("mohge.data", "mohge.train", "mohge.evaluate", "mohge.evaluate.traces")
 # not in the scope: the kernels (module docstring) and this bookkeeping (named by its path: under python -m it
 # runs as __main__)
 OUTSIDE = ("mohge.kernels", ".".join(Path(__file__).resolve().relative_to(PACKAGE.parent).with_suffix("").parts))
@@ -258,7 +260,7 @@ def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
     any result (a move or rename of code, with tests/golden exact and the lm-eval routes equal), never for one that
     may."""
     if not reason.strip():
-        raise ValueError("restamp needs --reason: what shows the change leaves every result as it was")
+        raise ConfigError("restamp needs --reason: what shows the change leaves every result as it was")
     today, done = sources_sha256(), []
     for root in roots:
         for run_dir in sorted(Path(root).glob("runs/*")):
@@ -289,9 +291,10 @@ def _roots(given: Sequence[str]) -> list[Path]:
     return [Path(r) for r in given] or sorted(p.parent for p in (PACKAGE.parents[1] / "results").glob("*/runs"))
 
 
+@user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.provenance",
+        prog="mohge provenance",
         description="The digest of the sources that decide a result, and the committed results it no longer matches.",
         epilog="restamp --from OLD --reason TEXT [ROOT...]: results recorded with digest OLD get today's (only for a "
         "change shown to leave every result as it was, e.g. a move of code with tests/golden exact).",
@@ -314,7 +317,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     for path, why in found.items():
         print(f"{path}: {why}")
     return 1 if found else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -3,7 +3,7 @@
 Every section is a frozen dataclass whose fields are declared once with :func:`mohge.core.strict.knob` (default,
 description, allowed values), so a bad config fails before anything is built, with a one-line message that
 names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
-workflow (``python -m mohge.runs schema``) says the same. Each constructor receives only its own section
+workflow (``mohge runs schema``) says the same. Each constructor receives only its own section
 (``MoELayer`` gets ``FFNConfig``, ``RouterConfig`` and ``LossConfig``, the trainer gets ``TrainConfig``, ...).
 
 The MoHGE-specific fields follow the official release (docs/method.md); its ambiguities are switches:
@@ -337,12 +337,12 @@ class TrainConfig(_Section):
 class EvalConfig(_Section):
     """Evaluation through lm-eval and routing traces on held-out data.
 
-    ``tasks``: names of the task YAMLs shipped in ``configs/tasks`` (offline) and, when the hub is reachable,
+    ``tasks``: names of the task YAMLs shipped in ``mohge/tasks`` (offline) and, when the hub is reachable,
     lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all). ``allow_hub``: let the
     standard tasks download their data (the workflow passes ``--allow-hub``); off for offline machines.
     """
 
-    tasks: tuple[str, ...] = knob(("mohge_ppl",), "lm-eval tasks (configs/tasks, or standard ones with allow_hub)")
+    tasks: tuple[str, ...] = knob(("mohge_ppl",), "lm-eval tasks (mohge/tasks, or standard ones with allow_hub)")
     batch_size: int = knob(16, "evaluation batch size", gt=0)
     limit: int = knob(0, "documents per task at most (0: all)", ge=0)
     trace_batches: int = knob(16, "batches of routing traces", ge=0)

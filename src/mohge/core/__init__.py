@@ -5,6 +5,7 @@ Owns:
   `strict`  strict loading of typed config sections (``knob``, ``from_dict``, ``ConfigError``) and their JSON schema
   `cli`     the conventions of the ``python -m mohge.<command>`` entry points: one-line refusals, exit codes
   `vocab`   the vocabularies several layers share (``BACKENDS``, ``PLACEMENTS``, ...)
+  `resources`  the files shipped as package data (the lm-eval task definitions), found through importlib.resources
   `stats`   every interval, test, power and multiplicity adjustment of the studies (numpy and scipy.stats): the
             evaluation's token-level record and the analysis both read it
 

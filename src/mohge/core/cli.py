@@ -1,5 +1,11 @@
-"""Command-line conventions shared by the ``python -m mohge.<command>`` entry points: one line per refusal, and
-exit codes that mean the same in every command (the table is docs/errors.md)."""
+"""Command-line conventions shared by every ``mohge <command>`` (and ``python -m mohge.train``): one logging set-up,
+one line per refusal, and exit codes that mean the same in every command (the table is docs/errors.md).
+
+The exit-code policy: a user mistake is a :class:`ConfigError` (the one user-error class, naming the key or file
+and the value) and prints one line with status 2; a busy output folder (5), a refused read or write (4) and a
+signal (128 + N) are one line too; any other exception, ``ValueError`` included, is a bug: it keeps its
+traceback and the process exits 1.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import functools
 import logging
 import os
 import signal
+import sys
 from collections.abc import Callable, Sequence
 
 from .atomic import LockedError
@@ -32,8 +39,7 @@ class Interrupted(BaseException):
         super().__init__(f"{signal.Signals(signum).name} received: stopped")
 
 
-# A user mistake: a bad config, a missing or malformed file, a value out of range.
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # OS errors that are the machine's answer rather than a bug: reported in one line with EXIT_IO.
 IO_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EIO, errno.EINTR}
 
@@ -45,9 +51,18 @@ def describe_os_error(err: OSError) -> str:
     return f"{err.strerror or err} ({name}){where}"
 
 
+def setup_logging(level: str | int = "INFO") -> None:
+    """The logging of every command: ``time LEVEL logger: message`` on stderr. Under torchrun (``RANK`` set) the
+    rank follows the logger's name (``mohge.train[1]: ...``) and ranks other than 0 log warnings and errors only.
+    A no-op where logging is already configured (a test's capture, a command called by another)."""
+    rank = os.environ.get("RANK")
+    fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("%(name)s", f"%(name)s[{rank}]")
+    logging.basicConfig(level=level if rank in (None, "0") else logging.WARNING, format=fmt, stream=sys.stderr)
+
+
 def exit_code(err: BaseException) -> int | None:
     """The documented exit code of an error a command reports in one line (None: a bug, let it raise)."""
-    if isinstance(err, USER_ERRORS):
+    if isinstance(err, ConfigError):
         return EXIT_USER
     if isinstance(err, LockedError):
         return EXIT_BUSY
@@ -57,9 +72,9 @@ def exit_code(err: BaseException) -> int | None:
 
 
 def user_errors(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequence[str] | None], int]:
-    """Wrap a ``main``: a user mistake, a busy output or a refused read/write prints one clear line (naming the
-    key or file) and exits with its documented status instead of a traceback. ``MOHGE_DEBUG=1`` re-raises,
-    for the full traceback."""
+    """Wrap a ``main``: a user mistake (:class:`ConfigError`), a busy output or a refused read/write prints one
+    clear line (naming the key or file) and exits with its documented status instead of a traceback; anything
+    else propagates with its traceback (exit 1). ``MOHGE_DEBUG=1`` re-raises every error, for the full traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: Sequence[str] | None = None) -> int:
@@ -71,7 +86,7 @@ def user_errors(main: Callable[[Sequence[str] | None], int]) -> Callable[[Sequen
             signum = getattr(err, "signum", signal.SIGINT)
             logging.getLogger("mohge").error("%s received: stopped", signal.Signals(signum).name)
             return 128 + signum
-        except (*USER_ERRORS, LockedError, OSError) as err:
+        except (ConfigError, LockedError, OSError) as err:
             code = exit_code(err)
             if code is None or os.environ.get("MOHGE_DEBUG"):
                 raise

@@ -26,11 +26,19 @@ from typing import Any
 
 
 class ConfigError(ValueError):
-    """A user mistake in a config: the message names the key and the offending value."""
+    """The one user-error class: a mistake in a config, a command-line argument or an input file (missing,
+    malformed, changed since it was sealed). The message is one line naming the key (a dotted path), argument or
+    file and the offending value; ``key`` and ``value`` carry them where the raiser knows them. Every command
+    reports it as that line with exit status 2 (mohge.core.cli); any other exception is a bug and keeps its
+    traceback."""
+
+    def __init__(self, message: str, key: str | None = None, value: Any = None):
+        super().__init__(message)
+        self.key, self.value = key, value
 
 
 def _fail(path: str, value: Any, why: str) -> typing.NoReturn:
-    raise ConfigError(f"{path}={value!r}: {why}")
+    raise ConfigError(f"{path}={value!r}: {why}", key=path, value=value)
 
 
 # Dataset, family, variant and study names become folder names, file names, Snakemake wildcards and words of
@@ -350,7 +358,7 @@ def read_bounded_text(path: str | Path, what: str = "config file", max_bytes: in
     """The UTF-8 text of ``path``, refused (naming it) when missing, larger than ``max_bytes`` or not UTF-8."""
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"{what} {str(p)!r} does not exist")
+        raise ConfigError(f"{what} {str(p)!r} does not exist", key=str(p))
     size = p.stat().st_size
     if size > max_bytes:
         raise ConfigError(f"{p}: {size} bytes, more than the {max_bytes} a {what} may hold")

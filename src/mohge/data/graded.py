@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mohge.config import LEVEL_NAMES, SUM_DIGITS
+from mohge.core.strict import ConfigError
 
 LEVEL_SEP, LEVEL_EASY, LEVEL_MEDIUM, LEVEL_HARD = -1, 0, 1, 2
 
@@ -107,7 +108,7 @@ def generate_graded(
     kinds = [k for k in LEVEL_NAMES if k in levels]
     sources = [k for k in kinds if k != "easy"]
     if not sources or any(k not in LEVEL_NAMES for k in levels):
-        raise ValueError(f"levels={tuple(levels)!r}: expected a subset of {LEVEL_NAMES} with medium or hard")
+        raise ConfigError(f"levels={tuple(levels)!r}: expected a subset of {LEVEL_NAMES} with medium or hard")
     docs = []
     for i in range(num_docs):
         rng = random.Random(f"graded:{seed}:{i}")
@@ -151,9 +152,9 @@ def generate_sums(
     the answer digits carry its level, the "a+b=" part and the newlines are -1. Document i depends only on
     (seed, i), and ``extra=()`` gives the same documents as a ladder without extra rungs."""
     if len(digits) != len(LEVEL_NAMES) or any(len(d) != 2 or min(d) < 1 for d in digits):
-        raise ValueError(f"digits={digits!r}: expected {len(LEVEL_NAMES)} pairs of positive digit counts")
+        raise ConfigError(f"digits={digits!r}: expected {len(LEVEL_NAMES)} pairs of positive digit counts")
     if any(len(e) != 3 or min(e[:2]) < 1 or not LEVEL_SEP <= e[2] < len(LEVEL_NAMES) for e in extra):
-        raise ValueError(f"extra={extra!r}: expected triples [a, b, level] with a, b >= 1 and level in -1..2")
+        raise ConfigError(f"extra={extra!r}: expected triples [a, b, level] with a, b >= 1 and level in -1..2")
     rungs = [(int(a), int(b), lv) for lv, (a, b) in enumerate(digits)] + [
         (int(a), int(b), int(lv)) for a, b, lv in extra
     ]

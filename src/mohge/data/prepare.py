@@ -32,7 +32,7 @@ from tqdm import tqdm
 from mohge.config import SPLITS, ConfigError, DataConfig, load_yaml_or_json
 from mohge.config.preflight import offline_variable
 from mohge.core.atomic import atomic_path, sha256_file, write_json_atomic
-from mohge.core.cli import user_errors
+from mohge.core.cli import setup_logging, user_errors
 
 from .docs import CANDIDATE, Doc
 from .facts import tokenizer_probe
@@ -85,7 +85,7 @@ def prepare_tokenizer(
             "max_bytes": cfg.tokenizer_train_bytes,
         }
         if counted["docs"] == 0:
-            raise ValueError(f"data.source={cfg.source!r}: the train split is empty")
+            raise ConfigError(f"data.source={cfg.source!r}: the train split is empty")
     elif cfg.tokenizer_kind == "facts":  # one word per symbol (mohge.data.facts, docs/method.md §12.5)
         write_facts_tokenizer(cfg, target)
         info["source"] = "facts"
@@ -148,11 +148,11 @@ def prepare_shard(
     """Shard job `index` of cfg.num_shards: write its shard files and its manifest (part-IIIII.json, last).
     The tokenizer is out_dir/tokenizer.json, written by the tokenizer job (mohge.data.prepare)."""
     if not 0 <= index < cfg.num_shards:
-        raise ValueError(f"--index {index}: expected 0 <= index < data.num_shards={cfg.num_shards}")
+        raise ConfigError(f"--index {index}: expected 0 <= index < data.num_shards={cfg.num_shards}")
     out = Path(out_dir)
     tok_path = out / "tokenizer.json"
     if not tok_path.is_file():
-        raise FileNotFoundError(f"{tok_path} is missing: run `python -m mohge.data tokenizer` for {out} first")
+        raise ConfigError(f"{tok_path} is missing: run `python -m mohge.data tokenizer` for {out} first")
     tok = load_tokenizer(tok_path)
     eot = eot_id(tok, cfg.eot_token, tok_path)  # the id the tokenizer job records in meta["eot_id"]
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
@@ -205,7 +205,7 @@ def prepare_gather(
 def _shard_job(args: tuple[DataConfig, str, int, str | None]) -> int:
     cfg, out, index, cache_dir = args
     os.environ.setdefault("USE_TORCH", "0")  # as in main(): datasets need not import torch here
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     prepare_shard(cfg, out, index, cache_dir)
     return index
 
@@ -253,7 +253,7 @@ def load_data_config(path: str | os.PathLike) -> DataConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(argv) if argv is not None else None
     parser = argparse.ArgumentParser(
-        prog="python -m mohge.data",
+        prog="mohge data",
         description="Prepare a data source into tokenizer.json, shards/{split}-NNNNN.bin and meta.json. "
         "STEP: all (default: everything here), tokenizer, shard (--index), gather. The tokenizer is trained on "
         "a bounded sample of the train split only; Shakespeare is split by whole plays.",
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `datasets` imports torch when it can (~250 MB, seconds) only to offer torch formatting, which no step uses:
     # a preparation job stays small without it (read when datasets is first imported, i.e. below).
     os.environ.setdefault("USE_TORCH", "0")
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     if (args.step == "shard") != (args.index is not None):
         parser.error("--index goes with the step shard, and shard needs it")
     cfg = load_data_config(args.config)

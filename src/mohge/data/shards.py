@@ -28,6 +28,7 @@ import numpy as np
 
 from mohge.config import DataConfig
 from mohge.core.atomic import sha256_file
+from mohge.core.strict import ConfigError
 
 from .docs import Doc
 from .graded import LEVEL_SEP, token_levels
@@ -70,13 +71,13 @@ def verify_shard(data_dir: str | os.PathLike, file: str, nbytes: int, sha256: st
     """A shard file whose size or sha256 differs from its manifest entry is refused, named."""
     path = Path(data_dir) / file
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: prepare the data again")
+        raise ConfigError(f"{path} is missing: prepare the data again")
     size = path.stat().st_size
     if size != nbytes:
-        raise ValueError(f"{path}: {size} bytes, the manifest expects {nbytes} (truncated or changed?)")
+        raise ConfigError(f"{path}: {size} bytes, the manifest expects {nbytes} (truncated or changed?)")
     actual = sha256_file(path)
     if actual != sha256:
-        raise ValueError(f"{path}: sha256 {actual}, the manifest expects {sha256} (changed?); prepare the data again")
+        raise ConfigError(f"{path}: sha256 {actual}, the manifest expects {sha256} (changed?); prepare the data again")
 
 
 def doc_record(source: str, doc: Doc) -> dict[str, Any]:

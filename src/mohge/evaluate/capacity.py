@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from mohge.config import DataConfig
+from mohge.core.strict import ConfigError
 from mohge.data.facts import bits_per_fact, fact_table, total_bits
 
 LN2 = math.log(2.0)
@@ -88,7 +89,7 @@ def from_lm_eval(task: dict[str, Any], cfg: DataConfig) -> dict[str, Any]:
     every fact must have been scored (no eval.limit on this task)."""
     n = int(task.get("n_samples", cfg.facts_num))
     if n != cfg.facts_num:
-        raise ValueError(f"mohge_facts scored {n} of {cfg.facts_num} facts: B needs every fact (set eval.limit: 0)")
+        raise ConfigError(f"mohge_facts scored {n} of {cfg.facts_num} facts: B needs every fact (set eval.limit: 0)")
     bpf = bits_per_fact(cfg)
     mean_ce_bits = math.log2(task["perplexity"])
     return {

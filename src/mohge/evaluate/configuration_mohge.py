@@ -1,4 +1,4 @@
-"""Hugging Face ``transformers`` configuration of an exported mohge model (``python -m mohge.hf_export``).
+"""Hugging Face ``transformers`` configuration of an exported mohge model (``mohge export``).
 
 This file is copied next to the weights of every export and loaded there with ``trust_remote_code=True``: it
 imports nothing from mohge. Field names follow ``transformers`` where a standard name exists (``hidden_size``,

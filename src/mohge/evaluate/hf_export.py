@@ -1,6 +1,6 @@
 """Export a trained mohge model as a Hugging Face ``transformers`` model folder.
 
-    python -m mohge.hf_export --ckpt results/<run>/model --out results/<run>/hf
+    mohge export --ckpt results/<run>/model --out results/<run>/hf
 
 The folder loads with ``AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)`` and
 ``AutoTokenizer.from_pretrained(out)``, and lm-eval's own ``hf`` model uses it as it is::
@@ -33,7 +33,8 @@ import torch
 
 from mohge.config import ModelConfig, RunConfig
 from mohge.core.atomic import share
-from mohge.core.cli import user_errors
+from mohge.core.cli import setup_logging, user_errors
+from mohge.core.strict import ConfigError
 from mohge.data.tokenizer import eot_id, load_tokenizer
 from mohge.train.checkpoint import load_trained, trained_tokenizer
 
@@ -133,7 +134,7 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
     ckpt, out = Path(ckpt), Path(out)
     tok_path = trained_tokenizer(ckpt, tokenizer)  # parses, round-trips, is the model's own
     if out.exists() and any(out.iterdir()) and not _is_export(out):
-        raise ValueError(f"--out={out}: a non-empty folder that is not an earlier export; refusing to replace it")
+        raise ConfigError(f"--out={out}: a non-empty folder that is not an earlier export; refusing to replace it")
     cfg, model = load_trained(ckpt, "cpu")
     eot_token = cfg.data_config.eot_token
     eot = eot_id(load_tokenizer(tok_path), eot_token, tok_path)  # the id the training data ended documents with
@@ -159,7 +160,7 @@ def export(ckpt: str | Path, out: str | Path, tokenizer: str | Path | None = Non
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.hf_export",
+        prog="mohge export",
         description="Export a trained model folder as a Hugging Face transformers model "
         "(load with trust_remote_code=True; lm_eval --model hf works on it).",
     )
@@ -167,6 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder to write (an earlier export there is replaced)")
     ap.add_argument("--tokenizer", help="tokenizer.json (default: the one in --ckpt)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     print(export(args.ckpt, args.out, args.tokenizer))
     return 0

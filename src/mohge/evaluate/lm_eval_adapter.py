@@ -1,6 +1,6 @@
 """lm-eval adapter: a trained model folder as an lm-eval model registered under the name ``mohge``.
 
-    python -m mohge.lm_eval --model mohge --model_args pretrained=results/<run>/model --tasks ...   (lm-eval's CLI)
+    mohge lm-eval --model mohge --model_args pretrained=results/<run>/model --tasks ...   (lm-eval's CLI)
     from mohge.evaluate.lm_eval_adapter import MoHGELM; lm = MoHGELM("results/<run>/model", device="cpu", batch_size=16)
 
 The folder holds ``model.safetensors``, ``config.json`` and ``tokenizer.json`` (what ``mohge.train`` writes).
@@ -46,6 +46,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
+from mohge.core.strict import ConfigError
 from mohge.data.tokenizer import decode, encode, eot_id, load_tokenizer
 from mohge.train.checkpoint import load_trained, trained_tokenizer
 
@@ -76,7 +77,7 @@ def resolve_device(device: str | None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"model_args device={device!r}: not a torch device ({err})") from err
+        raise ConfigError(f"model_args device={device!r}: not a torch device ({err})") from err
     if dev.type == "cuda" and not torch.cuda.is_available():
         log.warning("device=%s: CUDA is not available, running on the CPU", device)
         return torch.device("cpu")
@@ -90,9 +91,9 @@ def _batch_size(batch_size: int | str, max_batch_size: int | None) -> int:
     try:
         value = int(batch_size)
     except ValueError as err:
-        raise ValueError(f"model_args batch_size={batch_size!r}: expected an integer or 'auto'") from err
+        raise ConfigError(f"model_args batch_size={batch_size!r}: expected an integer or 'auto'") from err
     if value < 1:
-        raise ValueError(f"model_args batch_size={batch_size!r}: must be >= 1")
+        raise ConfigError(f"model_args batch_size={batch_size!r}: must be >= 1")
     return value
 
 
@@ -123,18 +124,18 @@ class MoHGELM(TemplateLM):
         super().__init__()
         if unknown:
             name = sorted(unknown)[0]
-            raise ValueError(
+            raise ConfigError(
                 f"model_args {name}={unknown[name]!r}: unknown argument of the mohge model "
                 f"(it takes {', '.join(MODEL_ARGS)})"
             )
         if dtype is not None:
             if str(dtype) not in DTYPES:
-                raise ValueError(f"model_args dtype={dtype!r}: must be one of {sorted(DTYPES)}")
+                raise ConfigError(f"model_args dtype={dtype!r}: must be one of {sorted(DTYPES)}")
             if precision != "auto" and precision != DTYPES[str(dtype)]:
-                raise ValueError(f"model_args dtype={dtype!r} and precision={precision!r} disagree: give one")
+                raise ConfigError(f"model_args dtype={dtype!r} and precision={precision!r} disagree: give one")
             precision = DTYPES[str(dtype)]
         if precision not in PRECISIONS:
-            raise ValueError(f"model_args precision={precision!r}: must be one of {PRECISIONS}")
+            raise ConfigError(f"model_args precision={precision!r}: must be one of {PRECISIONS}")
         self._device = resolve_device(device)
         self.cfg, self.model = load_trained(pretrained, self._device)
         tok_path = trained_tokenizer(pretrained, tokenizer)  # parses, round-trips, is the model's own
@@ -145,7 +146,7 @@ class MoHGELM(TemplateLM):
         trained = min(self.cfg.data_config.seq_len, self.cfg.model.max_seq_len)  # = hf_export.context_length
         self.max_length = trained if max_length is None else int(max_length)
         if not 1 <= self.max_length <= self.cfg.model.max_seq_len:
-            raise ValueError(
+            raise ConfigError(
                 f"model_args max_length={max_length!r}: must be in [1, {self.cfg.model.max_seq_len}] "
                 f"(the model's max_seq_len; it was trained at {trained})"
             )
@@ -202,7 +203,7 @@ class MoHGELM(TemplateLM):
                 n = len(ids) - (1 if ids and ids[0] == self.prefix_token_id else 0)
             if n > self.max_length:
                 task, doc = getattr(req, "task_name", None), getattr(req, "doc_id", None)
-                raise ValueError(
+                raise ConfigError(
                     f"task {task} doc {doc}: a continuation of {n} tokens is longer than the model's context of "
                     f"{self.max_length} tokens (max_length); build the tasks for this context (python -m "
                     "mohge.evaluate build-tasks --ckpt MODEL ...) or give a larger max_length"
@@ -220,7 +221,7 @@ class MoHGELM(TemplateLM):
         prepared = []
         for key, ctx, cont in requests:
             if len(cont) > L:
-                raise ValueError(f"{key!r}: a continuation of {len(cont)} tokens is longer than max_length={L}")
+                raise ConfigError(f"{key!r}: a continuation of {len(cont)} tokens is longer than max_length={L}")
             full = (ctx + cont)[-(L + 1) :]
             prepared.append((full[:-1], cont))
         # the context a continuation is scored from: every input token up to the one predicting its first token
@@ -344,7 +345,7 @@ class MoHGELM(TemplateLM):
         until = [until] if isinstance(until, str) else list(until)
         max_new = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
         if max_new >= self.max_length:
-            raise ValueError(f"max_gen_toks={max_new} must be below the model's max_length={self.max_length}")
+            raise ConfigError(f"max_gen_toks={max_new} must be below the model's max_length={self.max_length}")
         if kwargs.get("do_sample") or kwargs.get("temperature", 0.0):
             log.warning("generate_until is greedy; ignoring sampling arguments %s", kwargs)
         return until, max_new

@@ -2,11 +2,11 @@
 
     python -m mohge.evaluate --ckpt results/<run>/model --data data/<source> --out metrics.json [--tasks ...]
     python -m mohge.evaluate build-tasks --data data/<source> --ckpt MODEL --out TASKDIR   (or --max-length N)
-    python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= python -m mohge.traces)
+    python -m mohge.evaluate trace --ckpt ... --data ... --out trace.json      (= mohge traces)
     python -m mohge.evaluate ... --route-override group_topk=2    (a cheaper routing, no retraining: .route_override)
 
-Local tasks: the YAMLs in ``configs/tasks`` are used as shipped, here and by lm-eval's own CLI
-(``--include_path configs/tasks``). They read their documents through ``configs/tasks/mohge_task_data.py``
+Local tasks: the YAMLs in ``mohge/tasks`` are used as shipped, here and by lm-eval's own CLI
+(``--include_path src/mohge/tasks``). They read their documents through ``mohge/tasks/mohge_task_data.py``
 from the folder named by lm-eval's metadata ``task_data`` (default ``./mohge_tasks``), the jsonl files that
 ``build-tasks`` writes; ``evaluate`` builds them into a temporary folder (or ``--task-data``) and passes it.
 Every document comes from the test split (``test_docs.jsonl``) and every draw is seeded by the task name and
@@ -31,7 +31,7 @@ whole is no test. Both routes then give the same answer on every built document.
 Tasks named with ``--tasks`` must have documents; of the run config's ``eval.tasks`` (the default), those the
 data folder cannot build (graded tasks on Shakespeare) are skipped with a warning and listed in metrics.json.
 
-``--allow-hub`` lets lm-eval's standard tasks (``configs/tasks/standard.yaml``) download their data; without it
+``--allow-hub`` lets lm-eval's standard tasks (``mohge/tasks/standard.yaml``) download their data; without it
 HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 are set and only local tasks run. metrics.json holds, per task,
 lm-eval's metric values and stderrs (keys without lm-eval's ",none" filter suffix), and the val/test loss
 and perplexity computed directly on the token files.
@@ -58,8 +58,9 @@ import yaml
 from mohge.config import DataConfig, load_run_config
 from mohge.config.provenance import code_version
 from mohge.core.atomic import write_json_atomic, write_text_atomic
-from mohge.core.cli import user_errors
-from mohge.core.strict import to_dict
+from mohge.core.cli import setup_logging, user_errors
+from mohge.core.resources import TASKS
+from mohge.core.strict import ConfigError, to_dict
 from mohge.data import load_meta
 from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 from mohge.data.loader import sealed_file
@@ -71,7 +72,7 @@ from .route_override import RouteOverride, apply_route_override
 
 log = logging.getLogger("mohge.evaluate")
 
-TASK_TEMPLATES = Path(__file__).resolve().parents[3] / "configs" / "tasks"
+TASK_TEMPLATES = TASKS
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
 FACTS_TASK = "mohge_facts"  # facts source only: every fact, uncapped (mohge.evaluate.capacity)
 LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS, FACTS_TASK)
@@ -211,7 +212,7 @@ def build_tasks(
     none of whose documents fits) get no file."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     if max_length < 1:
-        raise ValueError(f"max_length={max_length}: the model's context length must be >= 1")
+        raise ConfigError(f"max_length={max_length}: the model's context length must be >= 1")
     meta = load_meta(data_dir)
     tok = tokenizer if tokenizer is not None else load_tokenizer(data_dir / "tokenizer.json")
     eot = int(meta.get("eot_id", 0))
@@ -271,7 +272,7 @@ def check_task_docs(tasks: Sequence[str], task_data: Path) -> None:
     """Every local task named must have its documents in ``task_data``."""
     for name in tasks:
         if name in LOCAL_TASKS and not (task_data / f"{name}.jsonl").is_file():
-            raise ValueError(f"task {name!r} has no documents in {task_data} (graded tasks need a graded data folder)")
+            raise ConfigError(f"task {name!r} has no documents in {task_data} (graded tasks need a graded data folder)")
 
 
 def go_offline() -> None:
@@ -304,7 +305,7 @@ def run_lm_eval(
 
     hub = [t for t in tasks if t not in LOCAL_TASKS]
     if hub and not allow_hub:
-        raise ValueError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
+        raise ConfigError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
     check_task_docs(tasks, task_data)
     # the shipped YAMLs as lm-eval's CLI reads them (--include_path), told where the documents are
     manager = TaskManager(
@@ -385,7 +386,7 @@ def evaluate(
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.evaluate",
+        prog="mohge evaluate",
         description="lm-eval tasks built from held-out data plus direct val/test loss, offline. Without a "
         "subcommand: evaluate a model (--ckpt, --data, --out).",
         epilog=f"Local tasks: {', '.join(LOCAL_TASKS)}. Standard (hub) tasks: {', '.join(standard_tasks())}.",
@@ -398,7 +399,7 @@ def _parser() -> argparse.ArgumentParser:
     ctx = bt.add_mutually_exclusive_group(required=True)
     ctx.add_argument("--ckpt", help="trained model folder: the tasks fit its context (min(data.seq_len, max_seq_len))")
     ctx.add_argument("--max-length", type=int, help="the model's context length in tokens (instead of --ckpt)")
-    sub.add_parser("trace", add_help=False, help="routing traces (takes the flags of python -m mohge.traces)")
+    sub.add_parser("trace", add_help=False, help="routing traces (takes the flags of mohge traces)")
     ap.add_argument("--ckpt", help="trained model folder (model.safetensors, config.json, tokenizer)")
     ap.add_argument("--data", help="prepared data folder the model was trained on")
     ap.add_argument("--out", help="metrics JSON to write")
@@ -441,7 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [f"--{k}" for k in ("ckpt", "data", "out") if getattr(args, k) is None]
     if missing:
         ap.error(f"the following arguments are required: {', '.join(missing)}")
-    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(args.log_level)
     metrics = evaluate(
         args.ckpt,
         args.data,

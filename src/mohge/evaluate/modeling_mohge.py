@@ -1,6 +1,6 @@
 """Hugging Face ``transformers`` model of an exported mohge checkpoint: ``MoHGEForCausalLM``.
 
-Copied next to the weights by ``python -m mohge.hf_export`` and loaded there with ``trust_remote_code=True``, so
+Copied next to the weights by ``mohge export`` and loaded there with ``trust_remote_code=True``, so
 it imports only torch and transformers (and its sibling ``configuration_mohge``), never mohge. It computes the
 forward pass of ``mohge.model.LanguageModel`` operation for operation (pre-norm blocks, RoPE, MHA or MLA, a dense
 SwiGLU or an MoE layer: MoHGE's two-level router or the flat top-k router, experts of several widths, an optional

@@ -3,7 +3,7 @@
 vLLM's and SGLang's fused-MoE kernels take experts of one width: ``w13`` [E, 2F, D] (gate rows, then up rows) and
 ``w2`` [E, D, F], with ``topk_ids`` / ``topk_weights`` [T, K] and an ``expert_map`` that sends an expert id this
 call does not hold to -1 (its slot adds nothing). A MoHGE layer is G such calls, one per width group, over the
-same routing, summed (docs/serving.md). The export (``python -m mohge.hf_export``) already stores each group so:
+same routing, summed (docs/serving.md). The export (``mohge export``) already stores each group so:
 ``model.blocks.{i}.ffn.experts.w1.{g}`` [n, 2 h_g, D] and ``...w2.{g}`` [n, D, h_g] (n experts per group).
 
 :func:`group_weights` re-reads an export group by group in that layout (no model built), :func:`fused_moe_call`

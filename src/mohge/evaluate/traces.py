@@ -1,6 +1,6 @@
 """Routing traces: the one owner of the trace format (written and read here only), and the tracer.
 
-    python -m mohge.traces --ckpt results/<run>/model --data data/<source> --out results/<run>/trace.json
+    mohge traces --ckpt results/<run>/model --data data/<source> --out results/<run>/trace.json
     python -m mohge.evaluate trace ...          (the same command)
 
 A trace records, per MoE layer, how many routed slots every expert received; the utilization study
@@ -54,7 +54,8 @@ import torch
 
 from mohge.config import LEVEL_NAMES, load_run_config
 from mohge.core.atomic import write_bytes_atomic, write_json_atomic
-from mohge.core.cli import user_errors
+from mohge.core.cli import setup_logging, user_errors
+from mohge.core.strict import ConfigError
 from mohge.data import TokenStream
 from mohge.train.checkpoint import check_trained_on, load_trained
 
@@ -73,7 +74,7 @@ Replay = Mapping[int, tuple[np.ndarray, np.ndarray]]  # layer -> (idx [T, K], ga
 # The format: reading, validating, writing
 
 
-class TraceError(ValueError):
+class TraceError(ConfigError):
     """A missing or malformed routing trace: the message names the file and the offending key."""
 
 
@@ -300,9 +301,9 @@ def synthetic_trace(
     G, n = len(expert_widths), experts_per_group
     pop = np.asarray(group_popularity, dtype=np.float64)
     if pop.shape != (G,) or (pop < 0).any() or pop.sum() <= 0:
-        raise ValueError(f"group_popularity={list(group_popularity)} needs {G} non-negative values, not all 0")
+        raise ConfigError(f"group_popularity={list(group_popularity)} needs {G} non-negative values, not all 0")
     if not 0.0 <= noise < 1.0:
-        raise ValueError(f"noise={noise} must lie in [0, 1)")
+        raise ConfigError(f"noise={noise} must lie in [0, 1)")
     rng = np.random.default_rng(seed)
     layers, replay = [], {}
     for layer in range(num_layers):
@@ -337,7 +338,7 @@ def collect_trace(
     E, G = ffn.num_experts, ffn.num_groups
     layers = model.moe_layers()
     if not layers:
-        raise ValueError(f"model.ffn.kind={ffn.kind!r} has no MoE layer to trace")
+        raise ConfigError(f"model.ffn.kind={ffn.kind!r} has no MoE layer to trace")
     stream = TokenStream.open(data_dir, split, verify=True)  # every shard, sha256 once per process
     with_levels = stream.levels is not None
     device = next(model.parameters()).device
@@ -452,7 +453,7 @@ def trace_checkpoint(
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.traces",
+        prog="mohge traces",
         description="Per MoE layer: routed tokens per expert and per group on the test split, "
         "overall and per difficulty level (graded data); optional raw routing (.npz) for replay.",
     )
@@ -465,7 +466,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
     args = ap.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging()
     trace = trace_checkpoint(
         args.ckpt,
         args.data,

@@ -8,7 +8,7 @@ Owns, in reading order:
                  (:class:`MoHGELayer`, docs/api.md), the routing summary of the routed slots (§1.3)
   `transformer`  the decoder-only LM (:class:`LanguageModel`, re-exported here) (§1.4)
   `allocation`   where the experts live: the placements of expert parallelism (§4)
-  `params`       total and activated parameter counts (§9; ``python -m mohge.params``)
+  `params`       total and activated parameter counts (§9; ``mohge params``)
 
 May import: :mod:`mohge.core`, :mod:`mohge.config` and :mod:`mohge.kernels`; never :mod:`mohge.data` (its
 sibling) or anything above (train, evaluate, analysis, bench).

@@ -7,7 +7,7 @@ K x sum_e share_e x 3*D*h_e (:func:`mohge.model.experts.swiglu_params`), where s
 slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
 docs/method.md §9.
 
-    python -m mohge.params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
+    mohge params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
         [--histogram trace.json] [--json out.json]
 """
 
@@ -23,6 +23,7 @@ import torch
 from mohge.config import LossConfig, ModelConfig, load_model_config
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
+from mohge.core.strict import ConfigError
 
 from .experts import swiglu_params
 from .transformer import LanguageModel
@@ -81,15 +82,15 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
     D, K = cfg.d_model, cfg.router.topk
     widths_E = cfg.ffn.per_expert_widths if layers else ()
     if histogram is not None and len(histogram) not in (1, len(layers)):
-        raise ValueError(f"histogram has {len(histogram)} rows; need 1 or one per MoE layer ({len(layers)})")
+        raise ConfigError(f"histogram has {len(histogram)} rows; need 1 or one per MoE layer ({len(layers)})")
     mean_width = []
     for i, _ in enumerate(layers):
         row = [1.0] * len(widths_E) if histogram is None else list(histogram[0 if len(histogram) == 1 else i])
         if len(row) != len(widths_E):
-            raise ValueError(f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts")
+            raise ConfigError(f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts")
         s = sum(row)
         if s <= 0:
-            raise ValueError(f"histogram row {i} sums to {s}; it needs positive counts")
+            raise ConfigError(f"histogram row {i} sums to {s}; it needs positive counts")
         w = sum(c / s * h for c, h in zip(row, widths_E, strict=True))
         mean_width.append(w)
         activated["routed_experts"] += round(K * swiglu_params(D, w))
@@ -140,7 +141,7 @@ def report(name: str, counts: dict, other: dict | None = None) -> str:
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.params",
+        prog="mohge params",
         description="Total and activated parameters by component for a model preset or run config.",
     )
     ap.add_argument("config", help="model preset (configs/models/*.yaml) or run config with a 'model' section")

@@ -58,9 +58,9 @@ _STEP_DIR = re.compile(r"^step_(\d{8})$")
 RESUMABLE_CHANGES = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(ConfigError):
     """A checkpoint or model folder that cannot be used: the message names the file and what is wrong with it
-    (a ValueError: a bad input, shown by the CLIs as one line with status 2)."""
+    (a user error: shown by the commands as one line with status 2)."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -399,7 +399,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     path = Path(path)
     for name in ("model.safetensors", "config.json"):
         if not (path / name).is_file():
-            raise FileNotFoundError(f"{path / name} is missing: not a trained-model folder")
+            raise ConfigError(f"{path / name} is missing: not a trained-model folder")
     # a flipped bit fails here, naming the file; a final folder must seal its tokenizer, a checkpoint its state
     verify_manifest(path, FILES if _STEP_DIR.match(path.name) else MODEL_FILES)
     cfg = load_run_config(path / "config.json")
@@ -407,7 +407,7 @@ def load_trained(path: str | Path, device: str | torch.device = "cpu"):
     state = safetensors.torch.load_file(path / "model.safetensors")
     missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{path / 'model.safetensors'}: missing keys {missing}, unexpected keys {unexpected}")
+        raise CheckpointError(f"{path / 'model.safetensors'}: missing keys {missing}, unexpected keys {unexpected}")
     return cfg, model.to(device).eval()
 
 
@@ -422,7 +422,7 @@ def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Pa
     own = folder / "tokenizer.json"
     path = Path(given) if given else own
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
+        raise ConfigError(f"{path} is missing: pass tokenizer=PATH (the data folder's tokenizer.json)")
     # the text it must round-trip is the data source's (a word-level facts tokenizer has no bytes)
     config = folder / "config.json"
     if config.is_file():

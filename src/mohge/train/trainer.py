@@ -67,7 +67,7 @@ from tqdm import tqdm
 
 from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight
 from mohge.core.atomic import append_line, output_lock, write_json_atomic, write_text_atomic
-from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, user_errors
+from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, setup_logging, user_errors
 from mohge.data import TokenStream
 from mohge.data.stream import TrainBatches
 from mohge.model import LanguageModel
@@ -341,12 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = ap.parse_args(argv)
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=args.log_level if rank == 0 else "WARNING",
-        format=f"%(asctime)s %(levelname)s %(name)s[{rank}]: %(message)s",
-        stream=sys.stderr,
-    )
+    setup_logging(args.log_level)
     try:
         train(load_run_config(args.config), args.out, args.scratch, args.data, args.require_resume, args.gpus)
     except PeerLostError as err:

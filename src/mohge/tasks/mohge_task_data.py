@@ -6,7 +6,7 @@ the working directory) or, without it, in ``./mohge_tasks`` of the working direc
 
     python -m mohge.evaluate build-tasks --data data/<source> --ckpt MODEL --out mohge_tasks
     lm_eval --model hf --model_args pretrained=HF_DIR,trust_remote_code=True,logits_cache=False --device cpu \
-        --include_path configs/tasks --tasks mohge_ppl,mohge_cloze [--metadata '{"task_data": "mohge_tasks"}']
+        --include_path src/mohge/tasks --tasks mohge_ppl,mohge_cloze [--metadata '{"task_data": "mohge_tasks"}']
 
 ``--ckpt MODEL`` (or ``--max-length N``) builds the documents for the model's context: a choice document is kept
 only when every choice fits in it, so lm-eval's ``hf`` model and our ``mohge`` model score the same documents
@@ -22,6 +22,8 @@ from typing import Any
 
 import datasets
 
+from mohge.core.strict import ConfigError
+
 DEFAULT_TASK_DATA = "mohge_tasks"
 
 
@@ -29,7 +31,7 @@ def load(task_file: str, task_data: str = DEFAULT_TASK_DATA, **_metadata: Any) -
     """The rows of ``task_data/task_file`` as the ``train`` split (the split every local task tests on)."""
     path = Path(task_data) / task_file
     if not path.is_file():
-        raise FileNotFoundError(
+        raise ConfigError(
             f"task_data={task_data}: {path} is missing (write the task documents with `python -m mohge.evaluate "
             f"build-tasks --data DATA --ckpt MODEL --out {task_data}`, or pass --metadata "
             f'\'{{"task_data": "DIR"}}\'; a task none of whose documents fits the model\'s context has no file)'
