@@ -184,11 +184,7 @@ def _train(
     par = parallelism(cfg, rt, scratch)  # a parallel layout is checked before anything starts
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
-    scratch.mkdir(parents=True, exist_ok=True)
-    data_dir = resolve_data(cfg, data, scratch, rt)
-    if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
-        check_data(cfg, data_dir, scratch)
-    rt.barrier()
+    data_dir = _checked_data(cfg, data, scratch, rt)
     S, micro_B = cfg.data_config.seq_len, tc.batch_size // tc.grad_accum
     stream = par.train_stream(TokenStream.open(data_dir, "train"))
     random.seed(tc.seed)
@@ -202,10 +198,7 @@ def _train(
     window0 = ckpt.start_window(at.data, tc.data_order, at.path)
     batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, at.step, window0)
     log_path = scratch / "train_log.jsonl"
-    rows = read_log(log_path, at.step)
-    if rt.main:
-        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
-    rt.barrier()
+    rows = _log_cut_to(log_path, at.step, rt)
     model.train()
     tokens_per_step, last_good = tc.batch_size * S * rt.world, at.path
     meter, trained_tokens, train_time = WindowMeter.from_state(at.meter, rt.device), 0, 0.0
@@ -236,19 +229,30 @@ def _train(
                 last_good = par.save(s + 1, opt, meter, batches.position(s + 1))
             if signum:
                 raise Stopped(signum, s + 1, last_good)
-
-    val = par.heldout(data_dir, micro_B)
-    result = TrainResult(cfg, rt, data_dir, rows, at.step, trained_tokens, train_time, val)
-    summary = _write_outputs(out, par, result)
-    if rt.main:
-        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
-        summary.update(par.summary_columns(summary))
-        summary["wall_time_s"] = time.perf_counter() - wall0
-        write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete, sealed
-        log.info("done: %s", json.dumps(summary))
+    result = TrainResult(cfg, rt, data_dir, rows, at.step, trained_tokens, train_time, par.heldout(data_dir, micro_B))
+    summary = _write_outputs(out, par, result, batches.position(tc.steps), wall0)
     rt.barrier()
     return summary
+
+
+def _checked_data(cfg: RunConfig, data: str | None, scratch: Path, rt: Runtime) -> Path:
+    """The run's prepared data folder (:func:`mohge.train.setup.resolve_data`), checked by rank 0 before the first
+    step: a broken tokenizer or a changed token file is named, not trained on."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    data_dir = resolve_data(cfg, data, scratch, rt)
+    if rt.main:
+        check_data(cfg, data_dir, scratch)
+    rt.barrier()
+    return data_dir
+
+
+def _log_cut_to(path: Path, step: int, rt: Runtime) -> list[dict[str, Any]]:
+    """The live log's rows before ``step`` (the resume point); rank 0 rewrites the file to hold just those."""
+    rows = read_log(path, step)
+    if rt.main:
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    rt.barrier()
+    return rows
 
 
 def _step(
@@ -298,16 +302,25 @@ def _log_row(path: Path, rows: list[dict[str, Any]], row: dict[str, Any]) -> Non
     append_line(path, json.dumps(row))
 
 
-def _write_outputs(out: Path, par: Parallelism, result: TrainResult) -> dict[str, Any]:
-    """OUT's weights (every rank: the layout exports), then on rank 0 its log, config, tokenizer; the summary
-    (rank 0's; {} elsewhere). The folder stays unsealed until its manifest is written."""
+def _write_outputs(
+    out: Path, par: Parallelism, result: TrainResult, data_position: dict[str, Any], wall0: float
+) -> dict[str, Any]:
+    """OUT: the weights (every rank: the layout exports them), then on rank 0 the log, config.json, tokenizer.json,
+    summary.json and, last, the manifest that seals the folder. Returns the summary (rank 0's; {} elsewhere)."""
     if par.rt.main:
         (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
     par.export(out / "model.safetensors")
     if not par.rt.main:
         return {}
     write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in result.rows))
-    return finish(out, result)
+    summary = finish(out, result)
+    summary["data_position"] = data_position  # random: the step; sequential: window, epoch, ...
+    summary.update(par.summary_columns(summary))
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    write_json_atomic(out / "summary.json", summary)
+    ckpt.write_manifest(out, list(FINAL_FILES), data_seal(result.data_dir))  # last: the folder is complete, sealed
+    log.info("done: %s", json.dumps(summary))
+    return summary
 
 
 @user_errors
