@@ -17,6 +17,21 @@ are siblings and never import each other; no import circle, imports inside funct
 (the install maps it there, pyproject.toml's package-dir), sits below ``model`` and imports nothing of mohge but
 ``mohge.core.vocab``. The modules directly in this folder are the commands that keep their names
 (``python -m mohge.traces`` ...), each a few lines calling its subsystem's ``main``.
+
+The layer API (docs/api.md) is importable from here: ``from mohge import MoHGELayer`` (also ``MoELayer`` and
+``weighted_aux``). It is :mod:`mohge.model`'s, imported on first use, so that ``import mohge`` (which every
+``python -m mohge.<command>`` runs) imports nothing.
 """
 
 __version__ = "0.1.0"
+
+_LAYER_API = ("MoELayer", "MoHGELayer", "weighted_aux")
+__all__ = ["__version__", *_LAYER_API]
+
+
+def __getattr__(name: str):
+    if name in _LAYER_API:
+        from mohge import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'mohge' has no attribute {name!r}")

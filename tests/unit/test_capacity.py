@@ -201,3 +201,43 @@ def test_one_seed_a_model_gives_estimates_and_no_tests():
     assert g1["verdict"] == "needs 2 seeds a model" and claim["verdict"] == "needs 2 seeds a model"
     g3 = t.loc["G3 saturation (quarter set)"]  # one seed on the quarter set: read on the point ratio
     assert g3["verdict"] == "pass" and math.isnan(g3["p"]) and g3["h0"] == "ratio outside [0.97, 1.03]"
+
+
+def selection_runs(bits: dict[str, float]) -> tuple[pd.DataFrame, dict]:
+    """runs.csv rows of selection runs ``{variant: B}`` of MoHGE, and their resolved lr and gate."""
+    lrs = {"lr5e3": 5e-3, "lr1e2": 1e-2, "lr2e2": 2e-2}
+    rows, settings_of = [], {}
+    for variant, b in bits.items():
+        run = f"facts-mohge-{variant}-s100"
+        rows.append({"run": run, "family": f"mohge+{variant}", "bits_stored": b})
+        gate = "product_renorm" if "renorm" in variant else "code_exact"
+        settings_of[run] = {"lr": lrs[variant.rsplit("_", 1)[1]], "gate_mode": gate}
+    rows.append({"run": "facts-mohge-s0", "family": "mohge", "bits_stored": 1.0})  # not a selection run
+    return pd.DataFrame(rows), settings_of
+
+
+def kept(table: pd.DataFrame) -> list[str]:
+    return table.loc[table["kept"], "variant"].tolist()
+
+
+def test_selection_keeps_the_largest_b_of_a_complete_family():
+    runs, settings_of = selection_runs({"sel_lr5e3": 186.4e3, "sel_lr1e2": 193.9e3, "sel_lr2e2": 138.6e3,
+                                        "sel_renorm_lr5e3": 150e3, "sel_renorm_lr1e2": 199e3,
+                                        "sel_renorm_lr2e2": 120e3})  # fmt: skip
+    table = ca.selection(runs, settings_of, {"mohge": 6})
+    assert len(table) == 6 and kept(table) == ["sel_renorm_lr1e2"]
+
+
+def test_selection_ties_within_a_thousandth_go_to_the_lower_lr_then_to_code_exact():
+    runs, settings_of = selection_runs({"sel_lr5e3": 199.9e3, "sel_lr1e2": 200e3, "sel_renorm_lr5e3": 199.95e3})
+    assert kept(ca.selection(runs, settings_of, {"mohge": 3})) == ["sel_lr5e3"]
+    runs, settings_of = selection_runs({"sel_lr1e2": 199.9e3, "sel_renorm_lr1e2": 200e3, "sel_lr2e2": 150e3})
+    assert kept(ca.selection(runs, settings_of, {"mohge": 3})) == ["sel_lr1e2"]
+    runs, settings_of = selection_runs({"sel_lr1e2": 199.7e3, "sel_renorm_lr1e2": 200e3})
+    assert kept(ca.selection(runs, settings_of, {"mohge": 2})) == ["sel_renorm_lr1e2"]  # 0.15 %: no tie
+
+
+def test_an_incomplete_selection_keeps_nothing():
+    runs, settings_of = selection_runs({"sel_lr5e3": 186.4e3, "sel_lr1e2": 193.9e3, "sel_lr2e2": 138.6e3})
+    table = ca.selection(runs, settings_of, {"mohge": 6})
+    assert len(table) == 3 and kept(table) == []

@@ -58,6 +58,9 @@ def test_ep2_dp2_losses_and_gradients_match_one_process(ep_run):
     # throughput columns: every rank's expert FLOPs; the expert FLOPs of all ranks add up to the routed FLOPs
     assert len(rows[0]["expert_flops_per_rank"]) == 4 and all(f > 0 for f in rows[0]["expert_flops_per_rank"])
     assert rows[0]["model_flops_per_token"] > 0
+    # measured beside the analytic: every rank's seconds of local expert compute, and both spreads over ranks
+    assert len(rows[0]["expert_seconds_per_rank"]) == 4 and all(s > 0 for s in rows[0]["expert_seconds_per_rank"])
+    assert rows[0]["expert_seconds_max_mean"] >= 1 and rows[0]["expert_flops_max_mean"] >= 1
 
 
 def test_dcp_checkpoint_is_atomic_checksummed_and_resumes_on_two_ranks(ep_run, tmp_path):

@@ -41,6 +41,19 @@ def test_hf_model_gives_mohge_logits(family):
     assert (ref - got).abs().max().item() <= 1e-5
 
 
+def test_hf_model_selects_with_the_trained_selection_bias():  # docs/method.md §5.6
+    model = LanguageModel(tiny_model_config(router={"expert_bias_rate": 1e-2})).eval()
+    x_BS = torch.randint(0, 97, (3, 16))
+    with torch.no_grad():
+        unbiased = model(x_BS).logits
+        for layer in model.moe_layers():
+            layer.router.expert_bias_E.copy_(torch.linspace(-0.3, 0.3, layer.E))
+        ref = model(x_BS).logits
+        got = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)(x_BS).logits
+    assert (ref - unbiased).abs().max().item() > 1e-4  # the bias changes the routing (10x the tolerance below)
+    assert (ref - got).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("family", ["mohge", "mla"])
 def test_kv_cache_and_left_padding_match_the_full_forward(family):
     model = LanguageModel(tiny_model_config(**FAMILIES[family])).eval()

@@ -67,4 +67,4 @@ def test_log_rows_of_one_process_and_of_the_sharded_layout_have_the_same_keys(st
     torch.set_num_threads(threads)
     sharded = [sorted(set(r) - set(LOG_COLUMNS)) for r in log_rows(straight["root"] / "out")]
     assert sharded == [sorted(r) for r in log_rows(tmp_path / "one")]
-    assert all(set(LOG_COLUMNS) <= set(r) for r in log_rows(straight["root"] / "out") if "loss" in r)
+    assert all("expert_flops_per_rank" in r for r in log_rows(straight["root"] / "out") if "loss" in r)

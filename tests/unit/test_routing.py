@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from conftest import release_router, tiny_model_config
 
-from mohge.config import FFNConfig, LossConfig, RouterConfig
-from mohge.model.routing import TopKRouter
+from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
+from mohge.model.routing import GroupedRouter, TopKRouter
 
 
 def test_combined_scores_are_a_distribution_on_selected_groups():  # docs/method.md §2 E4
@@ -104,3 +105,48 @@ def test_flat_router_code_exact_form_gates_by_the_topk_probabilities():  # docs/
     assert (a.gates_TK - b.gates_TK).abs().max() > 0.05
     b.gates_TK[:, 0].sum().backward()  # the gate is differentiable in the router weights
     assert probs_gate.router.weight.grad.abs().sum() > 0
+
+
+def biased_router(rate: float = 1e-2):
+    torch.manual_seed(0)
+    return GroupedRouter(
+        64,
+        FFNConfig(kind="mohge", num_experts=16, expert_widths=(16, 24, 32, 40)),
+        RouterConfig(topk=3, group_topk=2, expert_bias_rate=rate),
+    )
+
+
+def test_a_zero_selection_bias_routes_as_no_bias():  # docs/method.md §5.6
+    biased, plain = biased_router(), biased_router(0.0)
+    plain.load_state_dict({k: v for k, v in biased.state_dict().items() if k != "expert_bias_E"})
+    x = torch.randn(200, 64)
+    a, b = biased(x), plain(x)
+    assert torch.equal(a.idx_TK, b.idx_TK) and torch.equal(a.gates_TK, b.gates_TK)
+
+
+def test_the_selection_bias_moves_selection_within_groups_and_never_a_gate():
+    router = biased_router()
+    x = torch.randn(400, 64)
+    before = router(x)
+    router.expert_bias_E[0::4] = 0.5  # favour the first expert of each group
+    after = router(x)
+    _, gmap, c = router.scores(x)
+    assert not torch.equal(before.idx_TK, after.idx_TK)
+    assert torch.equal(before.group_map_TG, after.group_map_TG)  # groups are chosen without the bias
+    # the gates are E6 of the *unbiased* scores of the experts the bias selected
+    torch.testing.assert_close(after.gates_TK, torch.softmax(c.gather(1, after.idx_TK), dim=-1))
+    assert (after.idx_TK % 4 == 0).float().mean() > (before.idx_TK % 4 == 0).float().mean()
+
+
+def test_the_bias_update_moves_each_expert_toward_its_group_mean():
+    router = biased_router(0.01)
+    counts = torch.tensor([4, 0, 2, 2, 1, 1, 1, 1, 0, 0, 0, 8, 3, 3, 3, 3])
+    router.update_expert_bias(counts)
+    want = 0.01 * torch.tensor([-1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, -1, 0, 0, 0, 0], dtype=torch.float32)
+    torch.testing.assert_close(router.expert_bias_E, want)
+
+
+def test_a_selection_bias_outside_mohge_is_refused():
+    moe = FFNConfig(kind="moe", num_experts=8, expert_widths=(32,), placement="contiguous")
+    with pytest.raises(ConfigError, match="router.expert_bias_rate"):
+        RouterConfig(topk=2, expert_bias_rate=1e-3, _path="router").check_against(moe)

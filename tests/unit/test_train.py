@@ -3,6 +3,7 @@
 import json
 import math
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -292,3 +293,20 @@ def test_disk_full_mid_checkpoint_exits_4_and_keeps_the_previous_checkpoint(tmp_
     monkeypatch.setenv("MOHGE_DEBUG", "1")
     with pytest.raises(OSError, match="No space left"):
         train_mod.main(["--config", str(config), "--out", str(tmp_path / "o2"), "--data", str(data_dir)])
+
+
+def test_the_selection_bias_trains_and_resumes_with_the_weights(tmp_path, data_dir):
+    """docs/method.md §5.6: the bias moves during training, is part of the saved model, and a run resumed from a
+    checkpoint continues it (H0 'the bias is lost on resume' fails when the weights of both runs agree)."""
+    run = run_config(steps=8, ckpt_every=4, keep_checkpoints=3)
+    run["model"]["router"] = {**run["model"]["router"], "expert_bias_rate": 1e-2}
+    cfg = RunConfig.from_dict(run)
+    straight = tmp_path / "straight"
+    train(cfg, straight, data=str(data_dir))
+    final = weights(straight)
+    bias = [k for k in final if k.endswith("router.expert_bias_E")]
+    assert len(bias) == 2 and all(final[k].abs().sum() > 0 for k in bias)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight / ".scratch" / "step_00000004", resumed / ".scratch" / "step_00000004")
+    train(cfg, resumed, data=str(data_dir), require_resume=True)
+    assert_same_weights(final, weights(resumed))

@@ -14,7 +14,7 @@ import sys
 import jsonschema
 
 from mohge.config import SPLITS, DataConfig, load_run_config, load_yaml_or_json, to_dict
-from mohge.config.runs import ClusterConfig, merge_config, plan
+from mohge.config.runs import ClusterConfig, merge_config, plan, train_resources
 
 
 def refuse(message):
@@ -396,28 +396,8 @@ def train_launcher():
     return "python -m"
 
 
-def train_resources():
-    """SLURM sizes of a training job from the config's `cluster` section. One node: `gpu` (SLURM's --gpus) and
-    no task count, which the jobstep plugin runs as one `srun -n1` step. Several nodes: an MPI-style job as the
-    plugin documents it (`mpi` set: the rule's command calls srun itself, so no srun is prepended), `tasks` =
-    nodes (sbatch --ntasks N with --nodes N: one task per node), GPUs per node as GRES (a job-wide --gpus may
-    land unevenly), and `tasks_per_gpu=0`, without which the plugin turns `tasks` of a GPU job into
-    --ntasks-per-gpu. Memory and runtime are the config's limits on every attempt: a retry re-queues and
-    resumes from the scratch checkpoints, it does not ask for more than the config states.
-    """
-    nodes, gpus = CLUSTER["nodes"], CLUSTER["gpus_per_node"]
-    fixed = dict(
-        nodes=nodes,
-        mem_mb=CLUSTER["mem_gb"] * 1024,  # per node (sbatch --mem)
-        runtime=CLUSTER["runtime_min"],  # minutes
-    )
-    if nodes == 1:
-        return {**fixed, "gpu": gpus}
-    multi = {**fixed, "mpi": "srun", "tasks": nodes, "tasks_per_gpu": 0}
-    return {**multi, "gres": f"gpu:{gpus}"} if gpus else multi
-
-
-TRAIN_RESOURCES = train_resources()
+# the train rule's SLURM sizes (mohge.config.runs.train_resources; the planner reads the same runtime)
+TRAIN_RESOURCES = train_resources(ClusterConfig.from_dict(CLUSTER, "cluster"))
 
 
 def eval_gpus():

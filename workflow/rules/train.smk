@@ -55,7 +55,7 @@ rule train:
         "../envs/train.yaml"
     threads: CLUSTER["cpus_per_task"]  # 1 by default: two CPU runs share a 2-core machine
     resources:
-        # sizes from the config's `cluster` section, the same on every attempt (common.smk: train_resources)
+        # sizes from the config's `cluster` section, the same on every attempt (mohge.config.runs.train_resources)
         **TRAIN_RESOURCES,
     params:
         train=lambda wc: digest(train_section(wc.run)),

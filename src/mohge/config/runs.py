@@ -78,6 +78,29 @@ class ClusterConfig(_Section):
     _path: str = field(default="cluster", repr=False, compare=False)
 
 
+def train_resources(cluster: ClusterConfig) -> dict:
+    """The SLURM resources of a training job (the train rule's ``resources``) from the config's ``cluster`` section.
+
+    One node: ``gpu`` (SLURM's --gpus) and no task count, which the jobstep plugin runs as one ``srun -n1`` step.
+    Several nodes: an MPI-style job as the plugin documents it (``mpi`` set: the rule's command calls srun itself,
+    so no srun is prepended), ``tasks`` = nodes (sbatch --ntasks N with --nodes N: one task per node), GPUs per node
+    as GRES (a job-wide --gpus may land unevenly), and ``tasks_per_gpu=0``, without which the plugin turns ``tasks``
+    of a GPU job into --ntasks-per-gpu. Memory and runtime are the config's limits on every attempt: a retry
+    re-queues and resumes from the scratch checkpoints, it does not ask for more than the config states (the
+    planner, :mod:`mohge.analysis.plan`, compares the plan's days with this runtime).
+    """
+    nodes, gpus = cluster.nodes, cluster.gpus_per_node
+    fixed = {
+        "nodes": nodes,
+        "mem_mb": cluster.mem_gb * 1024,  # per node (sbatch --mem)
+        "runtime": cluster.runtime_min,  # minutes
+    }
+    if nodes == 1:
+        return {**fixed, "gpu": gpus}
+    multi = {**fixed, "mpi": "srun", "tasks": nodes, "tasks_per_gpu": 0}
+    return {**multi, "gres": f"gpu:{gpus}"} if gpus else multi
+
+
 @dataclass(frozen=True)
 class KnobPoints(_Section):
     """The cheaper routings each trained model is served at (mohge.evaluate.route_override); a point at or above a

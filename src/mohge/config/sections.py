@@ -4,7 +4,7 @@ Every section is a frozen dataclass whose fields are declared once with :func:`m
 description, allowed values), so a bad config fails before anything is built, with a one-line message that
 names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
 workflow (``python -m mohge.runs schema``) says the same. Each constructor receives only its own section
-(``MoHGELayer`` gets ``FFNConfig`` and ``RouterConfig``, the trainer gets ``TrainConfig``, ...).
+(``MoELayer`` gets ``FFNConfig``, ``RouterConfig`` and ``LossConfig``, the trainer gets ``TrainConfig``, ...).
 
 The MoHGE-specific fields follow the official release (docs/method.md); its ambiguities are switches:
 ``RouterConfig.gate_mode``, ``LossConfig.group_cost_interval`` / ``group_cost_weights``,
@@ -28,6 +28,7 @@ from mohge.core.vocab import (
     AC_MODES,
     ATTENTION_KINDS,
     BACKENDS,
+    BALANCE_STATS,
     DATA_ORDERS,
     DEVICES,
     EXPERT_AUX_MODES,
@@ -138,12 +139,19 @@ class RouterConfig(_Section):
         choices=FLAT_GATES,
     )
     init_std: float = knob(0.008, "init std of the router weights", gt=0)
+    expert_bias_rate: float = knob(
+        0.0,
+        "u: step of the per-expert selection bias that balances experts without a loss (0: off; docs/method.md §5.6)",
+        ge=0,
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     def check_against(self, ffn: FFNConfig) -> None:
         """Cross-checks that need the FFN section (called by ModelConfig)."""
         if ffn.kind == "dense":
             return
+        if self.expert_bias_rate and ffn.kind != "mohge":
+            _fail(self.key("expert_bias_rate"), self.expert_bias_rate, "is MoHGE's intra-group balance (kind mohge)")
         if ffn.kind == "mohge":
             if self.group_topk > ffn.num_groups:
                 _fail(self.key("group_topk"), self.group_topk, f"exceeds the number of groups G={ffn.num_groups}")
@@ -205,6 +213,9 @@ class LossConfig(_Section):
     ``expert_aux_coeff`` is alpha_E for MoHGE's Intra-Group loss and the Switch / HMoE / MoDSE balance
     loss of the baselines. ``group_cost_weights`` overrides the release's omega_g = (h_g - h_min +
     interval) / interval when given. ``group_aux_start_frac``: L_G is on once step > start_frac * steps.
+    ``balance_stats``: the routing counts f of every balance loss are those of the micro-batch on its rank
+    (``micro_batch``, the release) or of the whole global batch (``global_batch``: summed over micro-batches and
+    ranks before the loss is formed, so the loss does not depend on how the batch is split; docs/method.md §5.5).
     """
 
     expert_aux_coeff: float = knob(5e-3, "alpha_E: expert balance loss coefficient", ge=0)
@@ -215,6 +226,9 @@ class LossConfig(_Section):
     group_cost_min: int | None = knob(None, "h_min of the group cost weights (null: the smallest width)")
     group_cost_weights: tuple[float, ...] | None = knob(None, "explicit cost weight per group (null: derived)", gt=0)
     hmoe_penalty_coeff: float = knob(1e-2, "HMoE's parameter penalty coefficient", ge=0)
+    balance_stats: str = knob(
+        "micro_batch", "routing counts of the balance losses: per micro-batch or global batch", choices=BALANCE_STATS
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     def check_against(self, ffn: FFNConfig) -> None:
@@ -223,6 +237,13 @@ class LossConfig(_Section):
                 self.key("group_cost_weights"),
                 self.group_cost_weights,
                 f"needs one weight per group (G={ffn.num_groups})",
+            )
+        if self.balance_stats == "global_batch" and self.expert_aux_mode == "per_group":
+            _fail(
+                self.key("balance_stats"),
+                self.balance_stats,
+                "needs expert_aux_mode 'code': the per-group loss is a ratio of probability sums, which the "
+                "global-batch counts cannot split over micro-batches",
             )
 
 

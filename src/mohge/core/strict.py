@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import numbers
 import re
 import types
 import typing
@@ -75,6 +76,9 @@ def _check_value(key: str, value: Any, meta: dict) -> None:
         return
     if "choices" in meta and value not in meta["choices"]:
         _fail(key, value, f"must be one of {tuple(meta['choices'])}")
+    bounded = any(b in meta for b in ("ge", "gt", "le", "lt"))
+    if bounded and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+        _fail(key, value, "expected a number")
     for bound, ok, word in (
         ("ge", lambda v, b: v >= b, ">="),
         ("gt", lambda v, b: v > b, ">"),
@@ -83,6 +87,17 @@ def _check_value(key: str, value: Any, meta: dict) -> None:
     ):
         if bound in meta and not ok(value, meta[bound]):
             _fail(key, value, f"must be {word} {meta[bound]}")
+
+
+@functools.cache
+def _tuple_fields(cls: type) -> frozenset[str]:
+    """The fields of a section annotated as a tuple (``tuple[int, ...]``, optional or not)."""
+    out = set()
+    for name, tp in typing.get_type_hints(cls).items():
+        args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+        if any(typing.get_origin(a) is tuple for a in args):
+            out.add(name)
+    return frozenset(out)
 
 
 class _Section:
@@ -98,8 +113,12 @@ class _Section:
         return f"{self._path}.{name}" if self._path else name
 
     def __post_init__(self) -> None:
+        tuple_fields = _tuple_fields(type(self))
         for f in dataclasses.fields(self):
             meta, value = f.metadata, getattr(self, f.name)
+            if f.name in tuple_fields and isinstance(value, list):  # a section built in code: lists as tuples
+                value = tuple(value)
+                object.__setattr__(self, f.name, value)
             if not meta:
                 continue
             if isinstance(value, tuple):

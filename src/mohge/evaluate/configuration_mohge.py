@@ -41,6 +41,7 @@ class MoHGEConfig(PretrainedConfig):
     group_score: str = "sigmoid"  # sigmoid | softmax
     gate_mode: str = "code_exact"  # code_exact | product_renorm
     flat_gate: str = "logits"  # logits | probs (the flat router of moe, hmoe, modse)
+    expert_bias: bool = False  # MoHGE's router selects with a per-expert bias (docs/method.md §5.6)
     use_cache: bool = True
     bos_token_id: int | None = 0
     eos_token_id: int | None = 0

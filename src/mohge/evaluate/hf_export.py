@@ -84,6 +84,7 @@ def hf_config(m: ModelConfig, max_length: int, eot_id: int) -> MoHGEConfig:
         group_score=r.group_score,
         gate_mode=r.gate_mode,
         flat_gate=r.flat_gate,
+        expert_bias=r.expert_bias_rate > 0,
     )
 
 
@@ -96,7 +97,9 @@ def to_hf_model(model: torch.nn.Module, max_length: int, *, eot_id: int) -> MoHG
     """The HF model of a mohge ``LanguageModel``, sharing its parameter tensors (no copy), in eval mode;
     ``eot_id`` is its tokenizer's end-of-text id."""
     hf = MoHGEForCausalLM(hf_config(model.cfg, max_length, eot_id))
-    missing, unexpected = hf.load_state_dict(hf_state_dict(dict(model.named_parameters())), strict=False, assign=True)
+    persistent = model.state_dict().keys()  # buffers that are state (a router's selection bias), not rope tables
+    state = {**dict(model.named_parameters()), **{k: b for k, b in model.named_buffers() if k in persistent}}
+    missing, unexpected = hf.load_state_dict(hf_state_dict(state), strict=False, assign=True)
     if missing or unexpected:
         raise AssertionError(f"HF model and mohge model differ: missing {missing}, unexpected {unexpected}")
     return hf.to(next(model.parameters()).device).eval()

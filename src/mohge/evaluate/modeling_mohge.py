@@ -125,6 +125,9 @@ class GroupedRouter(nn.Module):
         self.group_score, self.gate_mode = cfg.group_score, cfg.gate_mode
         self.group_router = nn.Linear(cfg.hidden_size, self.G, bias=False)
         self.expert_router = nn.Linear(cfg.hidden_size, self.E, bias=False)  # group-major expert ids
+        self.biased = getattr(cfg, "expert_bias", False)
+        if self.biased:  # selection only: which experts, never a gate
+            self.register_buffer("expert_bias_E", torch.zeros(self.E))
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, Tensor]:
         T = x_TD.shape[0]
@@ -142,7 +145,12 @@ class GroupedRouter(nn.Module):
         c_TE = (q_TGn * p_TG[:, :, None]).reshape(T, self.E)
         c_TE = c_TE / c_TE.sum(-1, keepdim=True)
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
-        topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
+        if self.biased:
+            sel_TE = (c_TE + self.expert_bias_E.to(c_TE.dtype)).masked_fill(~emap_TE, -math.inf)
+            idx_TK = torch.topk(sel_TE, self.K, dim=-1).indices
+            topv_TK = c_TE.gather(1, idx_TK)
+        else:
+            topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
         if self.gate_mode == "code_exact":
             return idx_TK, torch.softmax(topv_TK, dim=-1)
         return idx_TK, topv_TK / topv_TK.sum(-1, keepdim=True)

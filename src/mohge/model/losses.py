@@ -31,21 +31,30 @@ def group_cost_weights(ffn: FFNConfig, loss: LossConfig) -> list[float]:
     return [(h - h_min + dw) / dw for h in ffn.expert_widths]
 
 
-def group_aux_loss(group_logits_TG: Tensor, group_map_TG: Tensor, omega_G: Tensor, group_topk: int) -> Tensor:
+def group_aux_loss(
+    group_logits_TG: Tensor, group_map_TG: Tensor, omega_G: Tensor, group_topk: int, f_G: Tensor | None = None
+) -> Tensor:
     """Group-Wise Auxiliary Loss (docs/method.md §5.1), without alpha_G:
 
     L_G = G / (T^2 Kg) * sum_g omega_g * P_g * f_g,
     P_g = sum_t softmax(l^G_t)_g  (fp32, dense: every group gets gradient),
-    f_g = number of tokens whose top-Kg set contains g (no gradient).
+    f_g = number of tokens whose top-Kg set contains g (no gradient); given as ``f_G``, the global-batch mean per
+    micro-batch (docs/method.md §5.5), it replaces this micro-batch's own counts.
     """
     T, G = group_logits_TG.shape
     P_G = torch.softmax(group_logits_TG.float(), dim=-1).sum(0)
-    f_G = group_map_TG.sum(0).to(P_G.dtype)
+    f_G = (group_map_TG.sum(0) if f_G is None else f_G).to(P_G.dtype)
     return G / (T * T * group_topk) * (omega_G.to(P_G) * P_G * f_G).sum()
 
 
 def intra_group_aux_loss(
-    routing: Routing, num_experts: int, num_groups: int, group_topk: int, topk: int, mode: str = "code"
+    routing: Routing,
+    num_experts: int,
+    num_groups: int,
+    group_topk: int,
+    topk: int,
+    mode: str = "code",
+    f_E: Tensor | None = None,
 ) -> Tensor:
     """Intra-Group Experts Auxiliary Loss (docs/method.md §5.2), without alpha_E.
 
@@ -55,11 +64,16 @@ def intra_group_aux_loss(
     ``per_group`` (an ablation, docs/method.md §10.4): a dimensionless Switch loss inside each group over the routed
     slots that landed in it, n / (S_g^2) * sum_{e in g} Pt_e f_e with S_g the slots (and gate mass) of group
     g, averaged over the groups that received any slot. It is 1 when a group's slots are spread evenly.
+
+    ``f_E`` (``code`` only): the global-batch mean counts per micro-batch (docs/method.md §5.5) in place of this
+    micro-batch's own.
     """
     T = routing.idx_TK.shape[0]
     w_TE = routing.dense_gates(num_experts).float()
     Pt_E = w_TE.sum(0)
-    f_E = routing.counts(num_experts).to(Pt_E.dtype)
+    if f_E is not None and mode != "code":
+        raise ValueError(f"global-batch counts need expert_aux_mode 'code', not {mode!r}")
+    f_E = (routing.counts(num_experts) if f_E is None else f_E).to(Pt_E.dtype)
     if mode == "code":
         n_eff = num_experts * group_topk / num_groups
         return n_eff / (T * T * topk) * (Pt_E * f_E).sum()

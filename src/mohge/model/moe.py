@@ -22,10 +22,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from mohge.config import FFNConfig, LossConfig, RouterConfig
+from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
 
 from .experts import RoutedExperts, SwiGLU
-from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss
+from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss, weighted_aux
 from .routing import GroupedRouter, Routing, TopKRouter
 
 Tensor = torch.Tensor
@@ -38,13 +38,33 @@ class LayerStats:
     aux: dict[str, Tensor]  # raw aux losses (no coefficients), with gradient
     counts_E: Tensor  # tokens per expert, router order (int64, no gradient)
     routing: Routing | None = None  # kept only when the layer is asked to record
+    counts_G: Tensor | None = None  # MoHGE: tokens whose top-Kg set holds each group (int64, no gradient)
+
+    def balance_counts(self) -> Tensor:
+        """The counts every balance loss of the layer reads, as one float vector: f_E, then f_G where the layer
+        has groups (what :attr:`MoELayer.balance_counts` takes back, summed over a global batch)."""
+        parts = [self.counts_E] if self.counts_G is None else [self.counts_E, self.counts_G]
+        return torch.cat(parts).double()
 
 
 class MoELayer(nn.Module):
+    """The MoE layer of every family, built from its config sections; ``forward`` returns the output and the
+    :class:`LayerStats` (raw aux losses: :func:`~mohge.model.losses.weighted_aux` weighs them).
+
+    The sections are checked against each other here, so a layer built outside :class:`~mohge.config.ModelConfig`
+    is refused at construction (a ConfigError naming the key and the value), never at its first forward.
+    """
+
     def __init__(
         self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
     ) -> None:
         super().__init__()
+        if isinstance(d_model, bool) or not isinstance(d_model, int) or d_model <= 0:
+            raise ConfigError(f"d_model={d_model!r}: must be an integer > 0")
+        if ffn.kind == "dense":
+            raise ConfigError(f"{ffn.key('kind')}='dense': a dense FFN has no experts (mohge.model.experts.SwiGLU)")
+        router.check_against(ffn)
+        loss.check_against(ffn)
         self.ffn_cfg, self.router_cfg, self.loss_cfg = ffn, router, loss
         self.kind, self.E = ffn.kind, ffn.num_experts
         self.router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(d_model, ffn, router)
@@ -57,17 +77,22 @@ class MoELayer(nn.Module):
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
         self.record = False
+        # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
+        # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
+        self.balance_counts: Tensor | None = None
 
     def aux_losses(self, r: Routing) -> dict[str, Tensor]:
         ffn, rc, lc = self.ffn_cfg, self.router_cfg, self.loss_cfg
+        f = self.balance_counts
+        f_E, f_G = (None, None) if f is None else (f[: self.E], f[self.E :])
         if self.kind == "mohge":
             return {
-                "group_aux": group_aux_loss(r.group_logits_TG, r.group_map_TG, self.omega_G, rc.group_topk),
+                "group_aux": group_aux_loss(r.group_logits_TG, r.group_map_TG, self.omega_G, rc.group_topk, f_G),
                 "expert_aux": intra_group_aux_loss(
-                    r, self.E, ffn.num_groups, rc.group_topk, rc.topk, lc.expert_aux_mode
+                    r, self.E, ffn.num_groups, rc.group_topk, rc.topk, lc.expert_aux_mode, f_E
                 ),
             }
-        counts_E = r.counts(self.E)
+        counts_E = r.counts(self.E) if f_E is None else f_E
         if self.kind == "hmoe":
             return {"hmoe_penalty": switch_aux_loss(r.probs_TE, counts_E, rc.topk, self.size_weight_E)}
         return {"expert_aux": switch_aux_loss(r.probs_TE, counts_E, rc.topk)}
@@ -83,8 +108,84 @@ class MoELayer(nn.Module):
             aux=self.aux_losses(r) if self.training else {},
             counts_E=r.counts(self.E).detach(),
             routing=r if self.record else None,
+            counts_G=None if r.group_map_TG is None else r.group_map_TG.sum(0).long().detach(),
         )
         return y_TD.view(B, S, D), stats
+
+
+class MoHGELayer(MoELayer):
+    """MoHGE's feed-forward layer as a block of one's own model (docs/api.md): ``y, aux = layer(x)``.
+
+    ``x`` is [..., D]; ``y`` has its shape, and ``aux`` is the layer's weighted auxiliary loss in training mode,
+    L_G + L_E with their coefficients ``group_aux_coeff`` and ``expert_aux_coeff`` (docs/method.md §5.4: add it to
+    the LM loss), and 0 in eval mode. The defaults fit a small model (d_model 64 to 256): 4 groups of 4 experts,
+    widths 64..256 in arithmetic progression as the release's, each token picks 2 groups and 4 experts among
+    their 8, and a shared expert of width 256 (0: none). Every argument is checked here against the others; a bad
+    one is a :class:`~mohge.config.ConfigError` naming it and its value (``topk=9: exceeds the experts reachable
+    in the selected groups ...``). ``expert_widths`` is a list or a tuple.
+
+    L_G is on at every forward unless ``forward`` gets ``step`` and ``total_steps``: then it follows the release's
+    schedule, on once step > total_steps * ``group_aux_start_frac`` (docs/method.md §6). The parameters, their
+    names and the numbers are :class:`MoELayer`'s with ``FFNConfig(kind="mohge")``, whose sections (``ffn_cfg``,
+    ``router_cfg``, ``loss_cfg``) this layer holds; every other knob (gate mode, group score, the loss variants)
+    is set through those sections and :class:`MoELayer`.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        *,
+        expert_widths: Sequence[int] = (64, 128, 192, 256),
+        experts_per_group: int = 4,
+        topk: int = 4,
+        group_topk: int = 2,
+        shared_expert_width: int = 256,
+        expert_aux_coeff: float = 5e-3,
+        group_aux_coeff: float = 1e-5,
+        group_aux_start_frac: float = 0.5,
+        init_std: float = 0.02,
+        out_std: float | None = None,
+        router_init_std: float = 0.008,
+        backend: str = "auto",
+    ) -> None:
+        if not isinstance(expert_widths, list | tuple) or not expert_widths:
+            raise ConfigError(f"expert_widths={expert_widths!r}: expected a list or tuple of widths, one per group")
+        if isinstance(experts_per_group, bool) or not isinstance(experts_per_group, int) or experts_per_group <= 0:
+            raise ConfigError(f"experts_per_group={experts_per_group!r}: must be an integer > 0")
+        for name, value in (("init_std", init_std), ("out_std", out_std)):
+            if value is not None and (not isinstance(value, int | float) or value <= 0):
+                raise ConfigError(f"{name}={value!r}: must be a number > 0")
+        ffn = FFNConfig(
+            kind="mohge",
+            num_experts=experts_per_group * len(expert_widths),
+            expert_widths=tuple(expert_widths),
+            shared_expert_width=shared_expert_width,
+            placement="contiguous",  # where experts live matters only under expert parallelism
+            backend=backend,
+        )
+        router = RouterConfig(topk=topk, group_topk=group_topk, init_std=router_init_std)
+        loss = LossConfig(
+            expert_aux_coeff=expert_aux_coeff,
+            group_aux_coeff=group_aux_coeff,
+            group_aux_start_frac=group_aux_start_frac,
+        )
+        super().__init__(d_model, ffn, router, loss, init_std, init_std if out_std is None else out_std)
+        self.d_model = d_model
+
+    def forward(  # type: ignore[override]
+        self, x: Tensor, step: int | None = None, total_steps: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if (step is None) != (total_steps is None):
+            raise ValueError("give both step and total_steps (L_G's schedule), or neither (L_G on)")
+        if x.shape[-1] != self.d_model:
+            raise ValueError(f"input of shape {tuple(x.shape)}: its last dim is not d_model={self.d_model}")
+        y_1TD, stats = super().forward(x.reshape(1, -1, self.d_model))  # T = every token of x
+        y = y_1TD.view(x.shape)
+        if not stats.aux:  # eval mode: no aux losses
+            return y, x.new_zeros(())
+        if step is None:  # no schedule: step 1 of "0 steps" is past int(0 * start_frac) = 0, so L_G counts
+            step, total_steps = 1, 0
+        return y, weighted_aux(stats.aux, self.loss_cfg, step, total_steps)
 
 
 # Routed slots per width class and expert, for the training log (mohge.train.step) and the traces

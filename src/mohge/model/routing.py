@@ -66,6 +66,9 @@ class GroupedRouter(nn.Module):
         self.group_score, self.gate_mode = router.group_score, router.gate_mode
         self.group_router = _linear_router(d_model, self.G, router.init_std)  # W_G [G, D]
         self.expert_router = _linear_router(d_model, self.E, router.init_std)  # W_E [E, D], group-major
+        self.bias_rate = router.expert_bias_rate
+        if self.bias_rate:  # docs/method.md §5.6: a state of the model (checkpointed), not a parameter
+            self.register_buffer("expert_bias_E", torch.zeros(self.E))
 
     def scores(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Steps G1-G4 and E1-E4: (group logits l^G [T,G], selected-group map [T,G], combined scores c [T,E]).
@@ -90,12 +93,26 @@ class GroupedRouter(nn.Module):
         # E4: renormalize (a no-op up to rounding unless Kg == 1, where p is the raw sigmoid).
         return lG_TG, gmap_TG, c_TE / c_TE.sum(-1, keepdim=True)
 
+    @torch.no_grad()
+    def update_expert_bias(self, counts_E: Tensor) -> None:
+        """docs/method.md §5.6, after each optimizer step, from the step's routed tokens per expert ``counts_E``
+        (the whole global batch): b_e += u * sign(mean of e's group - count_e), so an expert loaded under its
+        group's mean gains selection score and one over it loses; group selection (and L_G) is untouched."""
+        counts_Gn = counts_E.to(self.expert_bias_E).view(self.G, self.n)
+        error_Gn = counts_Gn.mean(1, keepdim=True) - counts_Gn
+        self.expert_bias_E += self.bias_rate * torch.sign(error_Gn).view(self.E)
+
     def forward(self, x_TD: Tensor) -> Routing:
         lG_TG, gmap_TG, c_TE = self.scores(x_TD)
         # E5: global top-k among the experts of the selected groups; unselected experts are masked to
         # -inf rather than trusting their zeros (docs/method.md §2 E5: candidates can underflow to 0 in bf16).
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
-        topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
+        if self.bias_rate:  # §5.6: the bias moves which experts are selected, never a gate
+            sel_TE = (c_TE + self.expert_bias_E.to(c_TE.dtype)).masked_fill(~emap_TE, -math.inf)
+            idx_TK = torch.topk(sel_TE, self.K, dim=-1).indices
+            topv_TK = c_TE.gather(1, idx_TK)
+        else:
+            topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
         # E6: final gates. code_exact = Megatron's softmax over the top-k *probabilities* (the release);
         # product_renorm = the top-k combined scores renormalized to sum to 1 (docs/method.md §10.1).
         if self.gate_mode == "code_exact":

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from mohge.config import FFNConfig, RunConfig, TrainConfig
 from mohge.model.allocation import place
 from mohge.model.losses import group_aux_active, weighted_aux
-from mohge.model.moe import LayerStats, routing_summary
+from mohge.model.moe import LayerStats, MoELayer, routing_summary
 
 from .runtime import Runtime
 
@@ -58,6 +58,52 @@ def compute_loss(
     for stats in out.layers:
         aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)
     return lm + aux, lm, aux, out.layers
+
+
+def set_global_balance(
+    model: torch.nn.Module, micro_x: list[torch.Tensor], rt: Runtime, autocast: torch.dtype | None
+) -> None:
+    """Global-batch statistics of the balance losses (``loss.balance_stats: global_batch``, docs/method.md §5.5).
+
+    A forward pass without gradient over this rank's micro-batches counts the routing of the whole step (the
+    parameters do not change within a step, so these are the counts the gradient passes route by); the counts are
+    summed over micro-batches and ranks and set on every MoE layer as a mean per micro-batch and rank. Each
+    micro-batch's loss c / T^2 * sum_e P_e f_e then reads the global f, and the mean over micro-batches and ranks
+    of its gradient is that of the global-batch loss c / (M W T)^2 * sum_e P^all_e f^all_e exactly, for any
+    split of the batch into M micro-batches on W ranks. Costs one forward pass per step (none when M W = 1).
+    """
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    for layer in layers:
+        layer.balance_counts = None
+    splits = len(micro_x) * rt.world
+    if not layers or splits == 1:
+        return
+    total = None
+    with torch.no_grad(), torch.autocast(rt.device.type, dtype=autocast, enabled=autocast is not None):
+        for x_BS in micro_x:
+            counts = [st.balance_counts() for st in model(x_BS).layers]
+            total = counts if total is None else [a + b for a, b in zip(total, counts, strict=True)]
+    flat = torch.cat(total)
+    if rt.world > 1:
+        dist.all_reduce(flat)
+    mean = (flat / splits).float()
+    for layer, f in zip(layers, mean.split([len(c) for c in total]), strict=True):
+        layer.balance_counts = f
+
+
+def bias_balanced(model: torch.nn.Module) -> list[MoELayer]:
+    """The MoE layers whose router balances its experts with a selection bias (docs/method.md §5.6)."""
+    return [m for m in model.modules() if isinstance(m, MoELayer) and getattr(m.router, "bias_rate", 0)]
+
+
+def update_expert_bias(layers: list[MoELayer], step_counts: list[torch.Tensor], rt: Runtime) -> None:
+    """After the optimizer step: each bias-balanced layer's bias from the step's routed tokens per expert, summed
+    over micro-batches (``step_counts``, one [E] per layer of ``layers``) and ranks, so every rank updates alike."""
+    counts = torch.stack(step_counts)
+    if rt.world > 1:
+        dist.all_reduce(counts)
+    for layer, counts_E in zip(layers, counts, strict=True):
+        layer.router.update_expert_bias(counts_E)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ from mohge.core.atomic import append_line, output_lock, write_json_atomic, write
 from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, user_errors
 from mohge.data import TokenStream
 from mohge.data.stream import TrainBatches
+from mohge.model.moe import MoELayer
 
 from . import checkpoint as ckpt
 from .parallelism import Parallelism, Replicated
@@ -95,12 +96,15 @@ from .setup import FINAL_FILES, TrainResult, check_data, data_seal, finish, reso
 from .step import (
     NonFiniteLossError,
     WindowMeter,
+    bias_balanced,
     build_optimizer,
     compute_loss,
     lr_at,
     optimizer_step,
     progress,
     read_log,
+    set_global_balance,
+    update_expert_bias,
 )
 
 log = logging.getLogger("mohge.train")
@@ -202,10 +206,11 @@ def _train(
     model.train()
     tokens_per_step, last_good = tc.batch_size * S * rt.world, at.path
     meter, trained_tokens, train_time = WindowMeter.from_state(at.meter, rt.device), 0, 0.0
+    biased = bias_balanced(model)
     with _progress_bar(cfg, rt, at.step) as bar, stop.in_loop():
         for s in range(at.step, tc.steps):
             t0 = time.perf_counter()
-            vals = _step(s, par, opt, batches.batch(s), meter, last_good)
+            vals = _step(s, par, opt, batches.batch(s), meter, biased, last_good)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step
@@ -261,16 +266,21 @@ def _step(
     opt: torch.optim.Optimizer,
     batch: tuple[torch.Tensor, torch.Tensor],
     meter: WindowMeter,
+    biased: list[MoELayer],
     last_good: Path | None,
 ) -> dict[str, float]:
     """Step ``s`` on the batch ``(x_BS, y_BS)``: every micro-batch's forward and backward, the gradients reduced
-    and clipped, the optimizer step; returns the step's logged values (:func:`mohge.train.step.optimizer_step`)."""
+    and clipped, the optimizer step, then the selection bias of the ``biased`` layers; returns the step's logged
+    values (:func:`mohge.train.step.optimizer_step`)."""
     cfg, rt = par.cfg, par.rt
     tc, (x_BS, y_BS) = cfg.train, batch
     for group in opt.param_groups:
         group["lr"] = lr_at(s, tc)
     micro_B = tc.batch_size // tc.grad_accum
-    sums = torch.zeros(3, device=rt.device)
+    if cfg.loss.balance_stats == "global_batch":
+        micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
+        set_global_balance(par.model, micro_x, rt, rt.autocast)
+    sums, step_counts = torch.zeros(3, device=rt.device), 0
     for m in range(tc.grad_accum):
         xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
         with par.micro_batch(m, tc.grad_accum):
@@ -280,12 +290,17 @@ def _step(
         sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
         meter.add_micro(layers)
         par.measure(meter, layers)
+        if biased:
+            step_counts = step_counts + torch.stack([st.counts_E for st in layers])
     par.reduce_grads()
     if rt.world > 1:  # the logged losses: the mean over ranks
         dist.all_reduce(sums)
         sums /= rt.world
     gnorm = par.clip_grad_norm(tc.grad_clip)
-    return optimizer_step(s, sums, gnorm, opt, rt, last_good)
+    vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
+    if biased:
+        update_expert_bias(biased, list(step_counts), rt)
+    return vals
 
 
 def _progress_bar(cfg: RunConfig, rt: Runtime, start: int) -> tqdm:

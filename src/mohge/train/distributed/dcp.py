@@ -199,10 +199,15 @@ def iter_full(
     rank = dist.get_rank()
     ep = {n: m for n, m in model.named_modules() if isinstance(m, ExpertParallelExperts)}
     params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())  # persistent state beside the weights (a router's selection bias)
     n = cfg.ffn.experts_per_group
     for name, (shape, dtype) in sorted(single_process_shapes(cfg).items()):
         prefix, _, c = name.rpartition(".")
         owner, _, w = prefix.rpartition(".")
+        if name in buffers:
+            if not grads:  # replicated on every rank: rank 0's copy is the whole state
+                yield name, -1, buffers[name].detach() if rank == 0 else None
+            continue
         if owner not in ep or w not in ("w1", "w2"):
             t = params[name].grad if grads else params[name]
             full = _full(t)

@@ -28,6 +28,7 @@ D model width, E experts, W ranks of the EP group, H intermediate width of one c
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import torch
@@ -38,6 +39,38 @@ from mohge import kernels
 from mohge.model.allocation import experts_of_rank
 
 Tensor = torch.Tensor
+
+
+class ComputeTimer:
+    """Seconds this rank spends in its local expert compute, forward passes with gradient only (the training
+    steps; not a held-out evaluation or the global-batch counting pass). On CUDA through events read when the
+    time is taken (one synchronisation a log row), elsewhere through the wall clock (the compute is synchronous)."""
+
+    def __init__(self) -> None:
+        self.seconds, self.events = 0.0, []
+
+    def __call__(self, fn, *args):
+        if not torch.is_grad_enabled():
+            return fn(*args)
+        if args[0].is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn(*args)
+            end.record()
+            self.events.append((start, end))
+            return out
+        t0 = time.perf_counter()
+        out = fn(*args)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def take(self) -> float:
+        """The seconds since the last call, and a fresh count."""
+        if self.events:
+            self.events[-1][1].synchronize()
+            self.seconds += sum(a.elapsed_time(b) for a, b in self.events) / 1e3
+        seconds, self.seconds, self.events = self.seconds, 0.0, []
+        return seconds
 
 
 class _AllToAll(torch.autograd.Function):
@@ -153,6 +186,7 @@ class ExpertParallelExperts(nn.Module):
         self.register_buffer("rank_of_expert", torch.tensor(list(rank_of_expert)), persistent=False)
         self.register_buffer("local_id_of_expert", torch.tensor(local_id), persistent=False)
         self.rows_local: Tensor | None = None  # rows received per local expert in the last forward
+        self.timer = ComputeTimer()  # measured local expert time, beside the analytic FLOPs of rows_local
 
     def class_weights(self) -> tuple[list[Tensor], list[Tensor]]:
         """(w1s, w2s): per local width class, its experts' weights stacked ([n_c, 2H_c, D], [n_c, D, H_c])."""
@@ -199,7 +233,7 @@ class ExpertParallelExperts(nn.Module):
             x_TD = x_TD.to(w1s[0].dtype)
         xs_RD, le_R, plan = self.dispatch(x_TD, idx_TK)
         self.rows_local = torch.bincount(le_R, minlength=len(self.local_experts)).detach()
-        return self.combine(self.compute(xs_RD, le_R, (w1s, w2s)), plan, gates_TK)
+        return self.combine(self.timer(self.compute, xs_RD, le_R, (w1s, w2s)), plan, gates_TK)
 
 
 def from_routed(routed: nn.Module, rank_of_expert: Sequence[int], ep_rank: int, group=None) -> ExpertParallelExperts:

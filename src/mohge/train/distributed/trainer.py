@@ -19,9 +19,11 @@ non-finite guard, checkpoint cadence, final outputs); :class:`Sharded` supplies 
 * checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp); the held-out loss is computed on the sharded model by
   every rank; the final ``model.safetensors`` is streamed from the shards to rank 0 one parameter at a time
   (:func:`.dcp.write_safetensors`);
-* log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device) and
-  ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window); the
-  summary adds ``mfu``, ``model_flops_per_token`` and the ``layout``.
+* log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device),
+  ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window) with its
+  max / mean ``expert_flops_max_mean``, and under expert parallelism the measured ``expert_seconds_per_rank`` with
+  ``expert_seconds_max_mean`` (:data:`LOG_COLUMNS`); the summary adds ``mfu``, ``model_flops_per_token`` and the
+  ``layout``.
 """
 
 from __future__ import annotations
@@ -55,8 +57,15 @@ from .parallelize import clip_grad_norm, parallelize, scale_expert_grads, sync_g
 
 log = logging.getLogger("mohge.train.distributed")
 
-# The log row's columns this layout adds (:meth:`Sharded.log_columns`).
-LOG_COLUMNS = ("model_flops_per_token", "mfu", "expert_flops_per_rank")
+# The log row's columns this layout adds (:meth:`Sharded.log_columns`; the expert seconds under expert parallelism).
+LOG_COLUMNS = (
+    "model_flops_per_token",
+    "mfu",
+    "expert_flops_per_rank",
+    "expert_flops_max_mean",
+    "expert_seconds_per_rank",
+    "expert_seconds_max_mean",
+)
 
 
 def rank_stream(stream: TokenStream, rank: int, world: int, seq_len: int) -> TokenStream:
@@ -139,7 +148,8 @@ class Sharded(Parallelism):
         meter.expert_flops += step_expert_flops(self.model, layers)
 
     def log_columns(self, row: dict[str, Any], meter: WindowMeter) -> dict[str, Any]:
-        return throughput(row, self.flops_per_token, meter.expert_flops / meter.steps, self.layout, self.rt.device)
+        per_step = meter.expert_flops / meter.steps
+        return throughput(row, self.flops_per_token, per_step, self.layout, self.rt.device, self.model, meter.steps)
 
     def summary_columns(self, summary: dict[str, Any]) -> dict[str, Any]:
         layout, tps = self.layout, summary["tokens_per_s"]
@@ -157,9 +167,31 @@ def mfu(tokens_per_s: float | None, flops_per_token: float, layout: Layout) -> f
     return tokens_per_s * flops_per_token / (layout.world * layout.peak_tflops * 1e12)
 
 
-def throughput(row: dict, fpt: float, expert_flops_rank: torch.Tensor, layout: Layout, device: torch.device) -> dict:
-    """Log columns: model FLOPs per token, MFU, each rank's expert FLOPs per step (a collective)."""
-    per_rank = [torch.zeros((), dtype=torch.float64, device=device) for _ in range(layout.world)]
-    dist.all_gather(per_rank, expert_flops_rank.to(device, torch.float64))
-    columns = {"model_flops_per_token": fpt, "mfu": mfu(row.get("tokens_per_s"), fpt, layout)}
-    return {**columns, "expert_flops_per_rank": [float(f) for f in per_rank]}
+def throughput(
+    row: dict,
+    fpt: float,
+    expert_flops_rank: torch.Tensor,
+    layout: Layout,
+    device: torch.device,
+    model: torch.nn.Module,
+    steps: int,
+) -> dict:
+    """Log columns (a collective): model FLOPs per token, MFU, each rank's expert FLOPs per step (analytic, from the
+    rows it received) and, under expert parallelism, each rank's measured seconds of local expert compute per step
+    (forward passes, :class:`ComputeTimer`), with the max / mean over ranks of both: whether the analytic balance
+    is the one the ranks experience."""
+    timers = [m.timer for m in model.modules() if isinstance(m, ExpertParallelExperts)]
+    mine = torch.tensor([float(expert_flops_rank), sum(t.take() for t in timers) / steps])
+    per_rank = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(layout.world)]
+    dist.all_gather(per_rank, mine.to(device, torch.float64))
+    flops, seconds = ([float(r[i]) for r in per_rank] for i in (0, 1))
+    out = {
+        "model_flops_per_token": fpt,
+        "mfu": mfu(row.get("tokens_per_s"), fpt, layout),
+        "expert_flops_per_rank": flops,
+    }
+    out["expert_flops_max_mean"] = max(flops) / (sum(flops) / len(flops)) if sum(flops) > 0 else None
+    if timers:
+        out["expert_seconds_per_rank"] = seconds
+        out["expert_seconds_max_mean"] = max(seconds) / (sum(seconds) / len(seconds)) if sum(seconds) > 0 else None
+    return out

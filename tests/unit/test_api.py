@@ -1,0 +1,170 @@
+"""The layer API of docs/api.md: ``from mohge import MoHGELayer``, its checks at construction, its weighted aux loss,
+and the page's examples, run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
+from mohge.model.losses import group_aux_active, weighted_aux
+from mohge.model.moe import MoELayer, MoHGELayer
+
+ROOT = Path(__file__).resolve().parents[2]
+API_DOC = ROOT / "docs" / "api.md"
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_the_docs_examples_run_as_written():
+    """Every python block of docs/api.md runs as it stands: the transformer block with MoHGELayer trains a step
+    (the weighted aux loss has a gradient that reaches the routers), and the config route gives its aux loss."""
+    first, second = python_blocks(API_DOC)
+    ns: dict = {}
+    exec(compile(first, str(API_DOC), "exec"), ns)
+    assert ns["y"].shape == ns["x"].shape == (2, 16, 128)
+    assert ns["aux"].ndim == 0 and ns["aux"].item() > 0
+    router = ns["block"].ffn.router
+    assert router.group_router.weight.grad is not None and router.expert_router.weight.grad is not None
+    ns = {}
+    exec(compile(second, str(API_DOC), "exec"), ns)
+    assert ns["y"].shape == (2, 16, 128) and ns["aux"].item() > 0
+
+
+def test_import_mohge_imports_no_torch_and_exports_the_layer_api():
+    """``import mohge`` (run by every ``python -m mohge.<command>``) stays free of torch; the layer API comes on
+    first access and is mohge.model's."""
+    code = (
+        "import sys, mohge; assert 'torch' not in sys.modules, 'torch imported'; "
+        "from mohge import MoHGELayer, MoELayer, weighted_aux; import mohge.model.moe as m; "
+        "assert (MoHGELayer, MoELayer) == (m.MoHGELayer, m.MoELayer); print(sorted(mohge.__all__))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["['MoELayer',", "'MoHGELayer',", "'__version__',", "'weighted_aux']"]
+    with pytest.raises(ImportError):
+        exec("from mohge import NoSuchLayer", {})
+
+
+def sections(**router):
+    ffn = FFNConfig(kind="mohge", num_experts=16, expert_widths=(64, 128, 192, 256), shared_expert_width=256,
+                    placement="contiguous")  # fmt: skip
+    return ffn, RouterConfig(**{"topk": 4, "group_topk": 2, **router}), LossConfig()
+
+
+def test_the_layer_is_the_trainers_moe_layer_and_its_aux_is_weighted():
+    """MoHGELayer's parameters, their names and its output are MoELayer's from the same sections and seed, and its
+    aux is alpha_E * L_E + alpha_G * L_G of that layer's raw losses (L_G on: no schedule given)."""
+    torch.manual_seed(3)
+    ours = MoHGELayer(128)
+    torch.manual_seed(3)
+    ref = MoELayer(128, *sections(), std=0.02, out_std=0.02)
+    assert ours.state_dict().keys() == ref.state_dict().keys()
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    x = torch.randn(2, 8, 128)
+    y, aux = ours(x)
+    y_ref, stats = ref(x)
+    assert torch.equal(y, y_ref)
+    lc = ours.loss_cfg
+    expect = lc.expert_aux_coeff * stats.aux["expert_aux"] + lc.group_aux_coeff * stats.aux["group_aux"]
+    assert aux.item() == pytest.approx(expect.item(), rel=1e-6)
+    assert (lc.expert_aux_coeff, lc.group_aux_coeff) == (5e-3, 1e-5)  # docs/method.md §5.1, §5.2
+
+
+def test_the_group_loss_follows_the_schedule_when_the_step_is_given():
+    """With step and total_steps, L_G counts only once step > total_steps * group_aux_start_frac (docs/method.md
+    §6); L_E always."""
+    layer = MoHGELayer(64, group_aux_coeff=0.5)
+    x = torch.randn(32, 64)
+    _, stats = MoELayer.forward(layer, x[None])
+    early, late = layer(x, step=50, total_steps=100), layer(x, step=51, total_steps=100)
+    assert not group_aux_active(50, 100, 0.5) and group_aux_active(51, 100, 0.5)
+    assert early[1].item() == pytest.approx(5e-3 * stats.aux["expert_aux"].item(), rel=1e-6)
+    assert late[1].item() == pytest.approx(weighted_aux(stats.aux, layer.loss_cfg, 51, 100).item(), rel=1e-6)
+    assert late[1].item() > early[1].item()
+    with pytest.raises(ValueError, match="both step and total_steps"):
+        layer(x, step=3)
+
+
+def test_any_leading_shape_and_eval_mode():
+    """x may be [T, D] or [B, S, D] (the tokens are routed together); in eval mode the aux loss is 0; a wrong width
+    is refused naming d_model."""
+    layer = MoHGELayer(64, shared_expert_width=0)
+    x = torch.randn(3, 5, 64)
+    y3, _ = layer(x)
+    y2, _ = layer(x.reshape(15, 64))
+    assert torch.equal(y3.reshape(15, 64), y2)
+    y, aux = layer.eval()(x)
+    assert y.shape == x.shape and aux.item() == 0 and layer.shared is None
+    with pytest.raises(ValueError, match="d_model=64"):
+        layer(torch.randn(4, 32))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"topk": 9}, "topk=9: exceeds the experts reachable in the selected groups"),
+        ({"topk": 0}, "topk=0: must be > 0"),
+        ({"group_topk": 5}, "group_topk=5: exceeds the number of groups G=4"),
+        ({"expert_widths": [64, 0]}, "expert_widths[1]=0: must be > 0"),
+        ({"expert_widths": []}, "expert_widths=[]: expected a list or tuple of widths, one per group"),
+        ({"expert_widths": 64}, "expert_widths=64: expected a list or tuple"),
+        ({"expert_widths": [64, "wide"]}, "expert_widths[1]='wide': expected a number"),
+        ({"experts_per_group": 0}, "experts_per_group=0: must be an integer > 0"),
+        ({"shared_expert_width": -1}, "shared_expert_width=-1: must be >= 0"),
+        ({"expert_aux_coeff": -1.0}, "expert_aux_coeff=-1.0: must be >= 0"),
+        ({"group_aux_start_frac": 2.0}, "group_aux_start_frac=2.0: must be <= 1"),
+        ({"init_std": 0.0}, "init_std=0.0: must be a number > 0"),
+        ({"backend": "cuda"}, "backend='cuda': must be one of"),
+    ],
+)
+def test_every_bad_argument_is_refused_at_construction_naming_it(kwargs, message):
+    with pytest.raises(ConfigError) as err:
+        MoHGELayer(64, **kwargs)
+    assert str(err.value).startswith(message), str(err.value)
+
+
+def test_d_model_is_checked():
+    with pytest.raises(ConfigError, match=r"^d_model=0: must be an integer > 0"):
+        MoHGELayer(0)
+
+
+def test_widths_as_a_list_or_a_tuple_give_the_same_layer():
+    torch.manual_seed(0)
+    a = MoHGELayer(32, expert_widths=[16, 32])
+    torch.manual_seed(0)
+    b = MoHGELayer(32, expert_widths=(16, 32))
+    assert a.ffn_cfg == b.ffn_cfg and a.ffn_cfg.expert_widths == (16, 32)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_moe_layer_refuses_sections_that_disagree_at_construction():
+    """A router that cannot route over the FFN is refused when the layer is built (not at its first forward with
+    'selected index k out of range'), naming the key; so is a dense FFN and a loss section of another G."""
+    ffn, _, loss = sections()
+    with pytest.raises(ConfigError, match=r"^topk=6: exceeds the experts reachable"):
+        MoELayer(64, ffn, RouterConfig(topk=6, group_topk=1), loss, 0.02, 0.02)
+    moe = FFNConfig(kind="moe", num_experts=4, expert_widths=[32], placement="contiguous")
+    with pytest.raises(ConfigError, match=r"^topk=6: exceeds num_experts=4"):
+        MoELayer(64, moe, RouterConfig(topk=6), loss, 0.02, 0.02)
+    with pytest.raises(ConfigError, match=r"^kind='dense'"):
+        MoELayer(64, FFNConfig(kind="dense"), RouterConfig(), loss, 0.02, 0.02)
+    with pytest.raises(ConfigError, match=r"^group_cost_weights=\(1, 2\): needs one weight per group"):
+        MoELayer(64, ffn, RouterConfig(topk=4, group_topk=2), LossConfig(group_cost_weights=[1, 2]), 0.02, 0.02)
+
+
+def test_sections_built_in_code_take_lists_and_refuse_non_numbers():
+    """A list where a section declares a tuple is that tuple (the section stays hashable); a non-number where a bound
+    is declared is a ConfigError naming the key, not a TypeError from the comparison."""
+    ffn = FFNConfig(expert_widths=[64, 128], num_experts=4, placement="contiguous")
+    assert ffn == FFNConfig(expert_widths=(64, 128), num_experts=4, placement="contiguous") and hash(ffn)
+    assert LossConfig(group_cost_weights=[1, 2.5]).group_cost_weights == (1, 2.5)
+    with pytest.raises(ConfigError, match=r"^num_experts='8': expected a number"):
+        FFNConfig(num_experts="8")
