@@ -1,5 +1,5 @@
 """Run under torchrun: save the step-0 gradients of a parallel layout (single-process names, rank 0), then
-train the same config with the parallel training loop in the same process group.
+train the same config with the training loop in the same process group.
 
     torchrun --nproc-per-node N tests/unit/dist_worker.py GRADS.pt RUN.json OUT DATA
 """
@@ -23,7 +23,7 @@ from mohge.train.distributed.dcp import export_full
 from mohge.train.distributed.layout import check_layout
 from mohge.train.distributed.mesh import build_meshes
 from mohge.train.distributed.parallelize import parallelize, scale_expert_grads, sync_gradients_on
-from mohge.train.distributed.trainer import rank_stream, train_parallel
+from mohge.train.distributed.trainer import rank_stream
 
 
 def step0_grads(cfg: RunConfig, data_dir: str, out: str) -> None:
@@ -64,5 +64,5 @@ if __name__ == "__main__":
     cfg = load_run_config(config)
     step0_grads(cfg, data_dir, grads_path)
     rt = base.Runtime(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), None)
-    train_parallel(cfg, Path(out), Path(out) / ".scratch", data_dir, False, rt)
+    base._train(cfg, Path(out), Path(out) / ".scratch", data_dir, False, rt)
     dist.destroy_process_group()

@@ -1,20 +1,18 @@
-"""What the single-process loop and the parallel one share: the data folder of a run and the final outputs.
-
-:mod:`mohge.train.trainer` (one process, or DDP) and :mod:`mohge.train.distributed.trainer` (FSDP2 / expert
-parallelism) both import this module and neither imports the other: ``mohge.train.trainer.train`` chooses the
-loop, the parallel one does not call back into it.
+"""What the training loop needs before its first step and after its last: the run's data folder, its checks, and
+the final outputs beside the weights (config.json, tokenizer.json, the summary: :func:`finish`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mohge.config import ConfigError, RunConfig
 from mohge.config.provenance import code_version
-from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic, write_text_atomic
+from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
 from mohge.core.strict import to_dict
 from mohge.data import load_meta, prepare
 from mohge.data.facts import tokenizer_probe
@@ -23,7 +21,6 @@ from mohge.data.tokenizer import check_tokenizer, eot_id
 from mohge.model.params import count_params
 
 from . import checkpoint as ckpt
-from .heldout import heldout_loss
 from .runtime import Runtime
 
 log = logging.getLogger("mohge.train")
@@ -93,39 +90,45 @@ def data_seal(data_dir: Path) -> dict[str, Any]:
     }
 
 
-def finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time, val=None) -> dict:
-    """Write OUT/{model.safetensors, config.json, tokenizer.json, train_log.jsonl}; return the summary. With
-    ``val`` (the validation loss, computed by the caller) and no ``model``, the caller has written the weights
-    (the sharded path: :func:`mohge.train.distributed.dcp.write_safetensors`)."""
+@dataclass(frozen=True)
+class TrainResult:
+    """What the training loop hands to :func:`finish`: the run, where it ran, its log rows and how far it came."""
+
+    cfg: RunConfig
+    rt: Runtime
+    data_dir: Path
+    rows: list[dict[str, Any]]  # the whole log, the rows before a resume included
+    resumed_from_step: int
+    trained_tokens: int  # tokens of the steps this process ran (all ranks)
+    train_time: float  # seconds in those steps
+    val: dict[str, float]  # the final held-out loss (mohge.train.heldout.heldout_loss)
+
+
+def finish(out: Path, result: TrainResult) -> dict[str, Any]:
+    """Write OUT/{config.json, tokenizer.json} (the tokenizer only while it is still the one meta.json seals);
+    return the run's summary. The weights and the log are the training loop's to write."""
+    cfg, rt, data_dir = result.cfg, result.rt, Path(result.data_dir)
     tc = cfg.train
-    if model is not None:
-        (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
-        ckpt.write_model(out / "model.safetensors", model.state_dict())
-    write_json_atomic(out / "config.json", resolved)
-    tok_bytes = (Path(data_dir) / "tokenizer.json").read_bytes()
+    write_json_atomic(out / "config.json", ckpt.resolved_config(cfg))
+    tok_bytes = (data_dir / "tokenizer.json").read_bytes()
     _, _, tok_sha = sealed_entry(data_dir, load_meta(data_dir), "tokenizer.json")
     if ckpt.sha256_bytes(tok_bytes) != tok_sha:  # changed since the start: never sealed into the model folder
-        raise ConfigError(
-            f"{Path(data_dir) / 'tokenizer.json'} changed during training (sha256 differs from meta.json's)"
-        )
+        raise ConfigError(f"{data_dir / 'tokenizer.json'} changed during training (sha256 differs from meta.json's)")
     write_bytes_atomic(out / "tokenizer.json", tok_bytes)
-    write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-    if val is None:
-        val = heldout_loss(model, data_dir, "val", micro_B, cfg.data_config.seq_len, tc.eval_batches, rt.autocast)
-    last = next((r for r in reversed(rows) if "loss" in r), {})
+    last = next((r for r in reversed(result.rows) if "loss" in r), {})
     params = count_params(cfg.model)
     return {
         "name": cfg.name,
         "family": cfg.family,
         "steps": tc.steps,
-        "resumed_from_step": start,
+        "resumed_from_step": result.resumed_from_step,
         "tokens_trained": tc.steps * tc.batch_size * cfg.data_config.seq_len * rt.world,
         "final_train_loss": last.get("loss"),
         "final_lm_loss": last.get("lm_loss"),
-        "val_loss": val["loss"],
-        "val_ppl": val["ppl"],
-        "val_tokens": val["tokens"],
-        "tokens_per_s": trained_tokens / train_time if train_time > 0 else None,
+        "val_loss": result.val["loss"],
+        "val_ppl": result.val["ppl"],
+        "val_tokens": result.val["tokens"],
+        "tokens_per_s": result.trained_tokens / result.train_time if result.train_time > 0 else None,
         "device": str(rt.device),
         "world_size": rt.world,
         "precision": "bf16" if rt.autocast is not None else "fp32",

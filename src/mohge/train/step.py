@@ -1,6 +1,6 @@
-"""The pieces of one training step, shared by the single-process trainer (mohge.train) and the parallel one
-(mohge.train.distributed.trainer): the learning-rate schedule, the optimizer, the loss with its auxiliary terms, the
-finite check and optimizer step, the window meter of the log and the reading of an existing log on resume.
+"""The pieces of one training step, for the training loop (:mod:`mohge.train.trainer`) on every layout: the
+learning-rate schedule, the optimizer, the loss with its auxiliary terms, the finite check and optimizer step, the
+window meter of the log and the reading of an existing log on resume.
 The formulas are in mohge.train's docstring (docs/method.md §5.4, §6).
 
 Legend: B batch, S sequence length, L MoE layers.
@@ -112,13 +112,15 @@ def update_expert_bias(layers: list[MoELayer], step_counts: list[torch.Tensor], 
 
 
 class WindowMeter:
-    """Sums over one log window; routing sums stay on the device until a row is written."""
+    """Sums over one log window; routing sums stay on the device until a row is written. ``expert_flops`` sums the
+    training FLOPs of this rank's routed experts where the layout measures them (the sharded one does)."""
 
     def __init__(self) -> None:
         self.steps, self.micro, self.tokens, self.time = 0, 0, 0, 0.0
         self.sums = dict.fromkeys(("loss", "lm_loss", "aux_loss", "grad_norm"), 0.0)
         self.counts_LE: torch.Tensor | None = None
         self.aux_L: dict[str, torch.Tensor] = {}
+        self.expert_flops = torch.zeros((), dtype=torch.float64)
 
     def add_micro(self, layers: list[LayerStats]) -> None:
         self.micro += 1
@@ -139,6 +141,7 @@ class WindowMeter:
             "sums": dict(self.sums),
             "counts_LE": counts,
             "aux_L": {k: v.cpu() for k, v in self.aux_L.items()},
+            "expert_flops": self.expert_flops.clone(),
         }
 
     @classmethod
@@ -151,6 +154,7 @@ class WindowMeter:
             meter.sums = dict(state["sums"])
             meter.counts_LE = None if state["counts_LE"] is None else state["counts_LE"].to(device)
             meter.aux_L = {k: v.to(device) for k, v in state["aux_L"].items()}
+            meter.expert_flops = state.get("expert_flops", meter.expert_flops).clone()
         return meter
 
     def add_step(self, values: dict[str, float], tokens: int, seconds: float) -> None:

@@ -1,4 +1,5 @@
-"""Training: AdamW with linear warmup and cosine decay, clipping, accumulation, aux losses, DDP, resume.
+"""Training: AdamW with linear warmup and cosine decay, clipping, accumulation, aux losses, resume; one loop for
+every layout (one process, DDP, FSDP2 + expert parallelism).
 
     python -m mohge.train --config results/<run>/config.json --out results/<run>/model [--scratch DIR]
     torchrun --standalone --nproc_per_node=4 -m mohge.train --config ... --out ... --gpus 4
@@ -32,16 +33,23 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   tokenizer.json it was trained on); exit codes are mohge.core.cli's (docs/errors.md).
 * SIGTERM / SIGINT (mohge.train.runtime.GracefulStop): the current step finishes, every rank checkpoints that step,
   the locks are released and the command exits 128 + the signal's number with one line; the run resumes.
+* Layouts (:mod:`mohge.train.parallelism`): the loop below is the same for all; the layout builds and wraps the model,
+  syncs gradients under accumulation, clips, saves and resumes, computes the held-out loss and writes the final
+  weights. Without ``train.parallel`` (or in one process): :class:`~mohge.train.parallelism.Replicated`, one process
+  or DDP; with it under torchrun: :class:`mohge.train.distributed.trainer.Sharded`, FSDP2 + expert parallelism with
+  sharded checkpoints. Every layout checkpoints the same state (log-window meters included), appends log rows
+  durably, and trains with fused AdamW on CUDA (the default, foreach, implementation on a CPU).
 
-Log rows (SCRATCH/train_log.jsonl while running, each appended whole; copied to OUT at the end; on resume cut back
-to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
+Log rows (SCRATCH/train_log.jsonl while running, each appended whole and fsynced; copied to OUT at the end; on resume
+cut back to the checkpoint's step, whose window sums travel in the checkpoint), one per ``log_every`` steps:
 ``step`` is the 0-based index of the last step of the window; losses are means over the window (all ranks);
 ``aux`` the raw aux losses (no coefficient) summed over layers, ``aux_layers`` per layer; per MoE layer
 ``group_usage`` = routed slots per width class / all slots, ``mean_expert_width`` = sum_e share_e * width_e
 (the mean width of one routed slot) and ``activated_expert_width`` = topk * that (routed FFN width per token); the load
 ``expert_load`` = max / mean of the routed slots over experts (1: even), ``unused_experts`` (under 1 % of a uniform
 share), and ``rank_flops`` = max / mean routed FLOPs per rank of the config's placement at ``rank_flops_ep`` ranks
-(mohge.model.moe.routing_summary). The progress line shows the worst layer's three.
+(mohge.model.moe.routing_summary). The sharded layout adds its throughput columns
+(:data:`mohge.train.distributed.trainer.LOG_COLUMNS`). The progress line shows the worst layer's three.
 
 Legend: B batch, S sequence length, L MoE layers, E experts, G width classes (MoHGE groups), K top-k.
 """
@@ -70,10 +78,10 @@ from mohge.core.atomic import append_line, output_lock, write_json_atomic, write
 from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, setup_logging, user_errors
 from mohge.data import TokenStream
 from mohge.data.stream import TrainBatches
-from mohge.model import LanguageModel
+from mohge.model.moe import MoELayer
 
 from . import checkpoint as ckpt
-from .heldout import heldout_loss
+from .parallelism import Parallelism, Replicated
 from .runtime import (
     GracefulStop,
     LaunchError,
@@ -83,9 +91,8 @@ from .runtime import (
     peer_failure,
     set_deterministic,
     setup_runtime,
-    wrap_ddp,
 )
-from .setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
+from .setup import FINAL_FILES, TrainResult, check_data, data_seal, finish, resolve_data
 from .step import (
     NonFiniteLossError,
     WindowMeter,
@@ -133,16 +140,13 @@ def train(
         preflight.check_backend(cfg, on_cpu=rt.device.type == "cpu")
         if rt.device.type == "cpu":  # every CPU op we use has a deterministic kernel: bit-exact resume
             set_deterministic(True)
-        run = _train
-        if rt.world > 1 and cfg.train.parallel is not None:  # FSDP2 / expert parallelism: mohge.train.distributed
-            from .distributed.trainer import train_parallel as run
         with contextlib.ExitStack() as locks:
             stop = locks.enter_context(GracefulStop().installed())
             if rt.main:  # one writer per output: a second training on the same folders is refused
                 for folder in (out, scratch):
                     locks.enter_context(output_lock(folder, log))
             try:
-                return run(cfg, out, scratch, data, require_resume, rt, stop)
+                return _train(cfg, out, scratch, data, require_resume, rt, stop)
             except RuntimeError as err:
                 if rt.world == 1 or not peer_failure(err):
                     raise
@@ -160,6 +164,16 @@ def train(
             dist.destroy_process_group()
 
 
+def parallelism(cfg: RunConfig, rt: Runtime, scratch: Path) -> Parallelism:
+    """The layout of this run: FSDP2 / expert parallelism (mohge.train.distributed) with a ``train.parallel``
+    section on several ranks, else one process or DDP."""
+    if rt.world > 1 and cfg.train.parallel is not None:
+        from .distributed.trainer import Sharded
+
+        return Sharded(cfg, rt, scratch)
+    return Replicated(cfg, rt, scratch)
+
+
 def _train(
     cfg: RunConfig,
     out: Path,
@@ -168,143 +182,159 @@ def _train(
     require_resume: bool,
     rt: Runtime,
     stop: GracefulStop | None = None,
-) -> dict:
-    wall0, tc = time.perf_counter(), cfg.train
-    stop = stop or GracefulStop()
+) -> dict[str, Any]:
+    """The training loop, on the layout :func:`parallelism` chooses; returns the summary (rank 0's; {} elsewhere)."""
+    wall0, tc, stop = time.perf_counter(), cfg.train, stop or GracefulStop()
+    par = parallelism(cfg, rt, scratch)  # a parallel layout is checked before anything starts
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
-    scratch.mkdir(parents=True, exist_ok=True)
-    data_dir = resolve_data(cfg, data, scratch, rt)
-    if rt.main:  # before the first step: a broken tokenizer or changed token file is named, not trained on
-        check_data(cfg, data_dir, scratch)
-    rt.barrier()
-    stream, S = TokenStream.open(data_dir, "train"), cfg.data_config.seq_len
-    resolved = ckpt.resolved_config(cfg)
+    data_dir = _checked_data(cfg, data, scratch, rt)
+    S, micro_B = cfg.data_config.seq_len, tc.batch_size // tc.grad_accum
+    stream = par.train_stream(TokenStream.open(data_dir, "train"))
     random.seed(tc.seed)
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
-    model = LanguageModel(cfg.model, cfg.loss).to(rt.device)
+    model = par.build()
     opt = build_optimizer(model, tc, fused=rt.device.type == "cuda")
-
-    state = ckpt.resume_point(scratch, resolved, rt.main, rt.world, rt.device, require_resume)
-    start, last_good = 0, None
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["state"]["optimizer"])
-        rngs = state["state"]["rng"]
-        ckpt.restore_rng(rngs[rt.rank] if len(rngs) == rt.world else rngs[0])
-        start, last_good = state["step"], state["path"]
-        log.info("resuming from %s (step %d of %d, data %s)", last_good, start, tc.steps, state["data"])
-    batches = TrainBatches(
-        stream,
-        tc.data_order,
-        tc.batch_size,
-        S,
-        tc.seed,
-        rt.rank,
-        rt.world,
-        start,
-        ckpt.start_window(state and state["data"], tc.data_order, last_good),
-    )
-
+    at = par.resume(opt, require_resume)
+    if at.path is not None:
+        log.info("resuming from %s (step %d of %d, data %s)", at.path, at.step, tc.steps, at.data)
+    window0 = ckpt.start_window(at.data, tc.data_order, at.path)
+    batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, at.step, window0)
     log_path = scratch / "train_log.jsonl"
-    rows = read_log(log_path, start)
-    if rt.main:
-        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
-    net: torch.nn.Module = model
-    if rt.world > 1:
-        net = wrap_ddp(model, rt)
+    rows = _log_cut_to(log_path, at.step, rt)
     model.train()
-    micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
-    meters = state["state"].get("meters") if state is not None else None
-    own = None if not meters else meters[rt.rank] if len(meters) == rt.world else meters[0]
-    meter, trained_tokens, train_time = WindowMeter.from_state(own, rt.device), 0, 0.0
-
-    def save(step: int) -> Path | None:
-        rngs, meters = [ckpt.capture_rng()], [meter.state()]
-        if rt.world > 1:
-            rngs, meters = [None] * rt.world, [None] * rt.world
-            dist.all_gather_object(rngs, ckpt.capture_rng())
-            dist.all_gather_object(meters, meter.state())
-        path = None
-        if rt.main:
-            train_state = {"optimizer": opt.state_dict(), "scheduler": {"step": step}, "rng": rngs, "meters": meters}
-            path = ckpt.save_checkpoint(
-                scratch, step, model.state_dict(), train_state, resolved, tc.keep_checkpoints, batches.position(step)
-            )
-        rt.barrier()
-        return path
-
-    tty = sys.stderr.isatty()  # in a log file, one progress line per 30 s instead of ten per second
-    bar = tqdm(
-        total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=0.1 if tty else 30
-    )
+    tokens_per_step, last_good = tc.batch_size * S * rt.world, at.path
+    meter, trained_tokens, train_time = WindowMeter.from_state(at.meter, rt.device), 0, 0.0
     biased = bias_balanced(model)
-    with bar, stop.in_loop():
-        for s in range(start, tc.steps):
+    with _progress_bar(cfg, rt, at.step) as bar, stop.in_loop():
+        for s in range(at.step, tc.steps):
             t0 = time.perf_counter()
-            lr = lr_at(s, tc)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x_BS, y_BS = batches.batch(s)
-            if cfg.loss.balance_stats == "global_batch":
-                micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
-                set_global_balance(model, micro_x, rt, rt.autocast)
-            sums, step_counts = torch.zeros(3, device=rt.device), 0
-            for m in range(tc.grad_accum):
-                xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
-                sync = net.no_sync() if rt.world > 1 and m < tc.grad_accum - 1 else contextlib.nullcontext()
-                with sync:
-                    with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
-                        total, lm, aux, layers = compute_loss(net, xm, ym, cfg, s)
-                    (total / tc.grad_accum).backward()
-                sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
-                meter.add_micro(layers)
-                if biased:
-                    step_counts = step_counts + torch.stack([st.counts_E for st in layers])
-            if rt.world > 1:
-                dist.all_reduce(sums)
-                sums /= rt.world
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip or float("inf"))
-            vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
-            if biased:
-                update_expert_bias(biased, list(step_counts), rt)
+            vals = _step(s, par, opt, batches.batch(s), meter, biased, last_good)
             dt = time.perf_counter() - t0
             train_time += dt
             trained_tokens += tokens_per_step
             meter.add_step(vals, tokens_per_step, dt)
             bar.update(1)
             if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
-                row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
+                row = meter.row(s, lr_at(s, tc), cfg, rt, (s + 1) * tokens_per_step)
+                row.update(par.log_columns(row, meter))
                 if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
                     row["data"] = batches.position(s + 1)
                 meter = WindowMeter()
                 if rt.main:
-                    rows.append(row)
-                    append_line(log_path, json.dumps(row))
+                    _log_row(log_path, rows, row)
                     bar.set_postfix(progress(row))
             if tc.eval_every and (s + 1) % tc.eval_every == 0:
+                val = par.heldout(data_dir, micro_B)
                 if rt.main:
-                    val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
-                    row = {"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]}
-                    rows.append(row)
-                    append_line(log_path, json.dumps(row))
-                rt.barrier()
+                    _log_row(log_path, rows, {"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]})
             signum = stop.requested(rt)  # SIGTERM / SIGINT on any rank: every rank checkpoints this step
             if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps or signum:
-                last_good = save(s + 1)
+                last_good = par.save(s + 1, opt, meter, batches.position(s + 1))
             if signum:
-                raise Stopped(signum, s + 1, last_good or scratch / ckpt.step_dir_name(s + 1))
-
-    summary: dict[str, Any] = {}
-    if rt.main:
-        summary = finish(cfg, out, data_dir, model, rt, rows, resolved, start, micro_B, trained_tokens, train_time)
-        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
-        summary["wall_time_s"] = time.perf_counter() - wall0
-        write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete, sealed
-        log.info("done: %s", json.dumps(summary))
+                raise Stopped(signum, s + 1, last_good)
+    result = TrainResult(cfg, rt, data_dir, rows, at.step, trained_tokens, train_time, par.heldout(data_dir, micro_B))
+    summary = _write_outputs(out, par, result, batches.position(tc.steps), wall0)
     rt.barrier()
+    return summary
+
+
+def _checked_data(cfg: RunConfig, data: str | None, scratch: Path, rt: Runtime) -> Path:
+    """The run's prepared data folder (:func:`mohge.train.setup.resolve_data`), checked by rank 0 before the first
+    step: a broken tokenizer or a changed token file is named, not trained on."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    data_dir = resolve_data(cfg, data, scratch, rt)
+    if rt.main:
+        check_data(cfg, data_dir, scratch)
+    rt.barrier()
+    return data_dir
+
+
+def _log_cut_to(path: Path, step: int, rt: Runtime) -> list[dict[str, Any]]:
+    """The live log's rows before ``step`` (the resume point); rank 0 rewrites the file to hold just those."""
+    rows = read_log(path, step)
+    if rt.main:
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    rt.barrier()
+    return rows
+
+
+def _step(
+    s: int,
+    par: Parallelism,
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    meter: WindowMeter,
+    biased: list[MoELayer],
+    last_good: Path | None,
+) -> dict[str, float]:
+    """Step ``s`` on the batch ``(x_BS, y_BS)``: every micro-batch's forward and backward, the gradients reduced
+    and clipped, the optimizer step, then the selection bias of the ``biased`` layers; returns the step's logged
+    values (:func:`mohge.train.step.optimizer_step`)."""
+    cfg, rt = par.cfg, par.rt
+    tc, (x_BS, y_BS) = cfg.train, batch
+    for group in opt.param_groups:
+        group["lr"] = lr_at(s, tc)
+    micro_B = tc.batch_size // tc.grad_accum
+    if cfg.loss.balance_stats == "global_batch":
+        micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
+        set_global_balance(par.model, micro_x, rt, rt.autocast)
+    sums, step_counts = torch.zeros(3, device=rt.device), 0
+    for m in range(tc.grad_accum):
+        xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
+        with par.micro_batch(m, tc.grad_accum):
+            with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
+                total, lm, aux, layers = compute_loss(par.net, xm, ym, cfg, s)
+            (total / tc.grad_accum).backward()
+        sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
+        meter.add_micro(layers)
+        par.measure(meter, layers)
+        if biased:
+            step_counts = step_counts + torch.stack([st.counts_E for st in layers])
+    par.reduce_grads()
+    if rt.world > 1:  # the logged losses: the mean over ranks
+        dist.all_reduce(sums)
+        sums /= rt.world
+    gnorm = par.clip_grad_norm(tc.grad_clip)
+    vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
+    if biased:
+        update_expert_bias(biased, list(step_counts), rt)
+    return vals
+
+
+def _progress_bar(cfg: RunConfig, rt: Runtime, start: int) -> tqdm:
+    """Rank 0's progress line: ten updates a second on a terminal, one per 30 s in a log file."""
+    every = 0.1 if sys.stderr.isatty() else 30
+    return tqdm(
+        total=cfg.train.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=every
+    )
+
+
+def _log_row(path: Path, rows: list[dict[str, Any]], row: dict[str, Any]) -> None:
+    """Keep ``row`` and append it to the live log whole and durably (one write, then fsync)."""
+    rows.append(row)
+    append_line(path, json.dumps(row))
+
+
+def _write_outputs(
+    out: Path, par: Parallelism, result: TrainResult, data_position: dict[str, Any], wall0: float
+) -> dict[str, Any]:
+    """OUT: the weights (every rank: the layout exports them), then on rank 0 the log, config.json, tokenizer.json,
+    summary.json and, last, the manifest that seals the folder. Returns the summary (rank 0's; {} elsewhere)."""
+    if par.rt.main:
+        (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
+    par.export(out / "model.safetensors")
+    if not par.rt.main:
+        return {}
+    write_text_atomic(out / "train_log.jsonl", "".join(json.dumps(r) + "\n" for r in result.rows))
+    summary = finish(out, result)
+    summary["data_position"] = data_position  # random: the step; sequential: window, epoch, ...
+    summary.update(par.summary_columns(summary))
+    summary["wall_time_s"] = time.perf_counter() - wall0
+    write_json_atomic(out / "summary.json", summary)
+    ckpt.write_manifest(out, list(FINAL_FILES), data_seal(result.data_dir))  # last: the folder is complete, sealed
+    log.info("done: %s", json.dumps(summary))
     return summary
 
 

@@ -7,7 +7,7 @@
 * :mod:`.parallelize`  expert parallelism, activation checkpointing, compile and FSDP2 applied to a model
 * :mod:`.meta_init`  the model built on the meta device and materialised per rank after sharding
 * :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
-* :mod:`.trainer`  the training loop that ``python -m mohge.train`` enters under torchrun with a layout
+* :mod:`.trainer`  the sharded layout of the training loop (``python -m mohge.train`` under torchrun with a layout)
 * :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
 * :mod:`.memory`   activation bytes saved for the backward per token, for the planner
 

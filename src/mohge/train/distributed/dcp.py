@@ -5,6 +5,8 @@ Layout of ``SCRATCH/dcp`` (the single-process checkpoints of ``SCRATCH/step_*`` 
     step_00000050/        the state after 50 optimizer steps
       .metadata, *.distcp   DCP: model and AdamW state, sharded as trained, keyed by parameter name
       rng_00000.pt ...      each rank's RNG states (mohge.train.checkpoint.capture_rng)
+      meter_00000.pt ...    each rank's log-window meter (mohge.train.step.WindowMeter.state), as the
+                            single-process state.pt holds them
       data.json             the data position {"step": 50, "world_size": W, "order": ...}: random batches are a
                             pure function of (seed, step, rank, world); sequential ones add the global "window"
                             to read next ("epoch", "shard", "offset" say where), which any world size resumes
@@ -73,6 +75,12 @@ def _broadcast(value: Any) -> Any:
     return box[0]
 
 
+def _torch_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
 def save(
     root: Path,
     step: int,
@@ -81,9 +89,11 @@ def save(
     resolved: dict,
     keep: int,
     data: dict[str, Any] | None = None,
+    meter: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``root/step_{step:08d}`` from every rank (a collective); returns the folder. ``data`` is the data
-    position (``mohge.data.stream.TrainBatches.position``) that data.json holds."""
+    position (``mohge.data.stream.TrainBatches.position``) that data.json holds, ``meter`` this rank's log-window
+    meter."""
     rank, world = dist.get_rank(), dist.get_world_size()
     final = root / ckpt.step_dir_name(step)
     tmp = root / _broadcast(f".tmp-{final.name}-{os.getpid()}")
@@ -92,9 +102,9 @@ def save(
         tmp.mkdir(parents=True)
     dist.barrier()
     dcp.save(_state(model, opt), checkpoint_id=tmp)
-    buf = io.BytesIO()
-    torch.save(ckpt.capture_rng(), buf)
-    write_bytes_atomic(tmp / f"rng_{rank:05d}.pt", buf.getvalue())
+    write_bytes_atomic(tmp / f"rng_{rank:05d}.pt", _torch_bytes(ckpt.capture_rng()))
+    if meter is not None:
+        write_bytes_atomic(tmp / f"meter_{rank:05d}.pt", _torch_bytes(meter))
     dist.barrier()
     if rank == 0:
         write_json_atomic(tmp / "data.json", {**(data or {}), "step": step, "world_size": world})
@@ -120,12 +130,23 @@ def _without_parallel(d: dict) -> dict:
     return {**d, "train": {k: v for k, v in d["train"].items() if k != "parallel"}}
 
 
+def _load_rank_file(path: Path) -> Any:
+    """A per-rank file of a checkpoint (verified by its manifest): tensors and plain values only."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as err:  # a resealed file of other than tensors and plain values: never weights_only=False
+        raise ckpt.CheckpointError(
+            f"{path} does not load as tensors and plain values ({type(err).__name__}); it was not written by "
+            "mohge.train"
+        ) from err
+
+
 def resume(
     root: Path, resolved: dict, model: nn.Module, opt: torch.optim.Optimizer, require: bool
-) -> tuple[int, Path | None, dict[str, Any] | None]:
+) -> tuple[int, Path | None, dict[str, Any] | None, dict[str, Any] | None]:
     """Load the newest valid checkpoint of ``root`` into ``model`` and ``opt`` (collective): (step, folder, its
-    data position), or (0, None, None) when there is none (CheckpointError with ``require``). Rank 0 verifies
-    and chooses."""
+    data position, this rank's log-window meter), or (0, None, None, None) when there is none (CheckpointError
+    with ``require``). Rank 0 verifies and chooses."""
     rank, world = dist.get_rank(), dist.get_world_size()
     if rank == 0:
         ckpt.remove_stale_temps(root)
@@ -133,7 +154,7 @@ def resume(
     if not found:
         if require:
             raise ckpt.CheckpointError(f"--require-resume: no valid checkpoint in {root}")
-        return 0, None, None
+        return 0, None, None, None
     path = Path(found)
     saved = load_json_file(path / "config.json", "checkpoint file")
     ckpt.check_same_run(_without_parallel(saved), _without_parallel(resolved), path)
@@ -142,18 +163,14 @@ def resume(
     set_model_state_dict(model, state["model"])
     set_optimizer_state_dict(model, opt, state["optim"])
     data = load_json_file(path / "data.json", "checkpoint file")
-    # the same rank's RNG at the same world size (exact resume); rank 0's otherwise
-    rng = path / f"rng_{rank if data['world_size'] == world else 0:05d}.pt"
-    try:
-        rng_state = torch.load(rng, weights_only=True)
-    except Exception as err:  # a resealed file of other than tensors and plain values: never weights_only=False
-        raise ckpt.CheckpointError(
-            f"{rng} does not load as tensors and plain values ({type(err).__name__}); it was not written by mohge.train"
-        ) from err
-    ckpt.restore_rng(rng_state)
+    # the same rank's RNG and meter at the same world size (exact resume); rank 0's otherwise
+    own = rank if data["world_size"] == world else 0
+    ckpt.restore_rng(_load_rank_file(path / f"rng_{own:05d}.pt"))
+    meter_path = path / f"meter_{own:05d}.pt"
+    meter = _load_rank_file(meter_path) if meter_path.is_file() else None
     if data["world_size"] != world and rank == 0:
         log.warning("resuming a checkpoint of %d ranks on %d: resharded", data["world_size"], world)
-    return int(data["step"]), path, data
+    return int(data["step"]), path, data, meter
 
 
 def _full(t: torch.Tensor) -> torch.Tensor:

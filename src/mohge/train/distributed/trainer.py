@@ -1,51 +1,52 @@
-"""The training loop on a parallel layout: what ``python -m mohge.train`` runs under torchrun (WORLD_SIZE > 1)
+"""The sharded layout of the training loop: what ``python -m mohge.train`` runs on under torchrun (WORLD_SIZE > 1)
 when the run config has a ``train.parallel`` section.
 
-The objective, optimizer, schedule, clipping, log rows, non-finite guard and final outputs are those of
-:mod:`mohge.train` (its functions are reused); what changes:
+The loop is :func:`mohge.train.trainer._train`, the same on every layout (objective, optimizer, schedule, log rows,
+non-finite guard, checkpoint cadence, final outputs); :class:`Sharded` supplies what differs
+(:mod:`mohge.train.parallelism`):
 
 * the model is built on the meta device, parallelized (:func:`.parallelize.parallelize`: EP, activation
   checkpointing, compile, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
   so the same initial weights as one process; no rank ever holds more than its shards and one block);
+* gradients are reduce-scattered once a step, after the last micro-batch (:func:`.parallelize.sync_gradients_on`);
+  expert gradients are scaled to the mean over the world and the norm is taken over every rank's shards
+  (:func:`.parallelize.scale_expert_grads`, :func:`.parallelize.clip_grad_norm`);
 * every rank reads a disjoint part of the train split (``train.data_order``): random: rank r of W samples its
   windows only from tokens [r N / W, (r + 1) N / W), step s drawing ``get_batch(s, batch_size, seq_len,
   seed * 1000 + r)`` there; sequential: rank r reads the r-th ``batch_size`` of the next ``batch_size x W``
   windows of the whole split (:class:`mohge.data.stream.TrainBatches`), the global position checkpointed, so a
   run resumed on another world size reads on from the next window;
-* checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp); the final ``model.safetensors`` is streamed from
-  the shards to rank 0 one parameter at a time (:func:`.dcp.write_safetensors`), the final validation loss
-  computed on the sharded model;
-* log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device) and
-  ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window).
+* checkpoints are sharded (:mod:`.dcp`, under SCRATCH/dcp); the held-out loss is computed on the sharded model by
+  every rank; the final ``model.safetensors`` is streamed from the shards to rank 0 one parameter at a time
+  (:func:`.dcp.write_safetensors`);
+* log rows add ``model_flops_per_token``, ``mfu`` (against ``train.parallel.peak_tflops`` per device),
+  ``expert_flops_per_rank`` (training FLOPs of each rank's local experts per step, mean over the window) with its
+  max / mean ``expert_flops_max_mean``, and under expert parallelism the measured ``expert_seconds_per_rank`` with
+  ``expert_seconds_max_mean`` (:data:`LOG_COLUMNS`); the summary adds ``mfu``, ``model_flops_per_token`` and the
+  ``layout``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import json
 import logging
-import random
-import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
+import torch.nn as nn
 
 from mohge.config import ConfigError, RunConfig
-from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.data import TokenStream
-from mohge.data.stream import TrainBatches
 from mohge.model import LanguageModel
 from mohge.model.moe import LayerStats
 
-from .. import checkpoint as ckpt
-from .. import step as training
 from ..heldout import heldout_loss
-from ..runtime import GracefulStop, Runtime, Stopped
-from ..setup import FINAL_FILES, check_data, data_seal, finish, resolve_data
+from ..parallelism import Parallelism, Resumed
+from ..runtime import Runtime
+from ..step import WindowMeter
 from . import dcp
 from .ep_layer import ExpertParallelExperts
 from .flops import expert_flops, model_flops_per_token
@@ -55,6 +56,16 @@ from .meta_init import build_on_meta, materialize
 from .parallelize import clip_grad_norm, parallelize, scale_expert_grads, sync_gradients_on
 
 log = logging.getLogger("mohge.train.distributed")
+
+# The log row's columns this layout adds (:meth:`Sharded.log_columns`; the expert seconds under expert parallelism).
+LOG_COLUMNS = (
+    "model_flops_per_token",
+    "mfu",
+    "expert_flops_per_rank",
+    "expert_flops_max_mean",
+    "expert_seconds_per_rank",
+    "expert_seconds_max_mean",
+)
 
 
 def rank_stream(stream: TokenStream, rank: int, world: int, seq_len: int) -> TokenStream:
@@ -85,149 +96,75 @@ def step_expert_flops(model: LanguageModel, layers: list[LayerStats]) -> torch.T
     return total
 
 
-def train_parallel(
-    cfg: RunConfig,
-    out: Path,
-    scratch: Path,
-    data: str | None,
-    require_resume: bool,
-    rt: Runtime,
-    stop: GracefulStop | None = None,
-) -> dict[str, Any]:
-    """Train ``cfg`` on the layout ``cfg.train.parallel`` over the world of ``rt``; returns the summary."""
-    stop = stop or GracefulStop()
-    layout = check_layout(cfg, rt.world)
-    wall0, tc = time.perf_counter(), cfg.train
-    if tc.threads > 0:
-        torch.set_num_threads(tc.threads)
-    scratch.mkdir(parents=True, exist_ok=True)
-    data_dir = resolve_data(cfg, data, scratch, rt)
-    if rt.main:  # before the first step, as one process does: a changed shard or tokenizer is named, not trained on
-        check_data(cfg, data_dir, scratch)
-    rt.barrier()
-    S = cfg.data_config.seq_len
-    stream = TokenStream.open(data_dir, "train")
-    if tc.data_order == "random":
-        stream = rank_stream(stream, rt.rank, rt.world, S)
-    resolved = ckpt.resolved_config(cfg)
-    random.seed(tc.seed)
-    np.random.seed(tc.seed)
-    torch.manual_seed(tc.seed)
-    model, rng = build_on_meta(cfg)  # no storage yet: each rank materialises its own shards after sharding
-    parallelize(model, layout, build_meshes(layout, rt.device.type), rt.device)
-    materialize(model, rng, rt.device)  # the same initial weights as one process, one part at a time
-    opt = training.build_optimizer(model, tc)
-    dcp_root = scratch / "dcp"
-    start, last_good, position = dcp.resume(dcp_root, resolved, model, opt, require_resume)
-    if last_good is not None:
-        log.info("resuming from %s (step %d of %d, data %s)", last_good, start, tc.steps, position)
-    window0 = ckpt.start_window(position, tc.data_order, last_good)
-    batches = TrainBatches(stream, tc.data_order, tc.batch_size, S, tc.seed, rt.rank, rt.world, start, window0)
-    log_path = scratch / "train_log.jsonl"
-    rows = training.read_log(log_path, start)
-    if rt.main:
-        write_text_atomic(log_path, "".join(json.dumps(r) + "\n" for r in rows))
-    rt.barrier()
-    if rt.main:
-        log.info("layout %s on %s", layout, rt.device)
-    model.train()
-    micro_B, tokens_per_step = tc.batch_size // tc.grad_accum, tc.batch_size * S * rt.world
-    fpt = model_flops_per_token(cfg.model, S)
-    meter, trained_tokens, train_time = training.WindowMeter(), 0, 0.0
-    flops_window = torch.zeros((), dtype=torch.float64)
-    bar = tqdm(total=tc.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=30)
-    log_fh = open(log_path, "a") if rt.main else None  # noqa: SIM115 (closed below)
-    biased = training.bias_balanced(model)
-    try:
-        with stop.in_loop():
-            for s in range(start, tc.steps):
-                t0 = time.perf_counter()
-                lr = training.lr_at(s, tc)
-                for group in opt.param_groups:
-                    group["lr"] = lr
-                x_BS, y_BS = batches.batch(s)
-                if cfg.loss.balance_stats == "global_batch":
-                    micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
-                    training.set_global_balance(model, micro_x, rt, rt.autocast)
-                sums, step_counts = torch.zeros(3, device=rt.device), 0
-                for m in range(tc.grad_accum):
-                    sync_gradients_on(model, m, tc.grad_accum)  # one reduce-scatter a step, after the last micro-batch
-                    xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
-                    with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
-                        total, lm, aux, layers = training.compute_loss(model, xm, ym, cfg, s)
-                    (total / tc.grad_accum).backward()
-                    sums += torch.stack([total, lm, aux]).detach().float() / tc.grad_accum
-                    meter.add_micro(layers)
-                    flops_window += step_expert_flops(model, layers)
-                    if biased:
-                        step_counts = step_counts + torch.stack([st.counts_E for st in layers])
-                scale_expert_grads(model, layout)
-                dist.all_reduce(sums)
-                sums /= rt.world
-                gnorm = clip_grad_norm(model, tc.grad_clip, layout)
-                vals = training.optimizer_step(s, sums, gnorm, opt, rt, last_good)
-                if biased:
-                    training.update_expert_bias(biased, list(step_counts), rt)
-                dt = time.perf_counter() - t0
-                train_time += dt
-                trained_tokens += tokens_per_step
-                meter.add_step(vals, tokens_per_step, dt)
-                bar.update(1)
-                if (s + 1) % tc.log_every == 0 or s + 1 == tc.steps:
-                    row = meter.row(s, lr, cfg, rt, (s + 1) * tokens_per_step)
-                    row.update(throughput(row, fpt, flops_window / meter.steps, layout, rt.device, model, meter.steps))
-                    if tc.data_order == "sequential":  # where the next step reads (epoch, shard, offset for humans)
-                        row["data"] = batches.position(s + 1)
-                    meter, flops_window = training.WindowMeter(), torch.zeros((), dtype=torch.float64)
-                    bar.set_postfix(training.progress(row))
-                    if rt.main:
-                        rows.append(row)
-                        log_fh.write(json.dumps(row) + "\n")
-                        log_fh.flush()
-                if tc.eval_every and (s + 1) % tc.eval_every == 0:  # every rank: the sharded model, the same batches
-                    with torch.no_grad():
-                        val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
-                    if rt.main:
-                        rows.append({"step": s, "val_loss": val["loss"], "val_ppl": val["ppl"]})
-                        log_fh.write(json.dumps(rows[-1]) + "\n")
-                        log_fh.flush()
-                signum = stop.requested(rt)  # SIGTERM / SIGINT on any rank: every rank checkpoints this step
-                if (s + 1) % tc.ckpt_every == 0 or s + 1 == tc.steps or signum:
-                    last_good = dcp.save(
-                        dcp_root, s + 1, model, opt, resolved, tc.keep_checkpoints, batches.position(s + 1)
-                    )
-                if signum:
-                    raise Stopped(signum, s + 1, last_good)
-    finally:
-        bar.close()
-        if log_fh is not None:
-            log_fh.close()
-    # the final outputs from the shards: the validation loss on every rank, the weights streamed to rank 0
-    # one parameter at a time (no rank holds the whole model)
-    with torch.no_grad():
-        val = heldout_loss(model, data_dir, "val", micro_B, S, tc.eval_batches, rt.autocast)
-    if rt.main:
-        (out / ckpt.MANIFEST).unlink(missing_ok=True)  # a folder being rewritten is unsealed until the end
-    dcp.write_safetensors(out / "model.safetensors", model, cfg.model, layout)
-    summary: dict[str, Any] = {}
-    if rt.main:
-        summary = finish(
-            cfg, out, data_dir, None, rt, rows, resolved, start, micro_B, trained_tokens, train_time, val=val
-        )
-        summary["data_position"] = batches.position(tc.steps)  # random: the step; sequential: window, epoch, ...
-        tps = summary["tokens_per_s"]
-        mfu = tps * fpt / (rt.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
-        summary.update(
-            mfu=mfu,
-            model_flops_per_token=fpt,
-            layout={"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "ep": layout.ep},
-        )
-        summary["wall_time_s"] = time.perf_counter() - wall0
-        write_json_atomic(out / "summary.json", summary)
-        ckpt.write_manifest(out, list(FINAL_FILES), data_seal(data_dir))  # last: the folder is complete and sealed
-        log.info("done: %s", json.dumps(summary))
-    rt.barrier()
-    return summary
+class Sharded(Parallelism):
+    """FSDP2 + expert parallelism over the layout ``cfg.train.parallel`` (checked against the world at once,
+    before anything starts), with DCP checkpoints (module docstring)."""
+
+    def __init__(self, cfg: RunConfig, rt: Runtime, scratch: Path) -> None:
+        self.layout = check_layout(cfg, rt.world)
+        super().__init__(cfg, rt, scratch)
+        self.flops_per_token = model_flops_per_token(cfg.model, cfg.data_config.seq_len)
+
+    def train_stream(self, stream: TokenStream) -> TokenStream:
+        if self.cfg.train.data_order == "random":
+            return rank_stream(stream, self.rt.rank, self.rt.world, self.cfg.data_config.seq_len)
+        return stream
+
+    def build(self) -> nn.Module:
+        model, rng = build_on_meta(self.cfg)  # no storage yet: each rank materialises its own shards after sharding
+        parallelize(model, self.layout, build_meshes(self.layout, self.rt.device.type), self.rt.device)
+        materialize(model, rng, self.rt.device)  # the same initial weights as one process, one part at a time
+        if self.rt.main:
+            log.info("layout %s on %s", self.layout, self.rt.device)
+        self.model = self.net = model
+        return model
+
+    def micro_batch(self, m: int, micro_batches: int) -> contextlib.AbstractContextManager:
+        sync_gradients_on(self.model, m, micro_batches)  # one reduce-scatter a step, after the last micro-batch
+        return contextlib.nullcontext()
+
+    def reduce_grads(self) -> None:
+        scale_expert_grads(self.model, self.layout)
+
+    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
+        return clip_grad_norm(self.model, max_norm, self.layout)
+
+    def save(self, step: int, opt: torch.optim.Optimizer, meter: WindowMeter, data: dict[str, Any]) -> Path:
+        keep = self.cfg.train.keep_checkpoints
+        return dcp.save(self.scratch / "dcp", step, self.model, opt, self.resolved, keep, data, meter.state())
+
+    def resume(self, opt: torch.optim.Optimizer, require: bool) -> Resumed:
+        step, path, data, meter = dcp.resume(self.scratch / "dcp", self.resolved, self.model, opt, require)
+        return Resumed(step, path, data, meter)
+
+    def heldout(self, data_dir: Path, batch_size: int) -> dict[str, float] | None:
+        tc, S = self.cfg.train, self.cfg.data_config.seq_len  # every rank: the sharded model, the same batches
+        return heldout_loss(self.model, data_dir, "val", batch_size, S, tc.eval_batches, self.rt.autocast)
+
+    def export(self, path: Path) -> None:
+        dcp.write_safetensors(path, self.model, self.cfg.model, self.layout)
+
+    def measure(self, meter: WindowMeter, layers: list[LayerStats]) -> None:
+        meter.expert_flops += step_expert_flops(self.model, layers)
+
+    def log_columns(self, row: dict[str, Any], meter: WindowMeter) -> dict[str, Any]:
+        per_step = meter.expert_flops / meter.steps
+        return throughput(row, self.flops_per_token, per_step, self.layout, self.rt.device, self.model, meter.steps)
+
+    def summary_columns(self, summary: dict[str, Any]) -> dict[str, Any]:
+        layout, tps = self.layout, summary["tokens_per_s"]
+        return {
+            "mfu": mfu(tps, self.flops_per_token, layout),
+            "model_flops_per_token": self.flops_per_token,
+            "layout": {"dp_replicate": layout.dp_replicate, "dp_shard": layout.dp_shard, "ep": layout.ep},
+        }
+
+
+def mfu(tokens_per_s: float | None, flops_per_token: float, layout: Layout) -> float | None:
+    """Model FLOPs utilisation against ``train.parallel.peak_tflops`` per device (None without either)."""
+    if not tokens_per_s or not layout.peak_tflops:
+        return None
+    return tokens_per_s * flops_per_token / (layout.world * layout.peak_tflops * 1e12)
 
 
 def throughput(
@@ -248,9 +185,11 @@ def throughput(
     per_rank = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(layout.world)]
     dist.all_gather(per_rank, mine.to(device, torch.float64))
     flops, seconds = ([float(r[i]) for r in per_rank] for i in (0, 1))
-    tps = row.get("tokens_per_s")
-    mfu = tps * fpt / (layout.world * layout.peak_tflops * 1e12) if tps and layout.peak_tflops else None
-    out = {"model_flops_per_token": fpt, "mfu": mfu, "expert_flops_per_rank": flops}
+    out = {
+        "model_flops_per_token": fpt,
+        "mfu": mfu(row.get("tokens_per_s"), fpt, layout),
+        "expert_flops_per_rank": flops,
+    }
     out["expert_flops_max_mean"] = max(flops) / (sum(flops) / len(flops)) if sum(flops) > 0 else None
     if timers:
         out["expert_seconds_per_rank"] = seconds
