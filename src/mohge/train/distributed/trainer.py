@@ -5,7 +5,7 @@ The objective, optimizer, schedule, clipping, log rows, non-finite guard and fin
 :mod:`mohge.train` (its functions are reused); what changes:
 
 * the model is built on the meta device, parallelized (:func:`.parallelize.parallelize`: EP, activation
-  checkpointing, compile, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
+  checkpointing, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
   so the same initial weights as one process; no rank ever holds more than its shards and one block);
 * every rank reads a disjoint part of the train split (``train.data_order``): random: rank r of W samples its
   windows only from tokens [r N / W, (r + 1) N / W), step s drawing ``get_batch(s, batch_size, seq_len,
