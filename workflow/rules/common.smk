@@ -82,8 +82,20 @@ def data_job_minutes(dataset, attempt, hub_minutes):
     return PLAN.data_job_minutes(dataset, attempt, hub_minutes)
 
 
+def dataset_section(dataset):
+    return PLAN.dataset_section(dataset)
+
+
+def train_section(run):
+    return PLAN.train_section(run)
+
+
+def run_config_json(run):
+    return PLAN.run_config_json(run)
+
+
 def train_digest(wildcards):
-    return digest(PLAN.train_section(wildcards.run))
+    return digest(train_section(wildcards.run))
 
 
 def eval_mem_mb(wildcards):

@@ -6,11 +6,11 @@ rule dataset_config:
         f"{LOGS}/data/{{dataset}}.config.log",
     localrule: True
     params:
-        data=lambda wc: digest(PLAN.dataset_section(wc.dataset)),  # a changed data section reruns
+        data=lambda wc: digest(dataset_section(wc.dataset)),  # a changed data section reruns
     run:
         from mohge.core.atomic import write_text_atomic
 
-        section = PLAN.dataset_section(wildcards.dataset)
+        section = dataset_section(wildcards.dataset)
         write_text_atomic(output[0], json.dumps(section, sort_keys=True) + "\n")
         write_text_atomic(log[0], f"data {params.data}\n")
 

@@ -12,7 +12,7 @@ rule run_config:
     run:
         from mohge.core.atomic import write_text_atomic
 
-        write_text_atomic(output[0], PLAN.run_config_json(wildcards.run))
+        write_text_atomic(output[0], run_config_json(wildcards.run))
         write_text_atomic(log[0], f"train {params.train} eval {params.eval}\n")
 
 
@@ -29,7 +29,7 @@ rule train_config:
     run:
         from mohge.core.atomic import write_text_atomic
 
-        section = PLAN.train_section(wildcards.run)
+        section = train_section(wildcards.run)
         write_text_atomic(
             output[0], json.dumps(section, sort_keys=True, indent=2) + "\n"
         )
