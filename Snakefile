@@ -30,8 +30,4 @@ include: "workflow/rules/figures.smk"
 rule all:
     default_target: True
     input:
-        all_tables(),
-        all_figures(),
-        study_outputs(STUDY),
-        inference_outputs(STUDY),
-        pending_run_outputs(),
+        PLAN.all_targets(),

@@ -10,12 +10,14 @@ Subpackages, one per subsystem, lowest layer first:
   evaluate  lm-eval tasks and the adapter, held-out metrics, routing traces, the Hugging Face export
   analysis  the utilization study and its timing harness, result tables, the claims, the planner
   bench     benchmarks (python -m mohge.bench)
+  workflow  what the Snakemake workflow plans from a config (runs, committed runs, targets, settings, job sizes)
 
 The layer rule: a module imports only its own subpackage and the layers listed before it; ``model`` and ``data``
 are siblings and never import each other; no import circle, imports inside functions included
 (tests/unit/test_layout.py checks every import). ``mohge.kernels`` lives in the top-level ``kernels/`` folder
 (the install maps it there, pyproject.toml's package-dir), sits below ``model`` and imports nothing of mohge but
-``mohge.core.vocab``. The modules directly in this folder are the commands that keep their names
+``mohge.core.vocab``. ``workflow`` sits at the top beside the command modules (workflow/rules/common.smk imports
+it; nothing in the package does). The modules directly in this folder are the commands that keep their names
 (``mohge traces`` ...), each a few lines calling its subsystem's ``main``.
 
 The layer API (docs/api.md) is importable from here: ``from mohge import MoHGELayer`` (also ``MoELayer`` and

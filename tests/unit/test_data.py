@@ -480,7 +480,7 @@ def write_text_files(folder, n):
 def test_text_single_file_is_cut_into_contiguous_chunks_at_line_ends(tmp_path):
     write_text_files(tmp_path / "t", 1)
     original = (tmp_path / "t" / "f0.txt").read_text()
-    cfg = DataConfig(source="text", text_files=(str(tmp_path / "t" / "f0.txt"),), vocab_size=300)
+    cfg = DataConfig(source="text", text_files=(str(tmp_path / "t" / "f0.txt"),), vocab_size=300, seq_len=16)
     cfg = DataConfig.from_dict({**cfg.to_dict(), "val_fraction": 0.1, "test_fraction": 0.2})
     docs = data.build_docs(cfg)
     parts = [docs[s][0].text for s in ("train", "val", "test")]
@@ -536,7 +536,7 @@ def test_hf_local_dataset_dict(tmp_path, monkeypatch):
         }
     )
     dd.save_to_disk(str(tmp_path / "ds"))
-    cfg = DataConfig(source="hf", hf_local_path=str(tmp_path / "ds"), vocab_size=300)
+    cfg = DataConfig(source="hf", hf_local_path=str(tmp_path / "ds"), vocab_size=300, seq_len=16)
     meta = prepare(cfg, tmp_path / "out")
     assert meta["num_docs"] == {"train": 39, "val": 5, "test": 6}
     records = [json.loads(line) for line in (tmp_path / "out" / "test_docs.jsonl").read_text().splitlines()]

@@ -123,6 +123,7 @@ def test_text_split_streams_are_the_recorded_bytes(kind, tmp_path):
     files = [str(folder / "*.txt")] if kind == "many" else [str(folder / "f0.txt")]
     for n in (1, 3):
         cfg = {"source": "text", "text_files": files, "vocab_size": 300, "val_fraction": 0.2, "test_fraction": 0.1}
+        cfg["seq_len"] = 16  # one chunk of one file holds a few windows
         meta = prepare(DataConfig.from_dict({**cfg, "num_shards": n}), tmp_path / f"out{n}")
         check_recorded(tmp_path / f"out{n}", meta, {f"{s}.bin": h for s, h in RECORDED_TEXT[kind].items()}, n)
         assert meta["split"] == {"method": "index", "unit": "file" if kind == "many" else "chunk", "seed": 0,
@@ -285,3 +286,13 @@ def test_hub_tokenizer_is_refused_offline_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ConfigError, match="data.tokenizer_hub='gpt2': HF_HUB_OFFLINE is set"):
         prepare(DataConfig.from_dict({**GRADED, "tokenizer_hub": "gpt2"}), tmp_path)
+
+
+def test_a_held_out_split_shorter_than_one_window_is_refused_by_the_gather(tmp_path):
+    """A split's token count is known first when the gather sums the shards (it follows from the trained
+    tokenizer): a val or test split without one window of seq_len + 1 tokens is refused there, naming the key,
+    before meta.json exists and before any training job starts."""
+    cfg = DataConfig.from_dict({"source": "graded", "vocab_size": 300, "seq_len": 4096, "graded_num_docs": 60})
+    with pytest.raises(ConfigError, match=r"^data\.seq_len=4096: the val split of .* fewer than one window"):
+        prepare(cfg, tmp_path / "d")
+    assert not (tmp_path / "d" / "meta.json").exists()

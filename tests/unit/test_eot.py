@@ -162,6 +162,7 @@ def test_a_tokenizer_without_the_eot_token_is_refused_naming_the_key(tmp_path, c
 
 
 def test_our_bpe_puts_the_configured_eot_token_at_id_zero(tmp_path):
-    meta = prepare(DataConfig.from_dict({"source": "graded", "graded_num_docs": 30, "eot_token": "</s>"}), tmp_path)
+    cfg = {"source": "graded", "graded_num_docs": 30, "eot_token": "</s>", "seq_len": 16}
+    meta = prepare(DataConfig.from_dict(cfg), tmp_path)
     assert meta["eot_id"] == 0 and meta["tokenizer"]["eot_token"] == "</s>"
     assert Tokenizer.from_file(str(tmp_path / "tokenizer.json")).token_to_id("</s>") == 0

@@ -77,6 +77,12 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
     assert np.array_equal(test[:, :-1], capacity.fact_rows(cfg())[:, 1:].numpy())
 
 
+def test_the_config_fixes_the_held_out_split_sizes(data_dir):
+    """What plan time checks seq_len against (DataConfig.heldout_tokens) is what preparation writes."""
+    meta = json.loads((data_dir / "meta.json").read_text())
+    assert meta["tokens"]["val"] == meta["tokens"]["test"] == cfg().heldout_tokens == N * 5 + 1
+
+
 def test_every_training_window_starts_with_the_scored_context(data_dir):
     from mohge.data.stream import TokenStream
 
@@ -106,6 +112,7 @@ def test_the_word_level_tokenizer_is_a_real_tokenizer_json(data_dir):
         ({"facts_value_tokens": 1}, "data.facts_value_tokens"),
         ({"tokenizer_file": "x.json"}, "data.tokenizer_file"),
         ({"facts_nmu": 3}, "data.facts_nmu"),
+        ({"facts_num": 4}, "data.seq_len"),  # val and test hold 4 x 5 + 1 tokens: no window of 26
     ],
 )
 def test_mistakes_are_refused_naming_the_key(over, key):

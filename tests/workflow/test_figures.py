@@ -23,10 +23,42 @@ WIDTHS = (384, 512, 640, 768, 896, 1024, 1152, 1280)
 T975_2 = 4.302652729749462  # Student t quantile 0.975 on 2 df (scipy.stats.t.ppf)
 
 
+def rule_params() -> dict[str, dict]:
+    """The params the rules give each script that takes values of a study's config, for the claims study
+    (configs/study.yaml): read through the typed sections as the rules read them (mohge.workflow.settings)."""
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config
+    from mohge.workflow.settings import study_param
+
+    configs = SCRIPTS.parents[1] / "configs"
+    claims = merge_config(load_yaml_or_json(configs / "config.yaml"), load_yaml_or_json(configs / "study.yaml"))
+
+    def p(key: str):
+        return study_param(claims, key)
+
+    ratio = {"dataset": p("dataset"), "bar": p("balance_bar")}
+    return {
+        "study_quality": {"dataset": p("dataset"), "metric": p("metric")},
+        "study_tests": {"metric": p("metric"), "margin": p("margin")},
+        "study_balance": {**ratio, "models": ["mohge", p("reference")], "ep_sizes": p("ep_sizes")}
+        | {"decision_ep": p("balance_ep")},
+        "study_frontier": {**ratio, "ep": p("balance_ep"), "metric": p("metric")},
+        "plot_quality_params": {"metric": p("metric")},
+        "make_tables": {"alpha": p("alpha")},
+    }
+
+
+RULE_PARAMS = rule_params()
+
+
 def load(name: str):
+    """A script as a module whose ``main`` gets the params its rule gives it, under those a test passes."""
     spec = importlib.util.spec_from_file_location(f"figscript_{name}", SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if name in RULE_PARAMS and hasattr(module, "main"):
+        main = module.main
+        module.main = lambda inputs, outputs, params: main(inputs, outputs, {**RULE_PARAMS[name], **params})
     return module
 
 

@@ -42,11 +42,25 @@ def smoke_with(**sections) -> str:
     return yaml.safe_dump(cfg)
 
 
+FACTS_VOCAB = {"facts_key_tokens": 127, "facts_value_tokens": 128}  # with end-of-text and unk: 257 words
 CASES = {
     "max_seq_len": (smoke_with(model={"max_seq_len": 64}), "model.max_seq_len=64: taken from the dataset"),
     "ep_sizes": (smoke_with(utilization={"ep_sizes": [2, 3]}), "utilization.ep_sizes[1]=3: does not divide"),
     "alias_bomb": ("study: bomb\n" + alias_bomb(), "an alias bomb"),
     "duplicate_key": ("study: dup\neval: {limit: 3}\neval: {limit: 4}\n", "duplicate key 'eval' (first at line 2)"),
+    # {dataset}-{family}-{variant}-s{seed} would not split back into its parts
+    "variant_hyphen": (
+        smoke_with(experiments=[{"dataset": "graded", "families": ["mohge"], "variants": {"my-var": {}}}]),
+        "experiments[0].variants='my-var': '-' separates the parts of a run name",
+    ),
+    # 4 facts of 5 tokens and one end-of-text: val and test hold 21 tokens, no window of seq_len + 1 = 26
+    "seq_len_over_held_out": (
+        smoke_with(
+            datasets={"facts": {"source": "facts", "vocab_size": 257, "seq_len": 25, "facts_num": 4, **FACTS_VOCAB}},
+            experiments=[{"dataset": "facts", "families": ["mohge"]}],
+        ),
+        "datasets.facts.seq_len=25: longer than the val and test splits of source 'facts' (21 tokens each",
+    ),
 }
 
 

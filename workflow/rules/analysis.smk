@@ -48,19 +48,15 @@ rule utilization:
         "../envs/train.yaml"
     # the measurement (measure_nproc > 0, MoHGE only) runs torch.distributed ranks as processes; the analytic
     # placement alone is one thread, so it runs beside a training
-    threads: lambda wc: utilization_nproc(wc.run) or 1
+    threads: lambda wc: PLAN.utilization_nproc(wc.run) or 1
     resources:
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:
         out=lambda wc, output: os.path.dirname(output.summary),
-        strategies=UTIL.get("strategies", ["contiguous", "all_size"]),
-        ep=UTIL.get("ep_sizes", [2, 4, 8]),
-        measure=lambda wc: (
-            ["--measure", "--nproc", utilization_nproc(wc.run)]
-            if utilization_nproc(wc.run)
-            else []
-        ),
+        strategies=list(PLAN.util.strategies),
+        ep=list(PLAN.util.ep_sizes),
+        measure=lambda wc: PLAN.utilization_measure(wc.run),
     shell:
         "python -m mohge utilization --trace {input.trace:q} --strategies {params.strategies:q}"
         " --ep {params.ep:q} {params.measure:q} --out {params.out:q} > {log:q} 2>&1"
@@ -73,8 +69,8 @@ rule collect:
         metrics=expand(f"{RES}/runs/{{run}}/metrics.json", run=RUNS),
         params=expand(f"{RES}/runs/{{run}}/params.json", run=RUNS),
         presets=expand(f"{RES}/params/preset-{{preset}}.json", preset=PRESETS),
-        traces=expand(f"{RES}/runs/{{run}}/trace.json", run=trace_runs()),
-        utilization=expand(f"{RES}/utilization/{{run}}/summary.csv", run=trace_runs()),
+        traces=expand(f"{RES}/runs/{{run}}/trace.json", run=PLAN.traced),
+        utilization=expand(f"{RES}/utilization/{{run}}/summary.csv", run=PLAN.traced),
     output:
         runs=f"{RES}/runs.csv",
         curves=f"{RES}/curves.csv",
@@ -90,7 +86,7 @@ rule collect:
     params:
         results=lambda wc, output: os.path.dirname(output.runs),
         runs=list(RUNS),
-        traced=trace_runs(),
+        traced=PLAN.traced,
         presets=PRESETS,
     shell:
         "python -m mohge collect --results {params.results:q} --runs {params.runs:q} --traced {params.traced:q}"
@@ -100,7 +96,7 @@ rule collect:
 rule inference_table:
     # Every run's inference record into one row per run and knob point, and T4 (means over seeds).
     input:
-        records=expand(f"{RES}/inference/{{run}}.json", run=inference_runs()),
+        records=expand(f"{RES}/inference/{{run}}.json", run=PLAN.inference_runs()),
     output:
         rows=f"{RES}/inference.csv",
         csv=f"{RES}/tables/T4_inference.csv",

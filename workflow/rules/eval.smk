@@ -19,8 +19,8 @@ rule evaluate:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=eval_gpus(),
-        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
+        gpu=PLAN.eval_gpus(),
+        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
         runtime=eval_runtime,
     params:
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
@@ -51,8 +51,8 @@ rule trace:
         "../envs/train.yaml"
     threads: 1
     resources:
-        gpu=eval_gpus(),
-        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
+        gpu=PLAN.eval_gpus(),
+        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
         runtime=eval_runtime,
     params:
         trace=lambda wc: digest(
@@ -60,7 +60,7 @@ rule trace:
         ),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
-        device="cuda" if eval_gpus() else "cpu",
+        device="cuda" if PLAN.eval_gpus() else "cpu",
     shell:
         "python -m mohge traces --ckpt {params.ckpt:q} --eval-config {input.cfg:q} --data {params.data:q}"
         " --device {params.device} --out {output.trace:q} > {log:q} 2>&1"
@@ -85,12 +85,12 @@ rule inference:
     # one torch thread: the timings are the thread's CPU time, so a training beside it does not slow them
     threads: 1
     resources:
-        mem_mb=lambda wc: eval_mem_mb(wc.run),  # weights + activations (common.smk)
+        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
         runtime=eval_runtime,
     params:
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
-        args=inference_args(),
+        args=PLAN.inference_args(),
     shell:
         "python -m mohge.bench inference --models {params.ckpt:q} --data {params.data:q} {params.args:q}"
         " --out {output.record:q} > {log:q} 2>&1"

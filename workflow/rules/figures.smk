@@ -30,7 +30,8 @@ rule tables:
         "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge.analysis.study (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
-        source=lambda wc: study_settings(wc.study)["source"],
+        source=lambda wc: PLAN.study_settings(wc.study)["source"],
+        alpha=lambda wc: study_param(wc.study, "alpha"),  # T1's chance and ceiling tests
     script:
         "../scripts/make_tables.py"
 
@@ -113,7 +114,7 @@ rule fig_gpu_load:
     conda:
         "../envs/plot.yaml"
     params:
-        source=lambda wc: study_settings(wc.study)["source"],
+        source=lambda wc: PLAN.study_settings(wc.study)["source"],
     script:
         "../scripts/plot_gpu_load.py"
 
@@ -139,10 +140,10 @@ rule fig_width:
 
 rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh). Part of a study's figures
-    # only when that CSV holds a GPU measurement (common.measured_kernels); asked for without one, it is a
+    # only when that CSV holds a GPU measurement (mohge.workflow.checkout.measured_kernels); asked for without one, it is a
     # labelled placeholder that no results set contains.
     input:
-        kernels=lambda wc: in_checkout(study_settings(wc.study)["bench_csv"]),
+        kernels=bench_csv,
     output:
         png=report(
             "figures/{study}/F6_kernels.png",
@@ -179,5 +180,5 @@ rule figures:
     # Every committed study's tables and figures from its committed results/<study>/*.csv alone: with
     # `snakemake --cores 1 figures` no training, evaluation or collect job is part of the plan.
     input:
-        [all_tables(s) + all_figures(s) + study_outputs(s) for s in committed_studies()],
+        PLAN.committed_outputs(),
     localrule: True

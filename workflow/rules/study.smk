@@ -33,7 +33,7 @@ rule study_analysis:
     params:
         # canonical JSON: the merged config compared as data, so the order of its keys (a --configfile run
         # against the figures target's merge) does not rerun the job
-        cfg=lambda wc: json.dumps(study_config(wc.study), sort_keys=True),
+        cfg=lambda wc: json.dumps(PLAN.study_config(wc.study), sort_keys=True),
     script:
         "../scripts/study_analysis.py"
 
@@ -120,6 +120,7 @@ rule fig_study_controls:
         "../envs/plot.yaml"
     params:
         metric=lambda wc: study_param(wc.study, "metric"),
+        margin=lambda wc: study_param(wc.study, "margin"),  # the x-axis spans at least the margin
     script:
         "../scripts/study_tests.py"
 
@@ -142,7 +143,7 @@ rule fig_study_balance:
     params:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         models=lambda wc: ["mohge", study_param(wc.study, "reference")],
-        ep_sizes=[2, 4, 8],
+        ep_sizes=lambda wc: study_param(wc.study, "ep_sizes"),
         bar=lambda wc: study_param(wc.study, "balance_bar"),
         decision_ep=lambda wc: study_param(wc.study, "balance_ep"),
     script:
@@ -169,6 +170,7 @@ rule fig_study_frontier:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         ep=lambda wc: study_param(wc.study, "balance_ep"),
         bar=lambda wc: study_param(wc.study, "balance_bar"),
+        metric=lambda wc: study_param(wc.study, "metric"),
     script:
         "../scripts/study_frontier.py"
 
@@ -225,6 +227,6 @@ rule capacity_analysis:
     conda:
         "../envs/train.yaml"  # scipy
     params:
-        settings=lambda wc: capacity_settings(wc.study),
+        settings=lambda wc: PLAN.capacity_settings(wc.study),
     script:
         "../scripts/capacity_analysis.py"

@@ -7,7 +7,7 @@ rule run_config:
         f"{LOGS}/config/{{run}}.log",
     localrule: True
     params:
-        train=lambda wc: digest(train_section(wc.run)),
+        train=train_digest,
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
     run:
         from mohge.core.atomic import write_text_atomic
@@ -25,7 +25,7 @@ rule train_config:
         f"{LOGS}/config/{{run}}.train.log",
     localrule: True
     params:
-        train=lambda wc: digest(train_section(wc.run)),
+        train=train_digest,
     run:
         from mohge.core.atomic import write_text_atomic
 
@@ -53,18 +53,18 @@ rule train:
         f"{RES}/benchmarks/train/{{run}}.tsv"
     conda:
         "../envs/train.yaml"
-    threads: CLUSTER["cpus_per_task"]  # 1 by default: two CPU runs share a 2-core machine
+    threads: CLUSTER.cpus_per_task  # 1 by default: two CPU runs share a 2-core machine
     resources:
-        # sizes from the config's `cluster` section, the same on every attempt (mohge.config.runs.train_resources)
-        **TRAIN_RESOURCES,
+        # sizes from the config's `cluster` section, the same on every attempt (mohge.workflow.resources)
+        **PLAN.train_resources(),
     params:
-        train=lambda wc: digest(train_section(wc.run)),
+        train=train_digest,
         out=lambda wc, output: os.path.dirname(output.model),
         scratches=f"{WORK}/scratch/{{run}}",
-        scratch=lambda wc: f"{WORK}/scratch/{wc.run}/{digest(train_section(wc.run))}",
+        scratch=lambda wc: f"{WORK}/scratch/{wc.run}/{train_digest(wc)}",
         data=data_dir,
-        launch=train_launcher(),  # built from integers only
-        gpus=CLUSTER["gpus_per_node"],
+        launch=PLAN.train_launcher(),  # built from integers only
+        gpus=CLUSTER.gpus_per_node,
     # `trap '' TERM`: this shell outlives a SIGTERM from SLURM (--signal in workflow/profiles/slurm) while
     # mohge.train, which sets its own handler, finishes its step and checkpoints; it then exits 143 (a retry).
     shell:

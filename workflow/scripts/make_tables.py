@@ -5,7 +5,8 @@ Inputs (each optional; a table is written when its input and one of its outputs 
 Outputs: keys starting with the table (case-insensitive) and ending in _csv, _md or _tex: t1_csv, T1_main_md, ...
 Params: source (T3: a routing trace; T3 pools the traces of every seed of that trace's model; default: every
 model, one row block each), task_docs (T1: documents per lm-eval task, an int for every task or a dict per task;
-used where runs.csv has no task:<task>:n_samples column), alpha (default 0.05).
+used where runs.csv has no task:<task>:n_samples column), alpha (T1: the level of the chance and ceiling tests;
+the study's analysis.alpha, which rules/figures.smk passes).
 Reporting rules: means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
 parameters are reported beside every comparison, one definition per column; a task is reported only where its
 declared metric leaves both chance and ceiling (mohge.analysis.study.reportable_tasks), the others are listed in a note
@@ -67,7 +68,7 @@ def task_docs(runs: pd.DataFrame, param) -> dict[str, int]:
 def task_columns(runs: pd.DataFrame, params: dict) -> tuple[list[str], list[str]]:
     """(the task metric columns T1 reports, a note per omitted task with its reason)."""
     docs = task_docs(runs, params.get("task_docs"))
-    verdict = reportable_tasks(runs, docs, params.get("alpha", 0.05))
+    verdict = reportable_tasks(runs, docs, params["alpha"])
     cols, notes = [], []
     for task, (metric, _) in TASK_METRIC.items():
         col = f"task:{task}:{metric}"

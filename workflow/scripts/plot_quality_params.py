@@ -15,7 +15,7 @@ AXES = {"total_params": "total parameters", "activated_params": "activated param
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot quality against total and activated parameters (F2)."""
-    metric = params.get("metric", "test_ppl")
+    metric = params["metric"]
     df = ps.read_csv(inputs.get("runs"))
     if df.empty or not {metric, *AXES} <= set(df.columns) or df[metric].isna().all():
         ps.placeholder_figure(outputs, "Quality against parameters", f"no {metric} recorded yet")

@@ -2,10 +2,10 @@
 mean and 95% CI over the seeds' routing traces, MoHGE (filled) against the homogeneous MoE reference (open).
 
 Inputs: s3 (S3_balance.csv of mohge.analysis.study). Outputs: png, pdf.
-Params: dataset (default "shakespeare", else the first in S3), models (default ["mohge", "moe"]),
-ep_sizes (default: those in S3 up to 8). One panel per trace kind when S3 has a ``trace`` column
+Params (rules/study.smk passes them from the study's config): dataset (else the first in S3), models (MoHGE and the
+reference), ep_sizes (utilization.ep_sizes). One panel per trace kind when S3 has a ``trace`` column
 (trained | even_within_groups), else one panel. Models or strategies absent from S3 are skipped.
-bar (default 1.10) and decision_ep (default 4): Q2's pre-declared bar, drawn as a line and its EP marked.
+bar and decision_ep (analysis.balance_bar, balance_ep): Q2's pre-declared bar, drawn as a line and its EP marked.
 Markers: geometric mean over seeds; error bars: its 95% interval on the log scale, truncated at 1
 (mohge.analysis.study).
 """
@@ -20,12 +20,12 @@ TRACES = {
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot max/mean per-rank FLOPs per strategy and EP size (F9)."""
-    s3, ds = ps.study_rows(ps.read_csv(inputs.get("s3")), params.get("dataset", "shakespeare"))
-    models = list(params.get("models") or ["mohge", "moe"])
-    bar, decision_ep = float(params.get("bar", 1.10)), int(params.get("decision_ep", 4))
+    s3, ds = ps.study_rows(ps.read_csv(inputs.get("s3")), params["dataset"])
+    models = list(params["models"])
+    bar, decision_ep = float(params["bar"]), int(params["decision_ep"])
     if not s3.empty:
         s3 = s3[s3["model"].isin(models)]
-        eps = params.get("ep_sizes") or sorted(e for e in s3["ep_size"].unique() if e <= 8)
+        eps = list(params["ep_sizes"])
         s3 = s3[s3["ep_size"].isin(eps)]
     if s3.empty:
         ps.placeholder_figure(outputs, "F9: per-GPU balance", f"no balance rows for {models} in S3 yet")

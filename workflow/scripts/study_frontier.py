@@ -3,9 +3,9 @@ expert FLOPs at one EP size), one point per alpha_E with 95% CIs on both axes; c
 models as a second series.
 
 Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge.analysis.study. Outputs: png, pdf.
-Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1), ep (default 4: the
-EP where Q2 is decided), bar (default 1.10: Q2's bar, drawn),
-dataset (default "shakespeare"), metric (default "test_ppl"). Models absent from either table are skipped.
+Params: alpha_e (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1); from the study's config
+(rules/study.smk passes them): ep (analysis.balance_ep, the EP where Q2 is decided), bar (analysis.balance_bar, Q2's
+bar, drawn), dataset, metric (analysis.primary_metric). Models absent from either table are skipped.
 """
 
 import mohge.analysis.plotstyle as ps
@@ -17,9 +17,8 @@ SERIES = ("all_size", "contiguous")
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot the quality-vs-balance frontier over alpha_E (F10)."""
     alpha_e = params.get("alpha_e") or ALPHA_E
-    ep, metric = int(params.get("ep", 4)), params.get("metric", "test_ppl")
-    bar = float(params.get("bar", 1.10))
-    s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params.get("dataset", "shakespeare"))
+    ep, metric, bar = int(params["ep"]), params["metric"], float(params["bar"])
+    s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params["dataset"])
     s3, _ = ps.study_rows(ps.read_csv(inputs.get("s3")), ds)
     if not s3.empty and "trace" in s3:
         s3 = s3[s3["trace"] == "trained"]

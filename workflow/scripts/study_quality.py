@@ -18,8 +18,8 @@ SWEEP = re.compile(r"moe(_equal|\+w\d+)?")  # the homogeneous MoE at each width 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot test perplexity against total parameters (F7)."""
-    metric = params.get("metric", "test_ppl")
-    s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params.get("dataset", "shakespeare"))
+    metric = params["metric"]
+    s1, ds = ps.study_rows(ps.read_csv(inputs.get("s1")), params["dataset"])
     if s1.empty or metric not in s1 or s1[metric].isna().all():
         ps.placeholder_figure(outputs, "F7: quality against total parameters", f"no {metric} in S1 yet")
         return

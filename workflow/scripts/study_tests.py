@@ -9,7 +9,8 @@ selection and rule rows of S8 (best lr, Q1b restated) have no ratio and are not 
 listed as "declared, not run".
 
 Inputs: s2 (S2_tests.csv of mohge.analysis.study) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
-Params: metric (default "test_ppl", the pre-declared primary metric), margin (default 0.03: the TOST margin).
+Params: metric (the pre-declared primary metric), margin (the TOST margin; also F12's axis span around 1): the
+study's analysis section (rules/study.smk passes them).
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.
 """
 
@@ -25,7 +26,7 @@ def p_text(p: float) -> str:
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot the paired comparisons (F8)."""
-    metric, margin = params.get("metric", "test_ppl"), float(params.get("margin", 0.03))
+    metric, margin = params["metric"], float(params["margin"])
     controls = "s8" in inputs
     s2 = ps.read_csv(inputs.get("s8" if controls else "s2"))
     if not s2.empty and "metric" in s2:

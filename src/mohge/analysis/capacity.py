@@ -32,20 +32,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mohge.config.runs import AnalysisConfig
 from mohge.core.stats import TEstimate, delta_interval, delta_variance, ols_line, one_sample, t_interval, welch
 
+_DECLARED = AnalysisConfig()  # the analysis section's own defaults
 DEFAULTS = {
-    "reference": "moe",
-    "iso": "moe_equal",
+    "reference": _DECLARED.reference_family,
+    "iso": _DECLARED.iso_family,
     "sweep": ["moe+w9", "moe_equal", "moe", "moe+w19"],
     "mohge": ["mohge", "mohge+ae5e2"],
     "dataset": "facts",
     "quarter": "facts_quarter",
-    "alpha": 0.05,
-    "margin": 0.03,
-    "gate_ratio": 1.05,
-    "gate_slope": 0.5,
-    "unused_share": 0.01,
+    "alpha": _DECLARED.alpha,
+    "margin": _DECLARED.equivalence_margin,
+    "gate_ratio": _DECLARED.gate_ratio,
+    "gate_slope": _DECLARED.gate_slope,
+    "unused_share": _DECLARED.unused_share,
 }
 TEST_COLUMNS = ["test", "a", "b", "n_a", "n_b", "estimate", "ci_low", "ci_high", "h0", "p", "threshold", "verdict"]
 MODEL_COLUMNS = ["dataset", "model", "n", "params_non_embedding", "params_total", "bits_stored", "bits_low"]

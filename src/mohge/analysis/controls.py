@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mohge.config.runs import plan
+from mohge.config.runs import AnalysisConfig, plan
 from mohge.core.stats import (
     compare,
     detectable,
@@ -166,9 +166,8 @@ def _lr_note(sel: dict, metric: str) -> str:
 
 def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None) -> pd.DataFrame:
     """S8_controls (module docstring): every declared control test of the main dataset and the Q1b verdict."""
-    analysis = config.get("analysis") or {}
-    alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
-    iso, metric = analysis.get("iso_family", "moe_equal"), analysis.get("primary_metric", "test_ppl")
+    a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
+    alpha, margin, iso, metric = a.alpha, a.equivalence_margin, a.iso_family, a.primary_metric
     planned = planned_models(config) if planned is None else planned
     dataset = config["experiments"][0]["dataset"]
     runs = runs[runs["dataset"] == dataset]
@@ -295,8 +294,8 @@ def _emh_by_seed(per: pd.DataFrame, ds: str, model: str) -> pd.Series:
 
 def q3_dose(per: pd.DataFrame, runs: pd.DataFrame, config: dict, planned: dict | None = None) -> pd.DataFrame:
     """S9_q3_dose (module docstring); ``per``: mean routed width per run and level (study.mean_width_by_level)."""
-    analysis = config.get("analysis") or {}
-    alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
+    a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
+    alpha, margin = a.alpha, a.equivalence_margin
     planned = planned_models(config) if planned is None else planned
     models = q3_models(planned, graded_datasets(planned))
     rows = []

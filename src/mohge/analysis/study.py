@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mohge.config.runs import AnalysisConfig, UtilizationConfig
 from mohge.core.cli import user_errors
 from mohge.core.stats import compare, holm, p_binomial_h0_le, t_interval
 from mohge.core.strict import ConfigError
@@ -83,9 +84,8 @@ TASK_COLUMNS = ["dataset", "task", "metric", "model", "n", "mean", "ci_low", "ci
 
 def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
     """Q1, Q1b and the sensitivity tests, on the primary metric and on the other perplexity."""
-    alpha, margin = analysis.get("alpha", 0.05), analysis.get("equivalence_margin", 0.03)
-    ref, iso = analysis.get("reference_family", "moe"), analysis.get("iso_family", "moe_equal")
-    primary = analysis.get("primary_metric", "test_ppl")
+    a = AnalysisConfig.from_dict(analysis, "analysis")
+    alpha, margin, ref, iso, primary = a.alpha, a.equivalence_margin, a.reference_family, a.iso_family, a.primary_metric
     metrics = [primary, *(m for m in ("test_ppl", "val_ppl") if m != primary)]
     sweep = sweep_widths(runs)
     # (question, A, B, test, role): the tests declared before the runs and those added after the results were read
@@ -405,7 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run_analysis(results: Path, config: dict, out: Path) -> None:
     """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S10)."""
     analysis = config.get("analysis") or {}
-    alpha = analysis.get("alpha", 0.05)
+    declared = AnalysisConfig.from_dict(analysis, "analysis")
+    alpha = declared.alpha
     runs = pd.read_csv(results / "runs.csv")
     unused = unused_experts(results, runs, alpha=alpha)
     s1 = model_summary(runs, alpha)
@@ -415,10 +416,8 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
     write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), out / "S2_tests")
     trained = balance(pd.read_csv(results / "utilization_summary.csv"), runs, alpha)
-    u = config.get("utilization") or {}
-    even = balanced_trace_summary(
-        results, runs["run"], u.get("strategies", ["contiguous", "all_size"]), u.get("ep_sizes", [2, 4, 8])
-    )
+    u = UtilizationConfig.from_dict(config.get("utilization") or {}, "utilization")
+    even = balanced_trace_summary(results, runs["run"], list(u.strategies), list(u.ep_sizes))
     tables = [trained.assign(trace="trained")]
     if len(even):
         even_table = balance(even, runs, alpha).assign(trace="even_within_groups")
@@ -426,7 +425,7 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
         tables.append(even_table)
     s3 = pd.concat(tables, ignore_index=True)
     write_table(s3, out / "S3_balance")
-    ep, bar = int(analysis.get("balance_ep", 4)), float(analysis.get("balance_bar", 1.10))
+    ep, bar = declared.balance_ep, declared.balance_bar
     decision = balance_decision(s3, main_dataset, ep, bar)
     write_table(decision, out / "S6_balance_decision")
     write_table(unused, out / "S7_unused_experts")

@@ -53,6 +53,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from mohge.config.runs import UtilizationConfig
 from mohge.core.cli import setup_logging, user_errors
 from mohge.evaluate.traces import (
     SKEWED_POPULARITY,
@@ -141,7 +142,7 @@ def imbalance(values: Sequence[float]) -> tuple[float, float]:
 def analyze(
     trace: Trace,
     strategies: Sequence[str] = PLACEMENTS,
-    ep_sizes: Sequence[int] = (2, 4, 8, 16, 32),
+    ep_sizes: Sequence[int] = UtilizationConfig().ep_sizes,
     flop_mult: float = 6.0,
 ) -> tuple[list[dict], list[dict]]:
     """(analytic rows, summary rows) for every layer x strategy x EP size the strategy allows.
@@ -282,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="STRATEGY",
         help=f"placements to compare (default: all of {', '.join(PLACEMENTS)})",
     )
-    p.add_argument("--ep", nargs="+", type=int, default=[2, 4, 8, 16, 32], help="EP sizes (default 2 4 8 16 32)")
+    eps = list(UtilizationConfig().ep_sizes)  # utilization.ep_sizes's default
+    p.add_argument("--ep", nargs="+", type=int, default=eps, help=f"EP sizes (default {' '.join(map(str, eps))})")
     p.add_argument(
         "--flop-mult",
         type=float,

@@ -181,6 +181,13 @@ class DataConfig(_Section):
         if self.seq_len % n_fact:
             why = f"source 'facts' needs a multiple of the fact length {n_fact} (key + value + end-of-text)"
             _fail(self.key("seq_len"), self.seq_len, why + ", so that no training window cuts a fact")
+        held_out = self.heldout_tokens
+        if held_out is not None and held_out < self.seq_len + 1:
+            why = (
+                f"longer than the val and test splits of source 'facts' ({held_out} tokens each: facts_num x "
+                f"{n_fact} + one end-of-text per shard); a held-out window needs seq_len + 1"
+            )
+            _fail(self.key("seq_len"), self.seq_len, why)
         if self.facts_num > self.facts_key_tokens**self.facts_key_len:
             why = f"more than the {self.facts_key_tokens}^{self.facts_key_len} distinct keys"
             _fail(self.key("facts_num"), self.facts_num, why)
@@ -189,6 +196,16 @@ class DataConfig(_Section):
                 _fail(self.key(key), getattr(self, key), "source 'facts' writes its own word-level tokenizer")
         if any(ch.isspace() for ch in self.eot_token):
             _fail(self.key("eot_token"), self.eot_token, "source 'facts' needs a word without whitespace")
+
+    @property
+    def heldout_tokens(self) -> int | None:
+        """Tokens of the val split, and of the test split, when the config alone fixes them: the facts source's (one
+        copy of the table, and the end-of-text token that opens each shard: mohge.data.facts). None for every other
+        source, whose counts follow from the tokenizer trained at preparation and from text read there; the gather
+        job (mohge.data.manifest) refuses a split shorter than one window."""
+        if self.source != "facts":
+            return None
+        return self.facts_num * (self.facts_key_len + self.facts_value_len + 1) + self.num_shards
 
     @property
     def hf_is_local(self) -> bool:

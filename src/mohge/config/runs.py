@@ -53,7 +53,6 @@ class UtilizationConfig(_Section):
     strategies: tuple[str, ...] = knob(PLACEMENTS, "placement strategies compared", choices=PLACEMENTS, min_items=1)
     ep_sizes: tuple[int, ...] = knob((2, 4), "expert-parallel sizes", ge=1, min_items=1)
     measure_nproc: int = knob(0, "processes of the measured EP run (0: none)", ge=0)
-    measure_tokens: int = knob(256, "tokens per rank of the measured EP run", ge=1)
     trace_all_seeds: bool = knob(False, "trace every seed of a model, not only its first")
     _path: str = field(default="utilization", repr=False, compare=False)
 

@@ -270,7 +270,6 @@ class ParallelConfig(_Section):
     dp_shard: int = knob(-1, "FSDP2 degree (-1: the whole world; a divisor of it gives HSDP)", ge=-1)
     ep: int = knob(0, "expert-parallel degree, taken from dp_shard (0: model.ffn.ep_size)", ge=0)
     activation_checkpointing: str = knob("none", "recompute activations per block", choices=AC_MODES)
-    compile: bool = knob(False, "torch.compile each block (refused by check_layout until it is tested)")
     peak_tflops: float = knob(0.0, "one device's peak TFLOP/s, for the MFU column (0: no MFU)", ge=0)
     timeout_s: float = knob(
         600.0, "seconds a collective waits for the other ranks; then every rank stops (exit 6)", gt=0

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from mohge.config import LEVEL_NAMES, SPLITS, DataConfig
+from mohge.config import LEVEL_NAMES, SPLITS, ConfigError, DataConfig
 from mohge.core.atomic import atomic_path, sha256_file, write_text_atomic
-from mohge.core.strict import ConfigError, load_json_file
+from mohge.core.strict import load_json_file
 
 from .graded import LEVEL_SEP
 from .holdout import carve
@@ -132,6 +132,15 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         meta["num_docs"][s] = sum(e["docs"] for e in entries)
         names = None if any(e["names"] is None for e in entries) else [n for e in entries for n in e["names"]]
         meta["docs"][s] = names if names is not None and len(names) <= MAX_META_DOC_NAMES else None
+        # a held-out split shorter than one window: training refuses it at start (check_data), so refuse it here,
+        # the first step that knows its size (an empty split, held out from a corpus too small for the fraction,
+        # is what a preparation-only use such as `python -m mohge.bench data` may make: training refuses that)
+        if s != "train" and 0 < meta["tokens"][s] < cfg.seq_len + 1:
+            raise ConfigError(
+                f"data.seq_len={cfg.seq_len}: the {s} split of {out} holds {meta['tokens'][s]} tokens, fewer than one "
+                f"window of seq_len + 1 = {cfg.seq_len + 1}; hold out more (data.{s}_fraction, data.{s}_tokens, "
+                f"{s} plays) or shorten data.seq_len"
+            )
         if meta["tokens"][s] <= cfg.seq_len:
             log.warning("%s split has %d tokens, not more than seq_len=%d", s, meta["tokens"][s], cfg.seq_len)
         if s != "train":

@@ -4,7 +4,7 @@
 * :mod:`.mesh`     the DeviceMesh (dp_replicate, dp_shard_mod_ep, ep) and its submeshes
 * :mod:`.ep_layer`  the expert-parallel expert layer (``all_to_all_single`` dispatch and combine, autograd)
 * :mod:`.ep_equivalence`  that layer against the single-process experts, under torchrun (used by the tests)
-* :mod:`.parallelize`  expert parallelism, activation checkpointing, compile and FSDP2 applied to a model
+* :mod:`.parallelize`  expert parallelism, activation checkpointing and FSDP2 applied to a model
 * :mod:`.meta_init`  the model built on the meta device and materialised per rank after sharding
 * :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
 * :mod:`.trainer`  the sharded layout of the training loop (``python -m mohge.train`` under torchrun with a layout)

@@ -88,7 +88,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
     model = LanguageModel(model_cfg, loss_cfg)
     autocast = device.type == "cuda"
     if name == "fsdp2":
-        layout = Layout(1, 1, 1, 1, "none", False, args.peak_tflops or 0.0, ())  # a world of one rank
+        layout = Layout(1, 1, 1, 1, "none", args.peak_tflops or 0.0, ())  # a world of one rank
         parallelize(model, layout, build_meshes(layout, device.type), device)
         autocast = False  # FSDP2's MixedPrecisionPolicy computes in bf16
     else:

@@ -30,7 +30,6 @@ class Layout:
     dp_shard: int
     ep: int
     activation_checkpointing: str
-    compile: bool
     peak_tflops: float
     rank_of_expert: tuple[int, ...]  # router id -> EP rank; () for a dense model or ep = 1
 
@@ -55,10 +54,6 @@ def check_layout(cfg: RunConfig, world: int) -> Layout:
     ffn = cfg.model.ffn
     if world < 1:
         raise _refuse("world size", world, "needs at least one rank")
-    if par.compile:  # measured: 11 graph breaks per MoE block (bincount, .tolist()); never run with FSDP2 + EP
-        raise _refuse(
-            "train.parallel.compile", par.compile, "not supported yet (untested; graph breaks in every MoE block)"
-        )
     dp_shard = world if par.dp_shard == -1 else par.dp_shard
     if world % dp_shard:
         raise _refuse("train.parallel.dp_shard", par.dp_shard, f"must divide the world size {world}")
@@ -89,7 +84,6 @@ def check_layout(cfg: RunConfig, world: int) -> Layout:
         dp_shard=dp_shard,
         ep=ep,
         activation_checkpointing=par.activation_checkpointing,
-        compile=par.compile,
         peak_tflops=par.peak_tflops,
         rank_of_expert=ranks,
     )

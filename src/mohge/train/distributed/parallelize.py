@@ -1,13 +1,11 @@
-"""Apply a layout to a model: expert parallelism, activation checkpointing, compile, then FSDP2, in
+"""Apply a layout to a model: expert parallelism, activation checkpointing, then FSDP2, in
 torchtitan's order (``parallelize_llama`` / ``apply_fsdp``).
 
 1. EP (ep > 1): every MoE layer's :class:`mohge.model.experts.RoutedExperts` is replaced by this rank's share,
    :class:`.ep.ExpertParallelExperts` (experts chosen by the configured placement).
 2. Activation checkpointing (``block``): each transformer block recomputes its forward in the backward
    (``torch.distributed._composable.checkpoint``, which keeps the parameter names).
-3. ``compile``: each block through ``torch.compile`` (``Module.compile``, names kept); refused by
-   :func:`.layout.check_layout` until it is tested (graph breaks in every MoE block).
-4. FSDP2 (:func:`shard_plan` lists the units, the planner sizes the same list): each MoE layer's experts
+3. FSDP2 (:func:`shard_plan` lists the units, the planner sizes the same list): each MoE layer's experts
    over the expert mesh (dims orthogonal to EP), each block and the root over the dense mesh.
    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on CUDA, fp32 on a CPU.
 
@@ -76,7 +74,7 @@ def shard_plan(model: LanguageModel) -> list[ShardUnit]:
 
 
 def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: torch.device) -> list[ShardUnit]:
-    """Apply EP, activation checkpointing, compile and FSDP2 to ``model`` in place; returns the FSDP units."""
+    """Apply EP, activation checkpointing and FSDP2 to ``model`` in place; returns the FSDP units."""
     apply_ep(model, layout, meshes.ep.get_local_rank(), meshes.ep.get_group())
     if not any(p.is_meta for p in model.parameters()):  # a meta model is materialised after sharding (.meta_init)
         model.to(device)  # this rank's share only: the experts of other EP ranks are gone
@@ -85,8 +83,6 @@ def parallelize(model: LanguageModel, layout: Layout, meshes: Meshes, device: to
             from torch.distributed._composable import checkpoint
 
             checkpoint(block)
-        if layout.compile:
-            block.compile()
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if device.type == "cuda" else None
     units = shard_plan(model)
     for unit in units:

@@ -6,7 +6,7 @@ non-finite guard, checkpoint cadence, final outputs); :class:`Sharded` supplies 
 (:mod:`mohge.train.parallelism`):
 
 * the model is built on the meta device, parallelized (:func:`.parallelize.parallelize`: EP, activation
-  checkpointing, compile, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
+  checkpointing, FSDP2), then each rank materialises its own shards (:mod:`.meta_init`: the same seed,
   so the same initial weights as one process; no rank ever holds more than its shards and one block);
 * gradients are reduce-scattered once a step, after the last micro-batch (:func:`.parallelize.sync_gradients_on`);
   expert gradients are scaled to the mean over the world and the norm is taken over every rank's shards

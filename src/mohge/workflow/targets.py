@@ -1,0 +1,89 @@
+"""The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, the declared analysis's
+tables and figures (claims: S1-S10, F7-F12; capacity: C1-C3 and its figure), T4/F13 and a run's results."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Collection, Iterable
+
+TABLES = ["T1_main", "T2_params", "T3_balance"]
+TABLE_FORMATS = ["csv", "md", "tex", "html"]
+FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width"]
+FIGURE_FORMATS = ["png", "pdf"]
+STUDY_TABLES = [
+    "S1_models",
+    "S2_tests",
+    "S3_balance",
+    "S4_difficulty",
+    "S5_tasks",
+    "S6_balance_decision",
+    "S7_unused_experts",
+    "S8_controls",  # the arms declared after the results; S9, S10: Q3's dose and token-level record
+    "S9_q3_dose",
+    "S10_token_q3",
+]
+# S5 (tasks, with the reason each is or is not reported), S6, S7, S9 and S10 stay csv/md
+TEX_TABLES = [*STUDY_TABLES[:4], "S8_controls"]
+STUDY_FIGURES = [
+    "F7_study_quality",
+    "F8_study_tests",
+    "F9_study_balance",
+    "F10_study_frontier",
+    "F11_study_difficulty",
+    "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
+]
+CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused"]
+PER_RUN = ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
+
+
+def expand(pattern: str, **values: Iterable) -> list[str]:
+    """``pattern`` formatted with every combination of ``values``, the first key varying slowest (Snakemake's
+    ``expand``)."""
+    keys = list(values)
+    lists = [[v] if isinstance(v, str) else list(v) for v in values.values()]
+    return [pattern.format(**dict(zip(keys, combo, strict=True))) for combo in itertools.product(*lists)]
+
+
+def tables(study: str) -> list[str]:
+    """T1-T3 of ``study`` in every format."""
+    return expand("results/{study}/tables/{table}.{ext}", study=study, table=TABLES, ext=TABLE_FORMATS)
+
+
+def figures(study: str, kernels: bool) -> list[str]:
+    """F1-F5 of ``study``, and F6 when its kernel benchmark holds a GPU measurement (``kernels``)."""
+    figs = FIGURES + (["F6_kernels"] if kernels else [])
+    return expand("figures/{study}/{fig}.{ext}", study=study, fig=figs, ext=FIGURE_FORMATS)
+
+
+def study_outputs(study: str, design: str | None) -> list[str]:
+    """The tables and figures of ``study``'s declared analysis (``design``: claims or capacity; None: the
+    config declares no analysis, nothing)."""
+    if design is None:
+        return []
+    if design == "capacity":  # rules/study.smk: capacity_analysis
+        return expand(
+            "results/{study}/study/{table}.{ext}", study=study, table=CAPACITY_TABLES, ext=TABLE_FORMATS
+        ) + expand("figures/{study}/C1_bits_params.{ext}", study=study, ext=FIGURE_FORMATS)
+    return (
+        expand("results/{study}/study/{table}.{ext}", study=study, table=STUDY_TABLES, ext=["csv", "md", "html"])
+        + expand("results/{study}/study/{table}.tex", study=study, table=TEX_TABLES)
+        + expand("figures/{study}/{fig}.{ext}", study=study, fig=STUDY_FIGURES, ext=FIGURE_FORMATS)
+    )
+
+
+def inference_outputs(study: str) -> list[str]:
+    """T4 and F13 of ``study``."""
+    return expand("results/{study}/tables/T4_inference.{ext}", study=study, ext=["csv", "md"]) + expand(
+        "figures/{study}/F13_inference.{ext}", study=study, ext=FIGURE_FORMATS
+    )
+
+
+def per_run_results(res: str, run: str, traced: Collection[str]) -> list[str]:
+    """What a finished run leaves under the results root ``res``: the files collect, the study tables and the
+    figures read (the routing summary and its utilization tables only for a traced run)."""
+    files = [f"{res}/runs/{run}/{name}" for name in PER_RUN]
+    if run in traced:
+        files += [f"{res}/runs/{run}/trace.json"] + [
+            f"{res}/utilization/{run}/{name}.csv" for name in ("summary", "analytic")
+        ]
+    return files
