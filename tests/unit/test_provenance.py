@@ -200,3 +200,14 @@ def test_the_command_line_gives_the_digest_results_record():
 
     done = subprocess.run([sys.executable, "-m", "mohge", "provenance"], capture_output=True, text=True, check=True)
     assert json.loads(done.stdout)["sources_sha256"] == prov.sources_sha256()
+
+
+def test_a_knob_newer_than_a_result_counts_only_at_its_default():
+    from mohge.config.provenance import without_later_knobs
+
+    config = {"loss": {"expert_aux_coeff": 0.005, "balance_stats": "micro_batch"},
+              "model": {"router": {"topk": 4, "expert_bias_rate": 1e-3}}}  # fmt: skip
+    out = without_later_knobs(config)
+    assert "balance_stats" not in out["loss"]  # at its default: the run before the knob ran as this one
+    assert out["model"]["router"]["expert_bias_rate"] == 1e-3  # not at its default: another config
+    assert config["loss"]["balance_stats"] == "micro_batch"  # the input is left as it was

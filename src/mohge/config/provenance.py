@@ -210,17 +210,37 @@ def code_version(config: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
+# Knobs of the run config newer than some committed results, with their defaults: a result recorded before a knob
+# existed ran as its default does, so today's resolved config without the knob (where it is at its default) is also
+# that result's config. The code that reads a knob is the sources hash's business.
+LATER_KNOBS = {("loss", "balance_stats"): "micro_batch", ("model", "router", "expert_bias_rate"): 0.0}
+
+
+def without_later_knobs(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` without the :data:`LATER_KNOBS` that are at their default."""
+    out = json.loads(json.dumps(config))
+    for path, default in LATER_KNOBS.items():
+        *parents, key = path
+        section = out
+        for part in parents:
+            section = section.get(part) if isinstance(section, dict) else None
+        if isinstance(section, dict) and key in section and section[key] == default:
+            del section[key]
+    return out
+
+
 def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     """The ``config_sha256`` values that ``summary.json`` and ``metrics.json`` of a run folder may hold: from its
-    ``config.json`` as today's code reads it, or from the file as written (what the run read, when a key was added
-    to the config since, at its default: the code that reads it is the sources hash's business)."""
+    ``config.json`` as today's code reads it (with or without the :data:`LATER_KNOBS` at their defaults), or from
+    the file as written (what the run read, when a key was added to the config since, at its default)."""
     from mohge.core.strict import to_dict
 
     from .sections import RunConfig
 
     raw = json.loads((run_dir / "config.json").read_text())
+    today = to_dict(RunConfig.from_dict(raw))
     out: dict[str, tuple[str, ...]] = {}
-    for config in (to_dict(RunConfig.from_dict(raw)), raw):
+    for config in (today, without_later_knobs(today), raw):
         for name, part in (
             ("summary.json", {k: v for k, v in config.items() if k != "eval"}),
             ("metrics.json", config),
