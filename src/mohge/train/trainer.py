@@ -277,12 +277,11 @@ def _step(
     for group in opt.param_groups:
         group["lr"] = lr_at(s, tc)
     micro_B = tc.batch_size // tc.grad_accum
+    xs, ys = ([t.to(rt.device) for t in b.split(micro_B)] for b in (x_BS, y_BS))
     if cfg.loss.balance_stats == "global_batch":
-        micro_x = [x_BS[m * micro_B : (m + 1) * micro_B].to(rt.device) for m in range(tc.grad_accum)]
-        set_global_balance(par.model, micro_x, rt, rt.autocast)
+        set_global_balance(par.model, xs, rt, rt.autocast)
     sums, step_counts = torch.zeros(3, device=rt.device), 0
-    for m in range(tc.grad_accum):
-        xm, ym = (t[m * micro_B : (m + 1) * micro_B].to(rt.device) for t in (x_BS, y_BS))
+    for m, (xm, ym) in enumerate(zip(xs, ys, strict=True)):
         with par.micro_batch(m, tc.grad_accum):
             with torch.autocast(rt.device.type, dtype=rt.autocast, enabled=rt.autocast is not None):
                 total, lm, aux, layers = compute_loss(par.net, xm, ym, cfg, s)
