@@ -8,7 +8,7 @@ Subpackages, one per subsystem, lowest layer first:
   data      sources -> documents -> tokenizer -> token shards, and the batches read from them
   train     the training loop and its step, checkpoints, and the parallel stack (train/distributed)
   evaluate  lm-eval tasks and the adapter, held-out metrics, routing traces, the Hugging Face export
-  analysis  the utilization study and its timing harness, result tables, the claims, the planner
+  analysis  the utilization study and its timing harness, result tables, the claims, the sizing
   bench     benchmarks (python -m mohge.bench)
   workflow  what the Snakemake workflow plans from a config (runs, committed runs, targets, settings, job sizes)
 

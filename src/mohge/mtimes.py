@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mohge.core.cli import user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 
 def _git(repo: Path, *args: str) -> str:

@@ -152,7 +152,7 @@ def trained(tmp_path_factory, data_dir) -> Path:
 
 
 def test_final_folder_has_a_manifest_that_load_trained_checks(trained, tmp_path):
-    from mohge.train.setup import FINAL_FILES
+    from mohge.train.run_files import FINAL_FILES
 
     manifest = json.loads((trained / "manifest.json").read_text())
     assert sorted(manifest["files"]) == sorted(FINAL_FILES)
@@ -173,7 +173,7 @@ def test_final_folder_has_a_manifest_that_load_trained_checks(trained, tmp_path)
 
 
 def test_evaluate_and_traces_refuse_a_tampered_model(trained, data_dir, tmp_path, caplog):
-    from mohge.evaluate import metrics as evaluate
+    from mohge.evaluate import suite as evaluate
     from mohge.evaluate import traces
 
     flipped = tmp_path / "flipped"

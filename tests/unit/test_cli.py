@@ -13,8 +13,8 @@ import pytest
 
 from mohge import cli, data
 from mohge.analysis import utilization
-from mohge.core.strict import ConfigError
-from mohge.evaluate import metrics as evaluate
+from mohge.core.knobs import ConfigError
+from mohge.evaluate import suite as evaluate
 from mohge.evaluate import traces
 from mohge.model import params
 
@@ -112,7 +112,7 @@ def test_every_runnable_module_is_a_subcommand_or_a_launched_worker():
                 runnable.add(name)
     owners = {module for module, _ in cli.COMMANDS.values()}
     assert runnable - launched == set(), "make it a subcommand of mohge.cli"
-    assert {"mohge.train.trainer", "mohge.evaluate.metrics", "mohge.data.prepare", "mohge.bench"} <= owners
+    assert {"mohge.train.trainer", "mohge.evaluate.suite", "mohge.data.prepare", "mohge.bench"} <= owners
 
 
 def test_unknown_command_is_a_usage_error(capsys):

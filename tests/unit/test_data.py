@@ -17,7 +17,7 @@ import torch
 import mohge.data as data
 import mohge.data.graded as graded
 from mohge.core.atomic import atomic_path
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.data import (
     DataConfig,
     TokenStream,

@@ -373,7 +373,7 @@ def test_the_checker_fails_on_a_removed_path_and_on_unknown_names(tmp_path):
         "`results/<study>/study/S1_models.{csv}`, `configs/models/*.yaml`, keys `model.ffn.ep_size`,\n"
         "`router.gate_mode`, `data.num_shards`, `train.parallel: {dp_shard: -1}`; `mohge.config.matched`,\n"
         "`mohge.config.runs.plan`, `mohge.kernels.reference.row_bucket`; files `train.py`, `model.safetensors`.\n\n"
-        "```bash\nmohge plan configs/paper.yaml\n```\n"
+        "```bash\nmohge sizing configs/paper.yaml\n```\n"
     )
     doc.write_text(good)
     assert problems_of(tmp_path, [doc]) == []

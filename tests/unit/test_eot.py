@@ -126,7 +126,7 @@ def test_hf_export_uses_the_eot_id(trained):
 
 
 def test_evaluate_runs_on_the_given_tokenizer(trained, tmp_path):
-    from mohge.evaluate import metrics as ev
+    from mohge.evaluate import suite as ev
 
     out = tmp_path / "metrics.json"
     args = ["--ckpt", str(trained["model"]), "--data", str(trained["data"]), "--out", str(out)]

@@ -13,7 +13,7 @@ from conftest import tiny_run, train_tiny
 
 from mohge.data import DataConfig, prepare
 from mohge.data.tokenizer import EOT_ID, encode
-from mohge.evaluate import metrics as ev
+from mohge.evaluate import suite as ev
 from mohge.train.checkpoint import write_manifest
 
 RUN = tiny_run(

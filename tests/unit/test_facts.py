@@ -14,7 +14,7 @@ from mohge.config import ConfigError, DataConfig
 from mohge.data import facts, prepare, read_split
 from mohge.data.tokenizer import check_tokenizer, encode, load_tokenizer
 from mohge.evaluate import capacity
-from mohge.evaluate import metrics as ev
+from mohge.evaluate import suite as ev
 
 N = 1200  # more than build_tasks' 1000-document cap: the facts task must hold every fact
 DATA = {

@@ -7,7 +7,7 @@ import pytest
 
 from mohge.data import DataConfig
 from mohge.data.graded import LEVEL_SEP, generate_sums
-from mohge.evaluate.metrics import graded_docs
+from mohge.evaluate.suite import graded_docs
 
 
 def test_sum_ladder_levels_mark_only_the_answer_digits():

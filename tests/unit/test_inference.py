@@ -167,7 +167,7 @@ def test_bench_inference_cli_records_timings_memory_cpu_and_ratios(trained, tmp_
 
 
 def test_evaluate_records_the_route_override(trained, tmp_path):
-    from mohge.evaluate.metrics import evaluate
+    from mohge.evaluate.suite import evaluate
 
     models, data = trained
     plain = evaluate(models["mohge"], data, tasks=[], device="cpu", max_loss_batches=1)

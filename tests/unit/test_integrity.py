@@ -168,7 +168,7 @@ def test_evaluation_and_tracing_refuse_another_tokenizer_or_data_config(base, tm
 
 
 def test_an_edited_test_docs_file_is_refused_by_the_task_builder(base, tmp_path):
-    from mohge.evaluate.metrics import build_tasks
+    from mohge.evaluate.suite import build_tasks
 
     data = copy(base["data"], tmp_path / "data")
     meta = meta_of(data)

@@ -16,11 +16,11 @@ import yaml
 from conftest import ROOT, tiny_run, train_tiny
 
 from mohge.config.runs import merge_config, plan
+from mohge.core.knobs import ConfigError, to_dict
 from mohge.core.resources import TASKS
-from mohge.core.strict import ConfigError, to_dict
 from mohge.data.tokenizer import EOT_ID, encode
 from mohge.evaluate import hf_export
-from mohge.evaluate import metrics as ev
+from mohge.evaluate import suite as ev
 
 TASK_CONFIGS = TASKS  # the shipped task definitions (package data)
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}

@@ -1,4 +1,4 @@
-"""The planner's activation memory (mohge.train.distributed.memory) against a measurement (tests/unit/memory_support.py:
+"""The sizing's activation memory (mohge.train.distributed.memory) against a measurement (tests/unit/memory_support.py:
 bytes saved for the backward per token, saved-tensor hooks on this CPU under bf16 autocast): within 10% for MHA
 and MLA, mohge's grouped and the top-k router, the torch and the Triton experts (Triton's interpreter) and
 expert parallelism (a one-rank group). A scaled-down model: 2 layers (one dense), D 64."""
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import tiny_run
 
-from mohge.analysis.plan import activation_bytes
+from mohge.analysis.sizing import activation_bytes
 from mohge.config import RunConfig
 from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies
 
@@ -45,7 +45,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_planner_activations_within_10_percent_of_measured(case):
+def test_sizing_activations_within_10_percent_of_measured(case):
     from memory_support import per_token
 
     over, ep = CASES[case]
@@ -55,7 +55,7 @@ def test_planner_activations_within_10_percent_of_measured(case):
     assert abs(planned - measured) <= 0.10 * measured, (case, planned, measured)
 
 
-def test_planner_activations_triton_experts_within_10_percent(tmp_path):
+def test_sizing_activations_triton_experts_within_10_percent(tmp_path):
     run = config(attention="mla", backend="triton")
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
@@ -67,7 +67,7 @@ def test_planner_activations_triton_experts_within_10_percent(tmp_path):
     assert abs(planned - measured) <= 0.10 * measured, (planned, measured)
 
 
-def test_the_planner_uses_the_measured_model():
+def test_the_sizing_uses_the_measured_model():
     cfg = RunConfig.from_dict(config(attention="mla")).model
     assert activation_bytes(cfg, 1000, False) == 1000 * activation_bytes_per_token(cfg, cfg.ffn.backend)
 

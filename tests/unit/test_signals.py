@@ -97,9 +97,9 @@ def test_sigterm_outside_the_step_loop_is_one_line(straight, tmp_path, monkeypat
         "    os.kill(os.getpid(), signal.SIGTERM)\n"
         "    return real(*a, **k)\n"
         "loader.verify_folder = slow\n"
-        "import mohge.train.setup as setup\n"
+        "import mohge.train.run_files as run_files\n"
         "import mohge.train.trainer as t\n"
-        "setup.verify_folder = slow\n"
+        "run_files.verify_folder = slow\n"
         "sys.exit(t.main(sys.argv[1:]))\n"
     )
     args = ["--config", str(straight["config"]), "--out", str(out), "--data", str(straight["data"])]

@@ -11,7 +11,7 @@ from conftest import tiny_run, train_tiny
 
 from mohge.data import DataConfig, TokenStream, prepare
 from mohge.evaluate import traces
-from mohge.evaluate.metrics import main as evaluate_main
+from mohge.evaluate.suite import main as evaluate_main
 from mohge.evaluate.traces import (
     TraceError,
     load_replay,

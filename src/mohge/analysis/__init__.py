@@ -1,4 +1,4 @@
-"""Analysis of trained runs and traces: the per-GPU utilization study, the result tables, the claims, the planner.
+"""Analysis of trained runs and traces: the per-GPU utilization study, the result tables, the claims, the sizing.
 
 Owns:
   `utilization`  expert placement -> per-rank load, analytic and measured (``mohge utilization``)
@@ -7,7 +7,7 @@ Owns:
   `study`        the paired tests and the claims of docs/study.md (``mohge study``)
   `controls`     the tests of the arms declared after the claims study's results (S8-S10 of ``mohge.study``)
   `capacity`     the capacity study's declared tests, tables C1-C3 and its figure (rule capacity_analysis)
-  `plan`         memory and throughput of a cluster config before it runs (``mohge plan``)
+  `sizing`       per-GPU memory, whether it fits, days to finish of a cluster config before it runs (``mohge sizing``)
   `plotstyle`    the figures' and tables' shared style and writers (matplotlib, pandas; workflow/scripts use it)
 
 Every interval and test comes from mohge.core.stats (the evaluation's token-level record needs them too, so they

@@ -22,7 +22,7 @@ import pandas as pd
 
 from mohge.core.atomic import atomic_path
 from mohge.core.cli import setup_logging, user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.model.experts import swiglu_params
 from mohge.model.losses import group_aux_active
 from mohge.model.params import COMPONENTS

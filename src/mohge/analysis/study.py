@@ -51,8 +51,8 @@ import pandas as pd
 
 from mohge.config.runs import AnalysisConfig, UtilizationConfig
 from mohge.core.cli import user_errors
+from mohge.core.knobs import ConfigError
 from mohge.core.stats import compare, holm, p_binomial_h0_le, t_interval
-from mohge.core.strict import ConfigError
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
 from .controls import control_tests, graded_datasets, paired_log_diffs, planned_models, q3_dose, token_q3

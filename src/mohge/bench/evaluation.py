@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mohge.config import load_run_config
     from mohge.evaluate.lm_eval_adapter import MoHGELM
-    from mohge.evaluate.metrics import LOCAL_TASKS, build_tasks, go_offline, run_lm_eval
+    from mohge.evaluate.suite import LOCAL_TASKS, build_tasks, go_offline, run_lm_eval
 
     go_offline()
     lm = MoHGELM(args.ckpt, device="cpu", batch_size=16)

@@ -46,7 +46,7 @@ import torch
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.kernels.cpu_gemm import cpu_bf16_support
 from mohge.model.moe import MoELayer
 

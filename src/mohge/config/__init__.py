@@ -13,7 +13,7 @@ May import: :mod:`mohge.core` only (the layer rule: ``mohge/__init__.py``). The 
 ``from mohge.config import RunConfig, ...`` is the one import of a config for every layer above.
 """
 
-from mohge.core.strict import ConfigError, check_name, from_dict, load_yaml_or_json, to_dict
+from mohge.core.knobs import ConfigError, check_name, from_dict, load_yaml_or_json, to_dict
 from mohge.core.vocab import (
     AC_MODES,
     ATTENTION_KINDS,

@@ -1,5 +1,5 @@
 """The `data` section of a dataset (a section of mohge.config, re-exported there): which source, how to split it,
-how many shards, which tokenizer, the vocabulary size. Strictly loaded like every section (mohge.core.strict)."""
+how many shards, which tokenizer, the vocabulary size. Strictly loaded like every section (mohge.core.knobs)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from mohge.core.strict import _fail, _Section, from_dict, knob, to_dict
+from mohge.core.knobs import _fail, _Section, from_dict, knob, to_dict
 
 DATA_SOURCES = ("shakespeare", "graded", "text", "hf", "facts")
 SPLITS = ("train", "val", "test")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 from .sections import ModelConfig, RouterConfig
 

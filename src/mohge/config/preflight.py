@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
+from mohge.core.knobs import ConfigError, load_yaml_or_json
 from mohge.core.resources import TASKS
-from mohge.core.strict import ConfigError, load_yaml_or_json
 
 from .data import DataConfig
 from .sections import RunConfig
@@ -216,7 +216,7 @@ def tracked_files(folder: str | Path) -> list[str]:
 
 def _training_part(cfg: RunConfig) -> dict[str, Any]:
     """What a trained model depends on (the eval section and the cadence/thread knobs aside)."""
-    from mohge.core.strict import to_dict
+    from mohge.core.knobs import to_dict
 
     d = to_dict(cfg)
     skip = ("ckpt_every", "keep_checkpoints", "log_every", "eval_every", "eval_batches", "threads")

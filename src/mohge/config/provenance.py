@@ -42,8 +42,8 @@ from typing import Any
 import yaml
 
 from mohge.core.cli import user_errors
+from mohge.core.knobs import ConfigError
 from mohge.core.resources import TASKS
-from mohge.core.strict import ConfigError
 
 PACKAGE = Path(__file__).resolve().parent
 while (PACKAGE.parent / "__init__.py").is_file():  # the top of the mohge package, wherever this module sits in it
@@ -233,7 +233,7 @@ def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     """The ``config_sha256`` values that ``summary.json`` and ``metrics.json`` of a run folder may hold: from its
     ``config.json`` as today's code reads it (with or without the :data:`LATER_KNOBS` at their defaults), or from
     the file as written (what the run read, when a key was added to the config since, at its default)."""
-    from mohge.core.strict import to_dict
+    from mohge.core.knobs import to_dict
 
     from .sections import RunConfig
 

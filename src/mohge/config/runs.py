@@ -10,7 +10,7 @@ data section), ``model``, ``loss``, ``train``, ``eval`` (shared by every run), `
 families, seeds, variants}), ``moe_width`` (the homogeneous baseline's width; null = the release's ratio),
 ``utilization``, ``analysis`` (a study's statistics), ``figures``, ``cluster`` (SLURM resources), ``inference``
 (per-run serving cost and the route-override knob points). Names
-(datasets, variants, study) are identifiers (:func:`mohge.core.strict.check_name`); :func:`plan` refuses every mistake
+(datasets, variants, study) are identifiers (:func:`mohge.core.knobs.check_name`); :func:`plan` refuses every mistake
 in one line naming the key, and then checks what the runs need from the world (:mod:`mohge.config.preflight`).
 
     mohge runs schema          # the JSON schema of the workflow config (workflow/schemas/)
@@ -25,7 +25,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 from mohge.core.cli import user_errors
-from mohge.core.strict import (
+from mohge.core.knobs import (
     NAME_PATTERN,
     PART_PATTERN,
     ConfigError,
@@ -86,7 +86,7 @@ def train_resources(cluster: ClusterConfig) -> dict:
     as GRES (a job-wide --gpus may land unevenly), and ``tasks_per_gpu=0``, without which the plugin turns ``tasks``
     of a GPU job into --ntasks-per-gpu. Memory and runtime are the config's limits on every attempt: a retry
     re-queues and resumes from the scratch checkpoints, it does not ask for more than the config states (the
-    planner, :mod:`mohge.analysis.plan`, compares the plan's days with this runtime).
+    planner, :mod:`mohge.analysis.sizing`, compares the plan's days with this runtime).
     """
     nodes, gpus = cluster.nodes, cluster.gpus_per_node
     fixed = {

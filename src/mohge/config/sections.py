@@ -1,6 +1,6 @@
 """Typed, strictly loaded configuration: one dataclass per component, one resolved file per run.
 
-Every section is a frozen dataclass whose fields are declared once with :func:`mohge.core.strict.knob` (default,
+Every section is a frozen dataclass whose fields are declared once with :func:`mohge.core.knobs.knob` (default,
 description, allowed values), so a bad config fails before anything is built, with a one-line message that
 names the key (as a dotted path such as ``model.ffn.group_topk``) and the value, and the JSON schema of the
 workflow (``mohge runs schema``) says the same. Each constructor receives only its own section
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mohge.core.strict import (
+from mohge.core.knobs import (
     _coerce,
     _fail,
     _Section,

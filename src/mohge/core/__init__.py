@@ -2,7 +2,7 @@
 
 Owns:
   `atomic`  atomic writes (a temporary sibling, then ``os.replace``), sha256 of files, the one-writer output lock
-  `strict`  strict loading of typed config sections (``knob``, ``from_dict``, ``ConfigError``) and their JSON schema
+  `knobs`   strict loading of typed config sections (``knob``, ``from_dict``, ``ConfigError``) and their JSON schema
   `cli`     the conventions of the ``python -m mohge.<command>`` entry points: one-line refusals, exit codes
   `vocab`   the vocabularies several layers share (``BACKENDS``, ``PLACEMENTS``, ...)
   `resources`  the files shipped as package data (the lm-eval task definitions), found through importlib.resources

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .atomic import LockedError
-from .strict import ConfigError
+from .knobs import ConfigError
 
 EXIT_OK = 0
 EXIT_USER = 2  # a bad config, a missing or malformed input file, a corrupted checkpoint or model folder

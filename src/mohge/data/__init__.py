@@ -46,7 +46,7 @@ separate pieces, so in practice almost every token covers characters of a single
 
 from mohge.config import DATA_SOURCES, DataConfig
 
-from .docs import Doc
+from .document import Doc
 from .manifest import read_split
 from .prepare import MAX_META_DOC_NAMES, load_data_config, load_meta, main, prepare, token_dtype
 from .shards import verify_shard

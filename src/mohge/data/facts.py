@@ -126,7 +126,7 @@ def iter_fact_docs(cfg: DataConfig, index: int = 0, num_shards: int = 1) -> Iter
     """(split, Doc) of shard job `index`: an empty document (its end-of-text token opens the shard), then its
     contiguous run of train epochs (epochs are never split); the same for its run of the val and test copies.
     Streamed: nothing holds the E copies."""
-    from .docs import Doc
+    from .document import Doc
 
     texts = fact_texts(cfg)
     E, n = cfg.facts_epochs, len(texts)

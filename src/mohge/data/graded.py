@@ -25,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from mohge.config import LEVEL_NAMES, SUM_DIGITS
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 LEVEL_SEP, LEVEL_EASY, LEVEL_MEDIUM, LEVEL_HARD = -1, 0, 1, 2
 

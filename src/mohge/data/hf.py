@@ -34,7 +34,7 @@ from typing import Any
 from mohge.config import SPLITS, ConfigError, DataConfig
 from mohge.config.preflight import check_hub, resolve_text_files
 
-from .docs import CANDIDATE, Doc
+from .document import CANDIDATE, Doc
 
 log = logging.getLogger("mohge.data")
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from mohge.config import ConfigError, DataConfig
 
-from .docs import Doc
+from .document import Doc
 from .hf import carved_splits, holdout_key, holdout_u
 from .shards import MAX_META_DOC_NAMES, SplitShardWriter, _HashedFile, doc_record, shard_entry, shard_name, verify_shard
 

@@ -40,7 +40,7 @@ from tqdm import tqdm
 
 from mohge.config import SPLITS, ConfigError
 from mohge.core.atomic import sha256_file, write_json_atomic
-from mohge.core.strict import load_json_file
+from mohge.core.knobs import load_json_file
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

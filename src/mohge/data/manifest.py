@@ -25,7 +25,7 @@ import numpy as np
 
 from mohge.config import LEVEL_NAMES, SPLITS, ConfigError, DataConfig
 from mohge.core.atomic import atomic_path, sha256_file, write_text_atomic
-from mohge.core.strict import load_json_file
+from mohge.core.knobs import load_json_file
 
 from .graded import LEVEL_SEP
 from .holdout import carve

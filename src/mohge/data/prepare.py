@@ -34,7 +34,7 @@ from mohge.config.preflight import offline_variable
 from mohge.core.atomic import atomic_path, sha256_file, write_json_atomic
 from mohge.core.cli import setup_logging, user_errors
 
-from .docs import CANDIDATE, Doc
+from .document import CANDIDATE, Doc
 from .facts import tokenizer_probe
 from .facts import write_tokenizer as write_facts_tokenizer
 from .holdout import CandidateWriter

@@ -28,9 +28,9 @@ import numpy as np
 
 from mohge.config import DataConfig
 from mohge.core.atomic import sha256_file
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
-from .docs import Doc
+from .document import Doc
 from .graded import LEVEL_SEP, token_levels
 
 log = logging.getLogger("mohge.data")

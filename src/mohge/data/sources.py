@@ -25,7 +25,7 @@ from mohge.config import SHAKESPEARE_SHA256, SPLITS, ConfigError, DataConfig
 from mohge.config.preflight import check_text_files, resolve_text_files
 from mohge.core.atomic import sha256_file
 
-from .docs import Doc
+from .document import Doc
 from .graded import generate_graded, generate_sums
 from .hf import by_tokens, carved_splits, hf_docs, iter_hf_docs
 from .hf import split_record as hf_split_record

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from mohge.config import DATA_ORDERS
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 from .loader import WindowOrder, check_size, concat, memmap_shard, split_shards, verify_split
 from .prepare import load_meta

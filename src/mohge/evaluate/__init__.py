@@ -1,7 +1,7 @@
 """Evaluation of a trained model: lm-eval tasks, held-out loss, routing traces, and the Hugging Face export.
 
 Owns:
-  `metrics`              the local lm-eval tasks from held-out data, the evaluation run and its CLI
+  `suite`                the local lm-eval tasks from held-out data, the evaluation run and its CLI
                          (``python -m mohge.evaluate``)
   `harness`              lm-eval's own command line with our model registered (``mohge lm-eval``)
   `lm_eval_adapter`      the adapter: our trained folder as an lm-eval model (``--model mohge``)

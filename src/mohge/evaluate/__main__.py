@@ -1,7 +1,7 @@
-"""``python -m mohge.evaluate``: lm-eval and the held-out loss of a trained model (:mod:`mohge.evaluate.metrics`)."""
+"""``python -m mohge.evaluate``: lm-eval and the held-out loss of a trained model (:mod:`mohge.evaluate.suite`)."""
 
 import sys
 
-from .metrics import main
+from .suite import main
 
 sys.exit(main())

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from mohge.config import DataConfig
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.data.facts import bits_per_fact, fact_table, total_bits
 
 LN2 = math.log(2.0)

@@ -34,7 +34,7 @@ import torch
 from mohge.config import ModelConfig, RunConfig
 from mohge.core.atomic import share
 from mohge.core.cli import setup_logging, user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.data.tokenizer import eot_id, load_tokenizer
 from mohge.train.checkpoint import load_trained, trained_tokenizer
 

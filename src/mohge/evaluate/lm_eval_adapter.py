@@ -46,7 +46,7 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.data.tokenizer import decode, encode, eot_id, load_tokenizer
 from mohge.train.checkpoint import load_trained, trained_tokenizer
 

@@ -55,7 +55,7 @@ import torch
 from mohge.config import LEVEL_NAMES, load_run_config
 from mohge.core.atomic import write_bytes_atomic, write_json_atomic
 from mohge.core.cli import setup_logging, user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 from mohge.data import TokenStream
 from mohge.train.checkpoint import check_trained_on, load_trained
 

@@ -23,7 +23,7 @@ import torch
 from mohge.config import LossConfig, ModelConfig, load_model_config
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 from .experts import swiglu_params
 from .transformer import LanguageModel

@@ -22,7 +22,7 @@ from typing import Any
 
 import datasets
 
-from mohge.core.strict import ConfigError
+from mohge.core.knobs import ConfigError
 
 DEFAULT_TASK_DATA = "mohge_tasks"
 

@@ -7,7 +7,7 @@ Owns:
                  weights, extra log columns), and the layout of one process or DDP
   `step`         AdamW, the warmup + cosine schedule (``lr_at``), the loss with its aux terms, one optimizer step,
                  the log rows (docs/method.md §5.4, §6)
-  `setup`        the run's data folder and its checks, the final outputs beside the weights (FINAL_FILES, ``finish``)
+  `run_files`    the run's data folder and its checks, the final outputs beside the weights (FINAL_FILES, ``finish``)
   `heldout`      the held-out loss (``val_loss``), also what mohge.evaluate reports
   `runtime`      devices, process groups, DDP, determinism
   `checkpoint`   resumable checkpoints and the sealed model folder (manifest.json, sha256 of each file)

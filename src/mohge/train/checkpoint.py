@@ -43,7 +43,7 @@ import torch
 
 from mohge.config import ConfigError, RunConfig, load_run_config, to_dict
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
-from mohge.core.strict import load_json_file
+from mohge.core.knobs import load_json_file
 
 log = logging.getLogger("mohge.train.checkpoint")
 

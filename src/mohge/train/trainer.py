@@ -27,7 +27,7 @@ The objective is L = L_LM + sum_layers weighted_aux(layer), the aux coefficients
   checkpoint is written after it, so the newest one in SCRATCH is the last good state.
 * Before the first step: OUT and SCRATCH are writable and locked (one writer each, mohge.core.atomic.output_lock),
   neither holds committed files of another run, the run passes mohge.config.preflight, the token shards and
-  tokenizer.json match meta.json's sha256 (:func:`mohge.train.setup.check_data`: at every start and resume,
+  tokenizer.json match meta.json's sha256 (:func:`mohge.train.run_files.check_data`: at every start and resume,
   re-hashing the files whose size, mtime or ctime changed) and their sizes (on every open), tokenizer.json round-trips.
 * OUT is sealed last by manifest.json (sha256 of each file, and the sha256 of the data folder's meta.json and
   tokenizer.json it was trained on); exit codes are mohge.core.cli's (docs/errors.md).
@@ -82,6 +82,7 @@ from mohge.model.moe import MoELayer
 
 from . import checkpoint as ckpt
 from .parallelism import Parallelism, Replicated
+from .run_files import FINAL_FILES, TrainResult, check_data, data_seal, finish, resolve_data
 from .runtime import (
     GracefulStop,
     LaunchError,
@@ -92,7 +93,6 @@ from .runtime import (
     set_deterministic,
     setup_runtime,
 )
-from .setup import FINAL_FILES, TrainResult, check_data, data_seal, finish, resolve_data
 from .step import (
     NonFiniteLossError,
     WindowMeter,
@@ -241,7 +241,7 @@ def _train(
 
 
 def _checked_data(cfg: RunConfig, data: str | None, scratch: Path, rt: Runtime) -> Path:
-    """The run's prepared data folder (:func:`mohge.train.setup.resolve_data`), checked by rank 0 before the first
+    """The run's prepared data folder (:func:`mohge.train.run_files.resolve_data`), checked by rank 0 before the first
     step: a broken tokenizer or a changed token file is named, not trained on."""
     scratch.mkdir(parents=True, exist_ok=True)
     data_dir = resolve_data(cfg, data, scratch, rt)

@@ -34,10 +34,10 @@ def eval_gpus(cluster: ClusterConfig) -> int:
 
 
 def eval_mem_mb(run: RunConfig, cluster: ClusterConfig) -> int:
-    """Host memory of an evaluate or trace job (MiB, SLURM's --mem unit) from the model's size, by the planner's
-    byte rules (mohge.analysis.plan.eval_host_bytes): fp32 weights and their loaded copy, the activations of one
+    """Host memory of an evaluate or trace job (MiB, SLURM's --mem unit) from the model's size, by the sizing's
+    byte rules (mohge.analysis.sizing.eval_host_bytes): fp32 weights and their loaded copy, the activations of one
     evaluation batch when the job runs on the CPU, and the runtime. The same on every attempt."""
-    from mohge.analysis.plan import eval_host_bytes  # the model's parameter count: torch, only when a job asks
+    from mohge.analysis.sizing import eval_host_bytes  # the model's parameter count: torch, only when a job asks
 
     return math.ceil(eval_host_bytes(run, on_cpu=eval_gpus(cluster) == 0) / 2**20)
 

@@ -8,13 +8,13 @@
 * :mod:`.meta_init`  the model built on the meta device and materialised per rank after sharding
 * :mod:`.dcp`      sharded, atomic, checksummed checkpoints through ``torch.distributed.checkpoint``
 * :mod:`.trainer`  the sharded layout of the training loop (``python -m mohge.train`` under torchrun with a layout)
-* :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the planner
-* :mod:`.memory`   activation bytes saved for the backward per token, for the planner
+* :mod:`.flops`    model FLOPs per token and per-rank expert FLOPs, for MFU and the sizing
+* :mod:`.memory`   activation bytes saved for the backward per token, for the sizing
 
 * :mod:`.gpu_check` the losses of the parallel stack against one process on GPUs
   (``python -m mohge.train.distributed.gpu_check``)
 
-Only :mod:`.layout` is imported here; it, :mod:`.flops` and :mod:`.memory` need no process group (the planner uses
+Only :mod:`.layout` is imported here; it, :mod:`.flops` and :mod:`.memory` need no process group (the sizing uses
 them).
 Part of the training layer (mohge.train): may import core, config, model, data, mohge.kernels and mohge.train.
 """

@@ -53,7 +53,7 @@ from torch.distributed.tensor import DTensor
 
 from mohge.config import ModelConfig
 from mohge.core.atomic import atomic_path, write_bytes_atomic, write_json_atomic
-from mohge.core.strict import load_json_file
+from mohge.core.knobs import load_json_file
 from mohge.model import LanguageModel
 
 from .. import checkpoint as ckpt

@@ -150,8 +150,8 @@ class ExpertParallelExperts(nn.Module):
     ``forward(x_TD, idx_TK, gates_TK)`` takes this rank's tokens and their routing (router ids) and returns
     y_t = sum_k gates[t, k] * E_{idx[t, k]}(x_t), the same as the single-process expert layer.
     ``weights[e] = (W1 [2H, D], W2 [D, H])`` needs only the experts of this rank; without it the weights are
-    left uninitialised (``torch.empty``: the planner builds the layer on the meta device).
-    ``group`` may be set after construction (the planner has no process group).
+    left uninitialised (``torch.empty``: the sizing builds the layer on the meta device).
+    ``group`` may be set after construction (the sizing has no process group).
     """
 
     def __init__(

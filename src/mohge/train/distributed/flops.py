@@ -1,4 +1,4 @@
-"""Training FLOPs: per token of the model (for MFU and the planner) and per rank of the routed experts.
+"""Training FLOPs: per token of the model (for MFU and the sizing) and per rank of the routed experts.
 
 Model FLOPs per token, for one forward + backward (PaLM's accounting, appendix B of arXiv 2204.02311):
 

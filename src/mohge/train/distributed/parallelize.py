@@ -5,7 +5,7 @@ torchtitan's order (``parallelize_llama`` / ``apply_fsdp``).
    :class:`.ep.ExpertParallelExperts` (experts chosen by the configured placement).
 2. Activation checkpointing (``block``): each transformer block recomputes its forward in the backward
    (``torch.distributed._composable.checkpoint``, which keeps the parameter names).
-3. FSDP2 (:func:`shard_plan` lists the units, the planner sizes the same list): each MoE layer's experts
+3. FSDP2 (:func:`shard_plan` lists the units, the sizing counts the same list): each MoE layer's experts
    over the expert mesh (dims orthogonal to EP), each block and the root over the dense mesh.
    ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` on CUDA, fp32 on a CPU.
 

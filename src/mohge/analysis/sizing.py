@@ -1,6 +1,6 @@
-"""The planner: per-GPU memory, fit and days to finish of a run on a cluster, from the trainer's own sharding plan.
+"""Sizing of a cluster run: per-GPU memory, whether it fits, and days to finish, by the trainer's own sharding plan.
 
-    mohge plan configs/paper.yaml [--nodes 1 2 4] [--gpus-per-node 8] [--gpu-mem 80] [--peak-tflops 989]
+    mohge sizing configs/paper.yaml [--nodes 1 2 4] [--gpus-per-node 8] [--gpu-mem 80] [--peak-tflops 989]
         [--mfu 0.4] [--global-batch 512] [--run NAME] [--json OUT]
 
 CONFIG is a workflow config (its first MoHGE run, or ``--run``) or a resolved run config. ``--nodes`` and
@@ -95,8 +95,8 @@ def load_run(paths: Sequence[str], run: str | None) -> RunConfig:
 def cluster_sizes(
     cluster: ClusterConfig | None, nodes: list[int] | None, gpus_per_node: int | None, where: str
 ) -> tuple[list[int], int]:
-    """The node counts and GPUs per node to plan: the options, else the config's ``cluster`` section; a size the
-    planner cannot plan is refused naming the key (a CPU config plans no GPU memory: it would print zeros)."""
+    """The node counts and GPUs per node to plan: the options, else the config's ``cluster`` section; a size that
+    cannot be sized is refused naming the key (a CPU config plans no GPU memory: it would print zeros)."""
     if cluster is None and (nodes is None or gpus_per_node is None):
         raise ConfigError(
             f"--nodes, --gpus-per-node: {where} is a resolved run config, which has no cluster section to take them "
@@ -106,7 +106,7 @@ def cluster_sizes(
         assert cluster is not None
         if cluster.gpus_per_node == 0:
             raise ConfigError(
-                f"cluster.gpus_per_node=0: {where} trains on CPUs, and the planner plans GPU memory and days; give "
+                f"cluster.gpus_per_node=0: {where} trains on CPUs, and mohge sizing reports GPU memory and days; give "
                 "--gpus-per-node G (and --nodes N) to plan its run on GPUs"
             )
         gpus_per_node = cluster.gpus_per_node
@@ -241,7 +241,7 @@ def refuse_unfit(cfg: RunConfig, rows: list[dict]) -> None:
 
 
 def eval_host_bytes(cfg: RunConfig, on_cpu: bool) -> float:
-    """Host memory of an evaluation or tracing job, by the planner's byte rules: the model is built in fp32 on
+    """Host memory of an evaluation or tracing job, by the sizing's byte rules: the model is built in fp32 on
     the host and its loaded state dict held beside it (2 x 4 bytes per parameter), plus, when the job runs on the
     CPU, the activations of one evaluation batch in fp32 (twice :func:`activation_bytes`' bf16, a forward under
     no_grad keeps one block's activations: the ``block`` rule), plus 2 GiB for the interpreter, torch and lm-eval."""
@@ -373,7 +373,7 @@ def time_limit_warning(rows: list[dict], cluster: ClusterConfig, profile: Path =
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="mohge plan", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="mohge sizing", description=__doc__.split("\n")[0])
     ap.add_argument("configs", nargs="+", help="workflow config(s), merged in order, or a resolved run config")
     ap.add_argument("--nodes", type=int, nargs="+", help="node counts, one table row each (default: cluster.nodes)")
     ap.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: cluster.gpus_per_node)")

@@ -13,7 +13,7 @@ from typing import Any
 from mohge.config import ConfigError, RunConfig
 from mohge.config.provenance import code_version
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
-from mohge.core.strict import to_dict
+from mohge.core.knobs import to_dict
 from mohge.data import load_meta, prepare
 from mohge.data.facts import tokenizer_probe
 from mohge.data.loader import sealed_entry, verify_folder

@@ -1,4 +1,4 @@
-"""The planner: the trainer's FSDP2 units on the meta device, per-GPU memory, and its command line."""
+"""The sizing: the trainer's FSDP2 units on the meta device, per-GPU memory, and its command line."""
 
 import json
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 from dist_support import run_dict
 
-from mohge.analysis.plan import fmt_count, fmt_days, fmt_gib, load_run, main, memory_per_gpu, time_limit_warning
+from mohge.analysis.sizing import fmt_count, fmt_days, fmt_gib, load_run, main, memory_per_gpu, time_limit_warning
 from mohge.config import RunConfig
 from mohge.config.runs import ClusterConfig, train_resources
 from mohge.model import LanguageModel
@@ -53,7 +53,7 @@ def test_memory_per_gpu_counts_sharded_parameters():
 def test_cli_table_and_refusal(tmp_path, capsys):
     config = tmp_path / "run.json"
     config.write_text(json.dumps(run_dict(4, ep=2)))
-    out = tmp_path / "plan.json"
+    out = tmp_path / "sizing.json"
     assert main([str(config), "--nodes", "1", "2", "--gpus-per-node", "2", "--gpu-mem", "1", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())
     assert [(r["gpus"], r["ep"], r["fits"]) for r in rows] == [(2, 2, True), (4, 2, True)]
@@ -67,8 +67,8 @@ PAPER = ROOT / "configs" / "paper.yaml"
 
 def test_paper_config_plans_its_own_fsdp_ep4_layout(tmp_path, capsys):
     """configs/paper.yaml carries the release's layout (train.parallel: FSDP2 over every rank, EP 4 by the
-    all-size placement), and the planner plans that section, as the trainer will run it."""
-    out = tmp_path / "plan.json"
+    all-size placement), and the sizing plans that section, as the trainer will run it."""
+    out = tmp_path / "sizing.json"
     argv = [str(PAPER), "--nodes", "1", "2", "4", "--gpus-per-node", "8", "--gpu-mem", "80", "--json", str(out)]
     assert main(argv) == 0
     rows = json.loads(out.read_text())
@@ -95,10 +95,11 @@ def without_parallel(tmp_path) -> str:
 
 
 def test_without_a_parallel_section_the_ddp_replica_is_planned_and_refused(tmp_path):
-    """No train.parallel: torchrun trains a whole fp32 replica per GPU (DDP); the planner plans that, and it does
+    """No train.parallel: torchrun trains a whole fp32 replica per GPU (DDP); the sizing plans that, and it does
     not fit 80 GB: refused in one line naming train.parallel, exit 2, after the table."""
-    config, rows = without_parallel(tmp_path), tmp_path / "plan.json"
-    argv = [sys.executable, "-m", "mohge", "plan", config, "--nodes", "2", "--gpus-per-node", "8", "--json", str(rows)]
+    config, rows = without_parallel(tmp_path), tmp_path / "sizing.json"
+    argv = [sys.executable, "-m", "mohge", "sizing", config, "--nodes", "2", "--gpus-per-node", "8"]
+    argv += ["--json", str(rows)]
     out = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2, out.stderr
     assert "| 2 x 8 | DDP, 16 replicas |" in out.stdout and "NO (80 GiB)" in out.stdout
@@ -125,9 +126,9 @@ SMOKE = ROOT / "configs" / "smoke.yaml"
 
 
 def test_paper_config_alone_plans_its_job_and_warns_that_it_outlives_the_time_limit(tmp_path, capsys):
-    """`mohge plan configs/paper.yaml` plans the job the workflow submits (cluster: 2 x 8), says which batch
+    """`mohge sizing configs/paper.yaml` plans the job the workflow submits (cluster: 2 x 8), says which batch
     it holds, and warns that the days exceed the runtime the train rule asks SLURM for, with the retry path."""
-    out = tmp_path / "plan.json"
+    out = tmp_path / "sizing.json"
     assert main([str(PAPER), "--json", str(out)]) == 0
     text = capsys.readouterr().out
     (row,) = json.loads(out.read_text())
@@ -148,7 +149,7 @@ def test_the_held_batch_is_stated_and_decides_the_tokens(tmp_path, capsys):
     global batch is held (every layout trains the same tokens)."""
     config = tmp_path / "run.json"
     config.write_text(json.dumps(run_dict(4, ep=1)))
-    out = tmp_path / "plan.json"
+    out = tmp_path / "sizing.json"
     base = [str(config), "--nodes", "1", "2", "--gpus-per-node", "2", "--json", str(out)]
     assert main(base) == 0
     rows = json.loads(out.read_text())

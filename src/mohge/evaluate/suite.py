@@ -59,8 +59,8 @@ from mohge.config import DataConfig, load_run_config
 from mohge.config.provenance import code_version
 from mohge.core.atomic import write_json_atomic, write_text_atomic
 from mohge.core.cli import setup_logging, user_errors
+from mohge.core.knobs import ConfigError, to_dict
 from mohge.core.resources import TASKS
-from mohge.core.strict import ConfigError, to_dict
 from mohge.data import load_meta
 from mohge.data.graded import LEVEL_EASY, LEVEL_MEDIUM, VERBS
 from mohge.data.loader import sealed_file
