@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RELEASE = FFNConfig(kind="mohge", num_experts=64, expert_widths=(384, 512, 640, 768, 896, 1024, 1152, 1280))
 
 
-def release_router(gate_mode: str = "code_exact", d: int = 64, std: float = 0.5) -> GroupedRouter:
+def release_router(gate_mode: str = "softmax_topk_probs", d: int = 64, std: float = 0.5) -> GroupedRouter:
     """The release's router (top-4 groups, top-6 experts) at model width ``d``; a large ``std`` gives peaked scores."""
     return GroupedRouter(d, RELEASE, RouterConfig(topk=6, group_topk=4, gate_mode=gate_mode, init_std=std))
 

@@ -201,14 +201,15 @@ def test_one_seed_a_model_gives_estimates_and_no_tests():
     assert g3["verdict"] == "pass" and math.isnan(g3["p"]) and g3["h0"] == "ratio outside [0.97, 1.03]"
 
 
-def selection_runs(bits: dict[str, float]) -> tuple[pd.DataFrame, dict]:
-    """runs.csv rows of selection runs ``{variant: B}`` of MoHGE, and their resolved lr and gate."""
+def selection_runs(bits: dict[str, float], softmax: str = "softmax_topk_probs") -> tuple[pd.DataFrame, dict]:
+    """runs.csv rows of selection runs ``{variant: B}`` of MoHGE, and their resolved lr and gate (the softmax gate
+    spelled ``softmax``)."""
     lrs = {"lr5e3": 5e-3, "lr1e2": 1e-2, "lr2e2": 2e-2}
     rows, settings_of = [], {}
     for variant, b in bits.items():
         run = f"facts-mohge-{variant}-s100"
         rows.append({"run": run, "family": f"mohge+{variant}", "bits_stored": b})
-        gate = "product_renorm" if "renorm" in variant else "code_exact"
+        gate = "product_renorm" if "renorm" in variant else softmax
         settings_of[run] = {"lr": lrs[variant.rsplit("_", 1)[1]], "gate_mode": gate}
     rows.append({"run": "facts-mohge-s0", "family": "mohge", "bits_stored": 1.0})  # not a selection run
     return pd.DataFrame(rows), settings_of
@@ -226,13 +227,23 @@ def test_selection_keeps_the_largest_b_of_a_complete_family():
     assert len(table) == 6 and kept(table) == ["sel_renorm_lr1e2"]
 
 
-def test_selection_ties_within_a_thousandth_go_to_the_lower_lr_then_to_code_exact():
+def test_selection_ties_within_a_thousandth_go_to_the_lower_lr_then_to_the_softmax_gate():
     runs, settings_of = selection_runs({"sel_lr5e3": 199.9e3, "sel_lr1e2": 200e3, "sel_renorm_lr5e3": 199.95e3})
     assert kept(ca.selection(runs, settings_of, {"mohge": 3})) == ["sel_lr5e3"]
     runs, settings_of = selection_runs({"sel_lr1e2": 199.9e3, "sel_renorm_lr1e2": 200e3, "sel_lr2e2": 150e3})
     assert kept(ca.selection(runs, settings_of, {"mohge": 3})) == ["sel_lr1e2"]
     runs, settings_of = selection_runs({"sel_lr1e2": 199.7e3, "sel_renorm_lr1e2": 200e3})
     assert kept(ca.selection(runs, settings_of, {"mohge": 2})) == ["sel_renorm_lr1e2"]  # 0.15 %: no tie
+
+
+def test_a_gate_named_by_its_alias_is_selected_as_by_its_name():
+    """The committed capacity configs spell the softmax gate ``code_exact``: read as ``softmax_topk_probs``."""
+    bits = {"sel_lr5e3": 199.9e3, "sel_lr1e2": 200e3, "sel_renorm_lr5e3": 199.95e3}
+    by_alias, by_name = (
+        ca.selection(*selection_runs(bits, g), {"mohge": 3}) for g in ("code_exact", "softmax_topk_probs")
+    )
+    pd.testing.assert_frame_equal(by_alias, by_name)
+    assert set(by_alias["gate_mode"]) == {"softmax_topk_probs", "product_renorm"} and kept(by_alias) == ["sel_lr5e3"]
 
 
 def test_an_incomplete_selection_keeps_nothing():

@@ -53,6 +53,45 @@ def test_bad_config_refused_naming_key(cfg, key, value):
     assert value in msg, msg
 
 
+@pytest.mark.parametrize(
+    ("key", "alias", "name"),
+    [(("model", "router", "gate_mode"), "code_exact", "softmax_topk_probs"),
+     (("loss", "expert_aux_mode"), "code", "all_experts_sparse")],
+)  # fmt: skip
+def test_a_value_named_by_its_alias_is_read_as_its_name(tmp_path, key, alias, name):
+    """A YAML or JSON config, and a section built in code, may name a value by its alias; what the code reads, and
+    what a resolved config writes, is the value's name. The workflow's schema accepts both."""
+    cfg: dict = {}
+    node = cfg
+    for part in key[:-1]:
+        node = node.setdefault(part, {})
+    node[key[-1]] = alias
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(cfg))
+    for read in (RunConfig.from_dict(cfg), load_run_config(path)):
+        section = read.model.router if key[0] == "model" else read.loss
+        assert getattr(section, key[-1]) == name
+        assert json.dumps(to_dict(read)).count(f'"{alias}"') == 0
+    section_cls = type(RunConfig().model.router if key[0] == "model" else RunConfig().loss)
+    assert getattr(section_cls(**{key[-1]: alias}), key[-1]) == name
+    schema = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
+    entries = list(_schema_entries(schema, key[-1]))
+    assert entries and all(name in e["enum"] for e in entries)
+    assert all(alias in e["enum"] and f"also accepted: {alias} = {name}" in e["description"] for e in entries)
+
+
+def _schema_entries(node, key: str):
+    """Every schema entry of a property named ``key``, at any depth."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "properties" and isinstance(v, dict) and key in v:
+                yield v[key]
+            yield from _schema_entries(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _schema_entries(v, key)
+
+
 def test_defaults_are_the_release_and_round_trip(tmp_path):
     cfg = RunConfig.from_dict(model())
     assert cfg.model.ffn.expert_widths == (384, 512, 640, 768, 896, 1024, 1152, 1280)

@@ -210,3 +210,17 @@ print("ok", type(a).__name__, type(b).__name__)
     )
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("ok") and res.stderr.strip() == "", res.stderr
+
+
+def test_an_exported_config_naming_the_gate_by_its_alias_loads_as_its_name(tmp_path):
+    """An exported config.json may say gate_mode code_exact (an alias): the export's own configuration class reads
+    it as softmax_topk_probs, the name its forward pass compares with, and its alias table is mohge's."""
+    from mohge.core.vocab import GATE_MODE_ALIASES
+    from mohge.evaluate import configuration_mohge
+
+    assert configuration_mohge.GATE_MODE_ALIASES == GATE_MODE_ALIASES
+    configuration_mohge.MoHGEConfig(gate_mode="product_renorm").save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "gate_mode": "code_exact"}))
+    assert configuration_mohge.MoHGEConfig.from_pretrained(tmp_path).gate_mode == "softmax_topk_probs"
+    assert configuration_mohge.MoHGEConfig().gate_mode == "softmax_topk_probs"

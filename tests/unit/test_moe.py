@@ -14,7 +14,7 @@ def test_one_group_of_one_expert_equals_dense_ffn():
     ffn = FFNConfig(
         kind="mohge", num_experts=1, expert_widths=(24,), shared_expert_width=0, placement="contiguous", backend="torch"
     )
-    for mode in ("code_exact", "product_renorm"):
+    for mode in ("softmax_topk_probs", "product_renorm"):
         layer = MoELayer(16, ffn, RouterConfig(topk=1, group_topk=1, gate_mode=mode), LossConfig(), 0.1, 0.1)
         dense = SwiGLU(16, 24, 0.1, 0.1)
         with torch.no_grad():

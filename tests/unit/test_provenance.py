@@ -211,3 +211,75 @@ def test_a_knob_newer_than_a_result_counts_only_at_its_default():
     assert "balance_stats" not in out["loss"]  # at its default: the run before the knob ran as this one
     assert out["model"]["router"]["expert_bias_rate"] == 1e-3  # not at its default: another config
     assert config["loss"]["balance_stats"] == "micro_batch"  # the input is left as it was
+
+
+def _leaves(config: dict, prefix: tuple = ()) -> set[tuple]:
+    """The key paths of ``config``'s values (its sections walked)."""
+    out = set()
+    for k, v in config.items():
+        out |= _leaves(v, (*prefix, k)) if isinstance(v, dict) else {(*prefix, k)}
+    return out
+
+
+def _committed_runs() -> list[Path]:
+    return sorted(p.parent for p in (ROOT / "results").glob("*/runs/*/config.json"))
+
+
+def test_a_committed_run_config_read_today_has_its_recorded_config_hash():
+    """Null hypothesis: the config hash today's code computes from a committed run's config.json (read as a
+    RunConfig: the renamed values in their new names) differs from the one its summary.json and metrics.json
+    recorded. Each hash is today's read, with or without the later knobs at their default; only a config.json that
+    lacks a key today's read fills in may match as the file was written."""
+    from mohge.config import RunConfig
+    from mohge.core.knobs import to_dict
+
+    renamed = 0
+    for run in _committed_runs():
+        raw = json.loads((run / "config.json").read_text())
+        today = to_dict(RunConfig.from_dict(raw))
+        lacks_a_key = bool(_leaves(today) - _leaves(raw))
+        renamed += raw["model"]["router"]["gate_mode"] != today["model"]["router"]["gate_mode"]
+        for name in ("summary.json", "metrics.json"):
+            if not (run / name).is_file():
+                continue
+            recorded = json.loads((run / name).read_text())["code"]["config_sha256"]
+            ours = [c if name == "metrics.json" else {k: v for k, v in c.items() if k != "eval"}
+                    for c in (today, prov.without_later_knobs(today), *([raw] if lacks_a_key else []))]  # fmt: skip
+            assert recorded in {prov.config_sha256(c) for c in ours}, run / name
+    assert renamed > 100  # the committed configs spell gate_mode as the alias code_exact
+
+
+def _spelled(config: dict, gate_mode: str, expert_aux_mode: str) -> dict:
+    out = json.loads(json.dumps(config))
+    out["model"]["router"]["gate_mode"], out["loss"]["expert_aux_mode"] = gate_mode, expert_aux_mode
+    return out
+
+
+def test_the_config_hash_does_not_depend_on_which_name_a_value_is_given_by():
+    """Null hypothesis: a config that names a value by its alias hashes differently from one that names it by its
+    name (as written, and as today's code reads it); a different value does hash differently."""
+    from mohge.config import RunConfig
+    from mohge.core.knobs import to_dict
+
+    raw = json.loads(next((ROOT / "results" / "default" / "runs").glob("*/config.json")).read_text())
+    named = _spelled(raw, "softmax_topk_probs", "all_experts_sparse")
+    aliased = _spelled(raw, "code_exact", "code")
+    assert prov.config_sha256(named) == prov.config_sha256(aliased)
+    read = to_dict(RunConfig.from_dict(aliased))
+    assert read == to_dict(RunConfig.from_dict(named)) and read["model"]["router"]["gate_mode"] == "softmax_topk_probs"
+    assert prov.config_sha256(read) == prov.config_sha256(_spelled(read, "code_exact", "code"))
+    assert prov.hashed_form(read)["loss"]["expert_aux_mode"] == "code"  # the spelling results were recorded with
+    assert read["loss"]["expert_aux_mode"] == "all_experts_sparse"  # the input is left as it was
+    assert prov.config_sha256(_spelled(named, "product_renorm", "all_experts_sparse")) != prov.config_sha256(named)
+    assert prov.config_sha256(_spelled(named, "softmax_topk_probs", "per_group")) != prov.config_sha256(named)
+
+
+def test_every_hashed_spelling_is_an_alias_of_its_value():
+    """The spellings the config hash uses are the aliases the config accepts for the same values (mohge.core.vocab)."""
+    from mohge.core.vocab import EXPERT_AUX_MODE_ALIASES, GATE_MODE_ALIASES
+
+    aliases = {
+        ("model", "router", "gate_mode"): GATE_MODE_ALIASES,
+        ("loss", "expert_aux_mode"): EXPERT_AUX_MODE_ALIASES,
+    }
+    assert {path: {v: k for k, v in a.items()} for path, a in aliases.items()} == prov.HASHED_AS

@@ -35,7 +35,7 @@ def test_selected_experts_lie_in_selected_groups_without_quota():
     assert per_token_distinct.min() < 4 <= per_token_distinct.max()
 
 
-def test_code_exact_gates_within_exact_bounds():  # docs/method.md §2 E6
+def test_softmax_topk_probs_gates_within_exact_bounds():  # docs/method.md §2 E6
     lo, hi = 1 / (5 + math.e), math.e / (5 + math.e)
     assert (round(lo, 5), round(hi, 5)) == (0.12956, 0.35219)
     r = release_router(std=3.0)(torch.randn(1000, 64) * 5)
@@ -43,7 +43,7 @@ def test_code_exact_gates_within_exact_bounds():  # docs/method.md §2 E6
     torch.testing.assert_close(r.gates_TK.sum(-1), torch.ones(1000))
 
 
-def test_code_exact_reaches_both_bounds_on_one_hot_routing():
+def test_softmax_topk_probs_reaches_both_bounds_on_one_hot_routing():
     router = release_router()
     with torch.no_grad():
         router.group_router.weight.zero_()
@@ -90,7 +90,7 @@ def test_flat_router_softmax_over_topk():
     torch.testing.assert_close(r.gates_TK, top / top.sum(-1, keepdim=True))
 
 
-def test_flat_router_code_exact_form_gates_by_the_topk_probabilities():  # docs/method.md §2.4, router.flat_gate
+def test_flat_router_probs_gate_is_a_softmax_over_the_topk_probabilities():  # docs/method.md §2.4, router.flat_gate
     ffn = FFNConfig(kind="moe", num_experts=8, expert_widths=(32,), placement="contiguous")
     logits_gate = TopKRouter(16, ffn, RouterConfig(topk=4, init_std=0.5))
     probs_gate = TopKRouter(16, ffn, RouterConfig(topk=4, init_std=0.5, flat_gate="probs"))

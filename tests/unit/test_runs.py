@@ -55,7 +55,7 @@ def test_variants_override_before_families_are_derived():
     )
     assert len(runs) == 2 * 2 * 3
     assert runs["graded-mohge-renorm-s1"].model.router.gate_mode == "product_renorm"
-    assert runs["graded-mohge-release-s0"].model.router.gate_mode == "code_exact"
+    assert runs["graded-mohge-release-s0"].model.router.gate_mode == "softmax_topk_probs"
     assert runs["graded-mohge-renorm-s1"].variant == "renorm" and runs["graded-mohge-renorm-s1"].train.seed == 1
     # the homogeneous MoE is re-derived from the variant's widths: mean 44 / 0.8125 -> 54 -> 56
     assert runs["graded-moe-wide-s0"].model.ffn.expert_widths == (56,)

@@ -95,7 +95,7 @@ def test_each_declared_test_has_its_direction_and_scipy_p(config, planned):
     "change, failed",
     [
         ({"mohge+hom208": 0.93}, "(a) MoHGE beats hom208: not met"),  # equal widths do better at fixed router
-        ({"mohge+renorm": 1.0}, "(b) the lead survives the gate: not met"),  # the code_exact gate carries the lead
+        ({"mohge+renorm": 1.0}, "(b) the lead survives the gate: not met"),  # the softmax gate carries the lead
         ({"moe_equal+lr6e3": 0.93}, "(c) Q1b at the best lrs: not met"),  # an lr artefact
         ({"moe_equal+noaux": 0.93}, "(d) Q1b against noaux: not met"),  # the Switch loss made MoE-208 worse
     ],

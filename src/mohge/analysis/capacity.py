@@ -34,6 +34,7 @@ import pandas as pd
 
 from mohge.config.runs import AnalysisConfig
 from mohge.core.stats import TEstimate, delta_interval, delta_variance, ols_line, one_sample, t_interval, welch
+from mohge.core.vocab import GATE_MODE_ALIASES
 
 _DECLARED = AnalysisConfig()  # the analysis section's own defaults
 DEFAULTS = {
@@ -229,26 +230,29 @@ def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float) -> pd
 # The best shot's selection (docs/study.md "Claim 1 with MoHGE given its best shot", item 2)
 
 SELECTION = "sel_"  # variant prefix of the selection runs: in the models table, in no test
-SELECTION_TIE = 1e-3  # B within 0.1 % of the best is a tie: the lower lr wins, then code_exact
+SELECTION_TIE = 1e-3  # B within 0.1 % of the best is a tie: the lower lr wins, then softmax_topk_probs
 SELECTION_COLUMNS = ["family", "variant", "run", "lr", "gate_mode", "bits_stored", "kept"]
 
 
 def selection(runs: pd.DataFrame, settings_of: dict[str, dict], declared: dict[str, int]) -> pd.DataFrame:
     """One row per selection run (``family`` ``<base>+sel_*`` in runs.csv) with its lr and gate (``settings_of``:
-    run -> {"lr", "gate_mode"}, from the resolved run configs) and B; ``kept`` marks each base family's choice
-    by the declared rule: the largest B, ties within :data:`SELECTION_TIE` of it to the lower lr, then to
-    code_exact. A family has no choice (``kept`` False everywhere) until all its ``declared`` runs are in."""
+    run -> {"lr", "gate_mode"}, from the resolved run configs; a gate_mode alias such as the committed configs'
+    ``code_exact`` is read as its name) and B; ``kept`` marks each base family's choice by the declared rule: the
+    largest B, ties within :data:`SELECTION_TIE` of it to the lower lr, then to softmax_topk_probs. A family has
+    no choice (``kept`` False everywhere) until all its ``declared`` runs are in."""
     rows = []
     for _, r in runs[runs["family"].str.contains("+" + SELECTION, regex=False)].iterrows():
         base, variant = r["family"].split("+", 1)
-        rows.append({"family": base, "variant": variant, "run": r["run"], **settings_of[r["run"]],
+        got = settings_of[r["run"]]
+        gate = GATE_MODE_ALIASES.get(got["gate_mode"], got["gate_mode"])
+        rows.append({"family": base, "variant": variant, "run": r["run"], **got, "gate_mode": gate,
                      "bits_stored": float(r["bits_stored"]), "kept": False})  # fmt: skip
     table = pd.DataFrame(rows, columns=SELECTION_COLUMNS)
     for base, g in table.groupby("family"):
         if len(g) < declared.get(base, 0) or g["bits_stored"].isna().any():
             continue
         tied = g[g["bits_stored"] >= g["bits_stored"].max() * (1 - SELECTION_TIE)]
-        order = tied.assign(renorm=tied["gate_mode"] != "code_exact").sort_values(["lr", "renorm"])
+        order = tied.assign(renorm=tied["gate_mode"] != "softmax_topk_probs").sort_values(["lr", "renorm"])
         table.loc[order.index[0], "kept"] = True
     return table.sort_values(["family", "gate_mode", "lr"], ignore_index=True)
 

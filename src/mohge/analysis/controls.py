@@ -18,8 +18,8 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   Holm's adjustment over them and ``decision_holm`` the decision read at it, a finding only where p_holm < alpha.
   **Restating Q1b** (the last row, a computed verdict, on the Holm decisions): "heterogeneity helps" only if Q1b
   holds (S2), MoHGE beats hom208 ((a): "A lower"), the lead survives the gate ((b): MoHGE is not shown lower than
-  renorm, i.e. the code_exact gate does not carry it), Q1b holds at each family's best lr ((c)) and against noaux
-  ((d)); otherwise "the package".
+  renorm, i.e. the softmax_topk_probs gate does not carry it), Q1b holds at each family's best lr ((c)) and against
+  noaux ((d)); otherwise "the package".
 * S9_q3_dose, Q3's control and dose-response over alpha_G (every MoHGE model of the graded dataset, by its
   loss.group_aux_coeff; omega_max, the widest group's cost weight, tells the cost weights apart): activated parameters
   and test perplexity (mean, CI over seeds), the paired easy - hard routed width and the Q3 test at each alpha_G

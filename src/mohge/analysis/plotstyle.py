@@ -125,7 +125,7 @@ CONTROL_VARIANTS = ("hom208", "renorm", "probsgate", "noaux")
 VARIANT_NAMES = {
     "hom208": "all widths 208",
     "renorm": "product_renorm gate",
-    "probsgate": "code_exact-form gate",
+    "probsgate": "softmax-of-top-k-probs gate",
     "noaux": "no balance loss",
     "ag0": "α_G = 0",
     "ag1": "α_G = 1",

@@ -21,9 +21,10 @@ normalized form, so that only what can change a number changes it:
 * the task YAMLs as parsed data (key order, comments and quoting do not count).
 
 Documentation (README, docs/, configs/README.md) is outside it. ``config_sha256`` is the sha256 of the run
-config as the code reads it (``to_dict(RunConfig)``, keys sorted): without its ``eval`` section for training, whole
-for evaluation. ``commit`` is ``git rev-parse HEAD`` and ``clean`` whether ``git status`` shows none of the hashed
-files changed (both null outside a git checkout). tests/unit/test_provenance.py fails when a committed result's
+config as the code reads it (``to_dict(RunConfig)``, keys sorted, a value with two names in the spelling of
+:data:`HASHED_AS`): without its ``eval`` section for training, whole for evaluation. ``commit`` is ``git rev-parse
+HEAD`` and ``clean`` whether ``git status`` shows none of the hashed files changed (both null outside a git
+checkout). tests/unit/test_provenance.py fails when a committed result's
 ``sources_sha256`` or ``config_sha256`` differs from today's.
 """
 
@@ -182,7 +183,9 @@ def sources_sha256() -> str:
 
 
 def config_sha256(config: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """The sha256 of ``config`` in its hashed form (:func:`hashed_form`), keys sorted."""
+    blob = json.dumps(hashed_form(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
 def _git(*args: str) -> str | None:
@@ -216,14 +219,35 @@ def code_version(config: dict[str, Any]) -> dict[str, Any]:
 LATER_KNOBS = {("loss", "balance_stats"): "micro_batch", ("model", "router", "expert_bias_rate"): 0.0}
 
 
+# Values with more than one name (mohge.core.vocab's aliases): the config hash is over the first spelling, the one
+# the committed results were recorded with, so a config that names a value either way keeps their hash.
+HASHED_AS = {
+    ("model", "router", "gate_mode"): {"softmax_topk_probs": "code_exact"},
+    ("loss", "expert_aux_mode"): {"all_experts_sparse": "code"},
+}
+
+
+def _section(config: dict[str, Any], parents: Sequence[str]) -> Any:
+    for part in parents:
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+def hashed_form(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with each :data:`HASHED_AS` value in its hashed spelling (the input is left as it was)."""
+    out = json.loads(json.dumps(config))
+    for (*parents, key), spelling in HASHED_AS.items():
+        section = _section(out, parents)
+        if isinstance(section, dict) and isinstance(section.get(key), str) and section[key] in spelling:
+            section[key] = spelling[section[key]]
+    return out
+
+
 def without_later_knobs(config: dict[str, Any]) -> dict[str, Any]:
     """``config`` without the :data:`LATER_KNOBS` that are at their default."""
     out = json.loads(json.dumps(config))
-    for path, default in LATER_KNOBS.items():
-        *parents, key = path
-        section = out
-        for part in parents:
-            section = section.get(part) if isinstance(section, dict) else None
+    for (*parents, key), default in LATER_KNOBS.items():
+        section = _section(out, parents)
         if isinstance(section, dict) and key in section and section[key] == default:
             del section[key]
     return out

@@ -31,9 +31,11 @@ from mohge.core.vocab import (
     BALANCE_STATS,
     DATA_ORDERS,
     DEVICES,
+    EXPERT_AUX_MODE_ALIASES,
     EXPERT_AUX_MODES,
     FFN_KINDS,
     FLAT_GATES,
+    GATE_MODE_ALIASES,
     GATE_MODES,
     PLACEMENTS,
     PRECISIONS,
@@ -132,7 +134,13 @@ class RouterConfig(_Section):
     topk: int = knob(6, "experts each token is routed to", gt=0)
     group_topk: int = knob(4, "groups each token may pick experts from (MoHGE)", gt=0)
     group_score: str = knob("sigmoid", "score function of the group router", choices=SCORE_FUNCTIONS)
-    gate_mode: str = knob("code_exact", "how the two levels' scores combine into gates", choices=GATE_MODES)
+    gate_mode: str = knob(
+        "softmax_topk_probs",
+        "how the two levels' scores combine into gates: softmax over the top-k probabilities, or their renormalised "
+        "products (docs/method.md §2.4)",
+        choices=GATE_MODES,
+        aliases=GATE_MODE_ALIASES,
+    )
     flat_gate: str = knob(
         "logits",
         "the flat router's gate (moe, hmoe, modse; MoHGE's is gate_mode): softmax over top-k logits or probabilities",
@@ -219,7 +227,13 @@ class LossConfig(_Section):
     """
 
     expert_aux_coeff: float = knob(5e-3, "alpha_E: expert balance loss coefficient", ge=0)
-    expert_aux_mode: str = knob("code", "how the expert loss is computed", choices=EXPERT_AUX_MODES)
+    expert_aux_mode: str = knob(
+        "all_experts_sparse",
+        "how the expert loss is computed: over all experts with the sparse final gates, or within each group "
+        "(docs/method.md §5.2)",
+        choices=EXPERT_AUX_MODES,
+        aliases=EXPERT_AUX_MODE_ALIASES,
+    )
     group_aux_coeff: float = knob(1e-5, "alpha_G: group (cost) loss coefficient", ge=0)
     group_aux_start_frac: float = knob(0.5, "L_G is on once step > start_frac * steps", ge=0, le=1)
     group_cost_interval: int = knob(1024, "width interval of the release's group cost weights", gt=0)
@@ -242,8 +256,8 @@ class LossConfig(_Section):
             _fail(
                 self.key("balance_stats"),
                 self.balance_stats,
-                "needs expert_aux_mode 'code': the per-group loss is a ratio of probability sums, which the "
-                "global-batch counts cannot split over micro-batches",
+                "needs expert_aux_mode 'all_experts_sparse': the per-group loss is a ratio of probability sums, which "
+                "the global-batch counts cannot split over micro-batches",
             )
 
 

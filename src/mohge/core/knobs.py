@@ -3,9 +3,11 @@
 A section is a frozen dataclass deriving from :class:`_Section`. Each field is declared once with
 :func:`knob`: its default, a one-line description, and its allowed values (``choices``, ``ge``/``gt``/``le``/
 ``lt`` bounds, ``min_items``; on a tuple field the bounds and choices apply to every item, ``min_items`` to the
-tuple). The same declaration drives the check in ``__post_init__``, the JSON schema (:func:`schema_of`: ``enum``,
-``minimum``/``exclusiveMinimum``, ``minItems``, ``description``) and the documentation, so the package and
-Snakemake's ``validate`` give the same answer. Checks that involve several fields live in a section's ``check``.
+tuple; ``aliases``: other names accepted for a choice, replaced by the choice when a section is built, so the code
+sees only the choices). The same declaration drives the check in ``__post_init__``, the JSON schema
+(:func:`schema_of`: ``enum`` with the aliases, ``minimum``/``exclusiveMinimum``, ``minItems``, ``description``) and
+the documentation, so the package and Snakemake's ``validate`` give the same answer. Checks that involve several
+fields live in a section's ``check``.
 
 Every refusal is a :class:`ConfigError` of one line that names the key as a dotted path
 (``model.ffn.expert_widths[2]=0: must be > 0``).
@@ -69,10 +71,13 @@ def knob(
     le: float | None = None,
     lt: float | None = None,
     min_items: int | None = None,
+    aliases: dict[str, str] | None = None,
 ) -> Any:
     """A dataclass field with its description and allowed values (checked by ``_Section``, exported to the
-    schema)."""
+    schema); ``aliases`` maps other accepted names to ``choices``."""
+    assert not aliases or (choices and set(aliases.values()) <= set(choices)), "an alias names one of the choices"
     meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "min_items": min_items}
+    meta["aliases"] = aliases
     meta = {k: v for k, v in meta.items() if v is not None and v != ""}
     if factory is not MISSING:
         return field(default_factory=factory, metadata=meta)
@@ -129,6 +134,9 @@ class _Section:
                 object.__setattr__(self, f.name, value)
             if not meta:
                 continue
+            if isinstance(value, str) and value in meta.get("aliases", {}):  # the code sees only the choices
+                value = meta["aliases"][value]
+                object.__setattr__(self, f.name, value)
             if isinstance(value, tuple):
                 if len(value) < meta.get("min_items", 0):
                     _fail(self.key(f.name), value, f"needs at least {meta['min_items']} item(s)")
@@ -218,11 +226,16 @@ _BOUNDS = {"ge": "minimum", "gt": "exclusiveMinimum", "le": "maximum", "lt": "ex
 
 def _constrain(schema: dict, meta: dict) -> dict:
     if "choices" in meta:
-        schema = {"enum": list(meta["choices"])}
+        schema = {"enum": [*meta["choices"], *meta.get("aliases", {})]}
     for k, name in _BOUNDS.items():
         if k in meta:
             schema[name] = meta[k]
     return schema
+
+
+def _aliases_doc(meta: dict) -> str:
+    aliases = meta.get("aliases", {})
+    return f"; also accepted: {', '.join(f'{a} = {c}' for a, c in aliases.items())}" if aliases else ""
 
 
 def _doc(cls: type) -> str:
@@ -243,7 +256,7 @@ def schema_of(tp: Any, meta: dict | None = None) -> dict:
             if f.init and f.name != "_path":
                 props[f.name] = schema_of(hints[f.name], dict(f.metadata))
                 if f.metadata.get("doc"):
-                    props[f.name]["description"] = f.metadata["doc"]
+                    props[f.name]["description"] = f.metadata["doc"] + _aliases_doc(f.metadata)
         return {"type": "object", "additionalProperties": False, "description": _doc(tp), "properties": props}
     if origin is tuple:
         out: dict = {"type": "array", "items": schema_of(typing.get_args(tp)[0], meta)}

@@ -6,15 +6,24 @@ Dependency-free on purpose: ``mohge.config`` declares its knobs with them (and r
 """
 
 FFN_KINDS = ("dense", "moe", "mohge", "hmoe", "modse")
-GATE_MODES = ("code_exact", "product_renorm")
+# MoHGE's final gates (docs/method.md §2.4): a softmax over the top-k *probabilities* (Megatron's, the release's),
+# or the top-k products renormalised to sum to 1
+GATE_MODES = ("softmax_topk_probs", "product_renorm")
 FLAT_GATES = ("logits", "probs")  # the flat router's gate: softmax over the top-k logits, or over their probabilities
 SCORE_FUNCTIONS = ("sigmoid", "softmax")
 PLACEMENTS = ("contiguous", "all_size", "modse_pairs", "flop_lpt")
 ATTENTION_KINDS = ("mha", "mla")
 BACKENDS = ("auto", "triton", "grouped_mm", "torch", "loop")
-EXPERT_AUX_MODES = ("code", "per_group")
+# L_E (docs/method.md §5.2): the release's over all experts with the sparse final gates and N_eff scaling, or within
+# each group
+EXPERT_AUX_MODES = ("all_experts_sparse", "per_group")
 BALANCE_STATS = ("micro_batch", "global_batch")
 PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_ORDERS = ("random", "sequential")
 AC_MODES = ("none", "block")  # train.parallel.activation_checkpointing
+
+# Aliases accepted for a value, each -> its name above (committed run configs and exported models spell them so);
+# a config is normalised to the name above when it is read (mohge.core.knobs: ``knob(aliases=...)``)
+GATE_MODE_ALIASES = {"code_exact": "softmax_topk_probs"}
+EXPERT_AUX_MODE_ALIASES = {"code": "all_experts_sparse"}

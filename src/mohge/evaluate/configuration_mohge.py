@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+# a name an exported config.json may hold -> the name the forward pass reads (mohge.core.vocab.GATE_MODE_ALIASES)
+GATE_MODE_ALIASES = {"code_exact": "softmax_topk_probs"}
+
 
 class MoHGEConfig(PretrainedConfig):
     model_type = "mohge"
@@ -39,13 +42,17 @@ class MoHGEConfig(PretrainedConfig):
     topk: int = 2
     group_topk: int = 1
     group_score: str = "sigmoid"  # sigmoid | softmax
-    gate_mode: str = "code_exact"  # code_exact | product_renorm
+    gate_mode: str = "softmax_topk_probs"  # softmax_topk_probs | product_renorm (GATE_MODE_ALIASES: also accepted)
     flat_gate: str = "logits"  # logits | probs (the flat router of moe, hmoe, modse)
     expert_bias: bool = False  # MoHGE's router selects with a per-expert bias (docs/method.md §5.6)
     use_cache: bool = True
     bos_token_id: int | None = 0
     eos_token_id: int | None = 0
     pad_token_id: int | None = 0
+
+    def __post_init__(self, **kwargs):
+        self.gate_mode = GATE_MODE_ALIASES.get(self.gate_mode, self.gate_mode)  # the forward reads only the names
+        super().__post_init__(**kwargs)
 
     @property
     def num_groups(self) -> int:

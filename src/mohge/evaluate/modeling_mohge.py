@@ -151,14 +151,14 @@ class GroupedRouter(nn.Module):
             topv_TK = c_TE.gather(1, idx_TK)
         else:
             topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
-        if self.gate_mode == "code_exact":
+        if self.gate_mode == "softmax_topk_probs":
             return idx_TK, torch.softmax(topv_TK, dim=-1)
         return idx_TK, topv_TK / topv_TK.sum(-1, keepdim=True)
 
 
 class TopKRouter(nn.Module):
     """Flat top-k router of the baselines (moe, hmoe, modse): softmax over the top-k logits, or over their
-    probabilities (``flat_gate="probs"``, the release's code_exact form)."""
+    probabilities (``flat_gate="probs"``, the form of MoHGE's ``softmax_topk_probs`` gate)."""
 
     def __init__(self, cfg: MoHGEConfig) -> None:
         super().__init__()

@@ -53,28 +53,28 @@ def intra_group_aux_loss(
     num_groups: int,
     group_topk: int,
     topk: int,
-    mode: str = "code",
+    mode: str = "all_experts_sparse",
     f_E: Tensor | None = None,
 ) -> Tensor:
     """Intra-Group Experts Auxiliary Loss (docs/method.md §5.2), without alpha_E.
 
-    ``code`` (the release): L_E = N_eff / (T^2 K) * sum_e Pt_e f_e with Pt_e = sum_t w_{t,e} the *sparse
+    ``all_experts_sparse`` (the release): L_E = N_eff / (T^2 K) * sum_e Pt_e f_e with Pt_e = sum_t w_{t,e} the *sparse
     final gates* and N_eff = E * Kg / G, the candidates a token competes over.
 
     ``per_group`` (an ablation, docs/method.md §10.4): a dimensionless Switch loss inside each group over the routed
     slots that landed in it, n / (S_g^2) * sum_{e in g} Pt_e f_e with S_g the slots (and gate mass) of group
     g, averaged over the groups that received any slot. It is 1 when a group's slots are spread evenly.
 
-    ``f_E`` (``code`` only): the global-batch mean counts per micro-batch (docs/method.md §5.5) in place of this
-    micro-batch's own.
+    ``f_E`` (``all_experts_sparse`` only): the global-batch mean counts per micro-batch (docs/method.md §5.5) in
+    place of this micro-batch's own.
     """
     T = routing.idx_TK.shape[0]
     w_TE = routing.dense_gates(num_experts).float()
     Pt_E = w_TE.sum(0)
-    if f_E is not None and mode != "code":
-        raise ValueError(f"global-batch counts need expert_aux_mode 'code', not {mode!r}")
+    if f_E is not None and mode != "all_experts_sparse":
+        raise ValueError(f"global-batch counts need expert_aux_mode 'all_experts_sparse', not {mode!r}")
     f_E = (routing.counts(num_experts) if f_E is None else f_E).to(Pt_E.dtype)
-    if mode == "code":
+    if mode == "all_experts_sparse":
         n_eff = num_experts * group_topk / num_groups
         return n_eff / (T * T * topk) * (Pt_E * f_E).sum()
     n = num_experts // num_groups

@@ -113,9 +113,9 @@ class GroupedRouter(nn.Module):
             topv_TK = c_TE.gather(1, idx_TK)
         else:
             topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
-        # E6: final gates. code_exact = Megatron's softmax over the top-k *probabilities* (the release);
+        # E6: final gates. softmax_topk_probs = Megatron's softmax over the top-k *probabilities* (the release);
         # product_renorm = the top-k combined scores renormalized to sum to 1 (docs/method.md §10.1).
-        if self.gate_mode == "code_exact":
+        if self.gate_mode == "softmax_topk_probs":
             gates_TK = torch.softmax(topv_TK, dim=-1)
         else:
             gates_TK = topv_TK / topv_TK.sum(-1, keepdim=True)
@@ -135,7 +135,7 @@ class TopKRouter(nn.Module):
         logits_TE = self.router(x_TD)
         topv_TK, idx_TK = torch.topk(logits_TE, self.K, dim=-1)
         probs_TE = F.softmax(logits_TE, dim=-1, dtype=torch.float32)
-        if self.flat_gate == "probs":  # docs/method.md §2.4: the code_exact form, softmax over top-k probabilities
+        if self.flat_gate == "probs":  # docs/method.md §2.4: MoHGE's softmax_topk_probs form
             gates_TK = torch.softmax(probs_TE.gather(1, idx_TK), dim=-1).to(logits_TE.dtype)
         else:
             gates_TK = torch.softmax(topv_TK, dim=-1)
