@@ -77,7 +77,7 @@ def test_quality_tests_plan_the_declared_comparisons_and_the_width_sweep():
         "sensitivity",
         "dense vs MoHGE",
         "dense vs reference MoE",
-        "dense vs iso-parameter MoE",
+        "dense vs equal-parameter MoE",
     ]
     assert list(zip(primary["A"], primary["B"], strict=True))[4:6] == [("moe+w160", "moe_equal"), ("moe_equal", "moe")]
     # the tests added after the results are marked as such; the pre-declared ones keep their place
@@ -249,7 +249,7 @@ def test_docs_agree_with_the_committed_claims_tables():
     tables, text = ROOT / "results" / "claims" / "study", prose()
     s2 = pd.read_csv(tables / "S2_tests.csv").query("metric == 'test_ppl'").set_index("question")
     q1, ni, diff = s2.loc["Q1 parity"], s2.loc["Q1 non-inferiority"], s2.loc["Q1 difference"]
-    dense_ref, dense_iso = s2.loc["dense vs reference MoE"], s2.loc["dense vs iso-parameter MoE"]
+    dense_ref, dense_equal = s2.loc["dense vs reference MoE"], s2.loc["dense vs equal-parameter MoE"]
     expect = [
         f"{q1['ratio']:.3f} [{q1['ci_low']:.3f}, {q1['ci_high']:.3f}]",
         f"[{q1['ci90_low']:.3f}, {q1['ci90_high']:.3f}]",
@@ -259,8 +259,8 @@ def test_docs_agree_with_the_committed_claims_tables():
         f"{round(100 * ni['power'])} %",
         f"dense / MoE-256 {dense_ref['ratio']:.3f} [{dense_ref['ci_low']:.3f}, {dense_ref['ci_high']:.3f}], "
         f"p = {dense_ref['p']:.3f}",
-        f"dense / MoE-208 {dense_iso['ratio']:.3f} [{dense_iso['ci_low']:.3f}, {dense_iso['ci_high']:.3f}], "
-        f"p = {dense_iso['p']:.3f}",
+        f"dense / MoE-208 {dense_equal['ratio']:.3f} [{dense_equal['ci_low']:.3f}, {dense_equal['ci_high']:.3f}], "
+        f"p = {dense_equal['p']:.3f}",
     ]
     for question, a in (("Q1b MoHGE package", "moe_equal"), ("sensitivity", "moe_equal"), ("dense vs MoHGE", "dense")):
         r = s2[(s2.index == question) & (s2["A"] == a)].iloc[0] if question == "sensitivity" else s2.loc[question]
@@ -271,7 +271,7 @@ def test_docs_agree_with_the_committed_claims_tables():
     q1b = s2.loc["Q1b MoHGE package"]
     expect.append(f"Holm p = {q1b['p_holm']:.3f} over S2's {int(q1b['family'].rsplit(': ', 1)[1].split()[0])}")
     expect.append(f"p = {diff['p']:.3f}, Holm p = {diff['p_holm']:.3f}")
-    for r in (dense_ref, dense_iso):
+    for r in (dense_ref, dense_equal):
         expect.append(f"p = {r['p']:.3f}, Holm p = {r['p_holm']:.3f}")
     s6 = pd.read_csv(tables / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
     for model in ("mohge", "mohge+ae2e1"):

@@ -66,16 +66,16 @@ def test_each_declared_test_has_its_direction_and_scipy_p(config, planned):
     runs = _runs(HELPS, planned)
     t = _by_question(controls.control_tests(runs, config, planned))
     assert list(t.index) == [
-        "MoHGE vs hom208", "hom208 vs iso-parameter MoE", "MoHGE vs renorm", "probsgate vs iso-parameter MoE",
-        "best lr: mohge", "best lr: moe_equal", "Q1b at each family's best lr", "noaux vs iso-parameter MoE",
+        "MoHGE vs hom208", "hom208 vs equal-parameter MoE", "MoHGE vs renorm", "probsgate vs equal-parameter MoE",
+        "best lr: mohge", "best lr: moe_equal", "Q1b at each family's best lr", "noaux vs equal-parameter MoE",
         "Q1b against noaux", "heterogeneity helps?",
     ]  # fmt: skip
     for question, a, b, alt, decision in [
         ("MoHGE vs hom208", "mohge", "mohge+hom208", "two-sided", "A lower"),
-        ("hom208 vs iso-parameter MoE", "mohge+hom208", "moe_equal", "two-sided", "not separated"),
+        ("hom208 vs equal-parameter MoE", "mohge+hom208", "moe_equal", "two-sided", "not separated"),
         ("MoHGE vs renorm", "mohge", "mohge+renorm", "two-sided", "not separated"),
-        ("probsgate vs iso-parameter MoE", "moe_equal+probsgate", "moe_equal", "two-sided", "not separated"),
-        ("noaux vs iso-parameter MoE", "moe_equal+noaux", "moe_equal", "two-sided", "not separated"),
+        ("probsgate vs equal-parameter MoE", "moe_equal+probsgate", "moe_equal", "two-sided", "not separated"),
+        ("noaux vs equal-parameter MoE", "moe_equal+noaux", "moe_equal", "two-sided", "not separated"),
         ("Q1b against noaux", "mohge", "moe_equal+noaux", "less", "A lower"),
         ("Q1b at each family's best lr", "mohge", "moe_equal+lr6e3", "less", "A lower"),
     ]:

@@ -3,7 +3,7 @@
 Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional). Params: settings (the study
 config's analysis section; mohge.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
 C3_unused as csv/md/tex/html; the figure (png, pdf) of bits stored against total non-embedding parameters: the sweep
-with its fit, the MoHGE arms, the iso and the reference MoE, 95 % CIs, n.
+with its fit, the MoHGE arms, the equal-parameter and the reference MoE, 95 % CIs, n.
 
     python workflow/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
         --out C2_tests_csv=results/capacity/study/C2_tests.csv ... --param reference='"moe"' ...
@@ -88,7 +88,7 @@ def figure(runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs
             ls="--",
             label=f"fit: slope {fit['slope']:.2f}",
         )
-    marks = [(p["iso"], "moe_equal"), (p["reference"], "moe")] + [(m, "mohge") for m in p["mohge"]]
+    marks = [(p["equal"], "moe_equal"), (p["reference"], "moe")] + [(m, "mohge") for m in p["mohge"]]
     for i, (model, fam) in enumerate(marks):
         row = models[models["model"] == model]
         if not len(row):

@@ -26,7 +26,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     s1 = s1[~s1["model"].map(ps.control_arm)]
     s1 = s1.dropna(subset=[metric]).sort_values(["total_params", "model"])
     div, unit = ps.param_scale(s1["total_params"])
-    # models of equal size (MoHGE, its variants, the iso-parameter MoE) side by side, not on top of each other
+    # models of equal size (MoHGE, its variants, the equal-parameter MoE) side by side, not on top of each other
     span = (s1["total_params"].max() - s1["total_params"].min()) / div or 1.0
     rank = s1.groupby("total_params").cumcount()
     count = s1.groupby("total_params")["model"].transform("size")

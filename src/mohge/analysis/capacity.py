@@ -8,8 +8,8 @@ initialisation of architectures that share nothing else. So every comparison of 
 test on log B: exp(mean log B_A - mean log B_B) is the ratio of geometric means, with its Student-t interval on
 Welch-Satterthwaite df. Each row's p is the p of the null its ``h0`` column names:
 
-* G1, the reference MoE stores reliably more than the iso MoE: H0 ratio <= gate_ratio (1.05); passes if the 95 %
-  interval's lower end lies above gate_ratio (the one-sided test at alpha / 2).
+* G1, the reference MoE stores reliably more than the equal-parameter MoE: H0 ratio <= gate_ratio (1.05); passes if
+  the 95 % interval's lower end lies above gate_ratio (the one-sided test at alpha / 2).
 * G2, the sweep slope: OLS of log B on log P over every sweep run (every seed a point); H0 slope = 0; passes if the
   slope is at least gate_slope (0.5) with four widths or more.
 * G3, saturation on the quarter set: H0 ratio outside [1 - margin, 1 + margin] (TOST); passes if the 95 % interval
@@ -19,7 +19,7 @@ Welch-Satterthwaite df. Each row's p is the p of the null its ``h0`` column name
 * MoE-equivalent size: the sweep fit inverted at an arm's mean log B, P_eq = exp((mean log B - a) / b), as
   P_eq / P_arm; its interval is the delta method's (the fit's covariance on n - 2 df and the variance of the arm's
   mean on n_arm - 1 df, Welch-Satterthwaite df) with t quantiles.
-* Heterogeneity, MoHGE against the iso MoE: H0 ratio = 1, two-sided.
+* Heterogeneity, MoHGE against the equal-parameter MoE: H0 ratio = 1, two-sided.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from mohge.core.vocab import GATE_MODE_ALIASES
 _DECLARED = AnalysisConfig()  # the analysis section's own defaults
 DEFAULTS = {
     "reference": _DECLARED.reference_family,
-    "iso": _DECLARED.iso_family,
+    "equal": _DECLARED.equal_family,
     "sweep": ["moe+w9", "moe_equal", "moe", "moe+w19"],
     "mohge": ["mohge", "mohge+ae5e2"],
     "dataset": "facts",
@@ -109,7 +109,7 @@ def equivalent_size(runs: pd.DataFrame, fit: dict, model: str, alpha: float) -> 
 
 
 def _gate_g1(main: pd.DataFrame, p: dict) -> dict:
-    g1, est = ratio_row(main, p["reference"], p["iso"], p["alpha"])
+    g1, est = ratio_row(main, p["reference"], p["equal"], p["alpha"])
     bar = p["gate_ratio"]
     g1.update(test="G1 reference > iso", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
     g1["threshold"] = f"95% low > {bar}"
@@ -130,13 +130,13 @@ def _gate_g2(fit: dict, p: dict) -> dict:
 
 def _gate_g3(quarter: pd.DataFrame, p: dict) -> dict:
     refq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["reference"]]
-    isoq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["iso"]]
+    isoq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["equal"]]
     lo, hi = 1 - p["margin"], 1 + p["margin"]
     if refq and isoq:
         g3, est = ratio_row(quarter, refq[0], isoq[0], p["alpha"])
         g3["p"] = est.p_tost(math.log(lo), math.log(hi))
     else:
-        g3 = {"a": p["reference"], "b": p["iso"], "n_a": 0, "n_b": 0, "estimate": math.nan, "ci_low": math.nan}
+        g3 = {"a": p["reference"], "b": p["equal"], "n_a": 0, "n_b": 0, "estimate": math.nan, "ci_low": math.nan}
         g3.update(ci_high=math.nan, p=math.nan)
     g3.update(test="G3 saturation (quarter set)", h0=f"ratio outside [{lo:.2f}, {hi:.2f}]")
     g3["threshold"] = f"within [{lo:.2f}, {hi:.2f}]"
@@ -170,7 +170,7 @@ def decide(main: pd.DataFrame, quarter: pd.DataFrame, p: dict) -> tuple[pd.DataF
         eq = equivalent_size(main, fit, arm, alpha)
         eq.update(test=f"MoE-equivalent size of {arm}", h0="", p=math.nan, threshold="claim: about 1.2", verdict="")
         rows.append(eq)
-    het, est = ratio_row(main, p["mohge"][0], p["iso"], alpha)
+    het, est = ratio_row(main, p["mohge"][0], p["equal"], alpha)
     het.update(test="Heterogeneity", h0="ratio = 1", p=est.p_h0_eq(0.0), threshold="two-sided", verdict="")
     if est.defined:
         het["verdict"] = "differs" if het["p"] < alpha else "no difference shown"

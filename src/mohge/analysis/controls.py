@@ -7,7 +7,7 @@ study without these arms lists none. The quality tests are those of S2 (:func:`m
 paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on the seeds the two models share
 (:func:`paired_log_diffs`).
 
-* S8_controls, the attribution of Q1b (MoHGE vs the iso-parameter MoE-208, "the package"):
+* S8_controls, the attribution of Q1b (MoHGE vs the equal-parameter MoE-208, "the package"):
   (a) MoHGE vs hom208 (MoHGE's router and losses, every width 208) and hom208 vs MoE-208, two-sided;
   (b) MoHGE vs renorm (the product_renorm gate), two-sided; (b') probsgate (MoE-208, softmax over its top-k
   probabilities) vs MoE-208, two-sided; (c) per family (MoHGE, MoE-208) the best of its lrs by mean test ppl over
@@ -167,28 +167,28 @@ def _lr_note(sel: dict, metric: str) -> str:
 def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None) -> pd.DataFrame:
     """S8_controls (module docstring): every declared control test of the main dataset and the Q1b verdict."""
     a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
-    alpha, margin, iso, metric = a.alpha, a.equivalence_margin, a.iso_family, a.primary_metric
+    alpha, margin, equal, metric = a.alpha, a.equivalence_margin, a.equal_family, a.primary_metric
     planned = planned_models(config) if planned is None else planned
     dataset = config["experiments"][0]["dataset"]
     runs = runs[runs["dataset"] == dataset]
     plan_ = [  # (key, arm, question, A, B, test): the declared tests of docs/study.md
         ("a", "(a) grouped, homogeneous", "MoHGE vs hom208", "mohge", "mohge+hom208", "two-sided"),
-        ("a2", "(a) grouped, homogeneous", "hom208 vs iso-parameter MoE", "mohge+hom208", iso, "two-sided"),
+        ("a2", "(a) grouped, homogeneous", "hom208 vs equal-parameter MoE", "mohge+hom208", equal, "two-sided"),
         ("b", "(b) gate", "MoHGE vs renorm", "mohge", "mohge+renorm", "two-sided"),
-        ("b'", "(b') flat gate", "probsgate vs iso-parameter MoE", f"{iso}+probsgate", iso, "two-sided"),
-        ("d2", "(d) no balance loss", "noaux vs iso-parameter MoE", f"{iso}+noaux", iso, "two-sided"),
-        ("d", "(d) no balance loss", "Q1b against noaux", "mohge", f"{iso}+noaux", "less"),
+        ("b'", "(b') flat gate", "probsgate vs equal-parameter MoE", f"{equal}+probsgate", equal, "two-sided"),
+        ("d2", "(d) no balance loss", "noaux vs equal-parameter MoE", f"{equal}+noaux", equal, "two-sided"),
+        ("d", "(d) no balance loss", "Q1b against noaux", "mohge", f"{equal}+noaux", "less"),
     ]
     rows: dict[str, dict] = {}
     for key, arm, question, a, b, test in plan_:
         if _declared(planned, runs, dataset, a, b):
             rows[key] = _test_row(runs, planned, dataset, arm, question, a, b, test, alpha, margin, metric)
-    sel = {fam: best_lr(runs, planned, dataset, fam, metric) for fam in ("mohge", iso)}
+    sel = {fam: best_lr(runs, planned, dataset, fam, metric) for fam in ("mohge", equal)}
     if all(len(s["arms"]) > 1 for s in sel.values()):
         for fam, s in sel.items():
             val = best_lr(runs, planned, dataset, fam, "val_ppl") if "val_ppl" in runs else {"best": None}
             rows[f"c-{fam}"] = _selection_row(s, fam, planned, dataset, metric, val)
-        a, b = sel["mohge"]["best"] or "", sel[iso]["best"] or ""
+        a, b = sel["mohge"]["best"] or "", sel[equal]["best"] or ""
         question = "Q1b at each family's best lr"
         note = f"lrs chosen on the {metric} split this test reads"
         rows["c"] = _test_row(
@@ -196,9 +196,9 @@ def control_tests(runs: pd.DataFrame, config: dict, planned: dict | None = None)
         )
     _holm_family(rows, alpha)
     if {"a", "b", "c", "d"} <= set(rows):
-        q1b = _test_row(runs, planned, dataset, "", "", "mohge", iso, "less", alpha, margin, metric)
+        q1b = _test_row(runs, planned, dataset, "", "", "mohge", equal, "less", alpha, margin, metric)
         rows["verdict"] = restate_q1b(q1b, rows, metric)
-    order = ["a", "a2", "b", "b'", "c-mohge", f"c-{iso}", "c", "d2", "d", "verdict"]
+    order = ["a", "a2", "b", "b'", "c-mohge", f"c-{equal}", "c", "d2", "d", "verdict"]
     return pd.DataFrame([rows[k] for k in order if k in rows], columns=CONTROL_COLUMNS)
 
 

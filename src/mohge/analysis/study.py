@@ -10,14 +10,14 @@ data order of every model) and works on log-perplexity, so a difference is a rat
   every interval and test here).
 * Q1, non-inferiority (the test that matches "same quality with fewer parameters"): the upper TOST leg alone,
   H0: mean d >= +log(1+m); and the two-sided paired t test of the difference (added after the results).
-* Q1b, the MoHGE package: one-sided paired t test of MoHGE against the iso-parameter MoE, H1: mean d < 0. It
+* Q1b, the MoHGE package: one-sided paired t test of MoHGE against the equal-parameter MoE, H1: mean d < 0. It
   changes router, gate function, auxiliary losses and widths at once, so it tests the package, not heterogeneity.
 * Power (declared after the results): from each test's paired sd and n, the power at the declared effect (a ratio of
   exactly 1 for TOST and non-inferiority, a difference of the margin for the other tests) and the minimum
   detectable effect at 80 % power (noncentral t; TOST by integrating over the sd's chi distribution). Never the
   "observed power" at the observed effect.
 * Sensitivity: two-sided paired t tests between neighbouring widths of the homogeneous MoE sweep; Q1 is decidable
-  only if the iso-parameter width and the reference width separate at alpha. Where they do not, every Q1 row (the
+  only if the equal-parameter width and the reference width separate at alpha. Where they do not, every Q1 row (the
   declared TOST and the post-hoc tests) decides "not decidable (gate)", whatever its own test gave (``test_result``):
   the gate blocks a verdict either way, as the capacity study's gate does (:func:`gate_q1`).
 * Multiplicity: ``p_holm``, Holm's adjustment within a family (``family``): per metric, the pre-declared tests of S2
@@ -85,7 +85,13 @@ TASK_COLUMNS = ["dataset", "task", "metric", "model", "n", "mean", "ci_low", "ci
 def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
     """Q1, Q1b and the sensitivity tests, on the primary metric and on the other perplexity."""
     a = AnalysisConfig.from_dict(analysis, "analysis")
-    alpha, margin, ref, iso, primary = a.alpha, a.equivalence_margin, a.reference_family, a.iso_family, a.primary_metric
+    alpha, margin, ref, equal, primary = (
+        a.alpha,
+        a.equivalence_margin,
+        a.reference_family,
+        a.equal_family,
+        a.primary_metric,
+    )
     metrics = [primary, *(m for m in ("test_ppl", "val_ppl") if m != primary)]
     sweep = sweep_widths(runs)
     # (question, A, B, test, role): the tests declared before the runs and those added after the results were read
@@ -95,12 +101,12 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
         ("Q1 parity", "mohge", ref, "tost", pre),
         ("Q1 non-inferiority", "mohge", ref, "noninferiority", post),
         ("Q1 difference", "mohge", ref, "two-sided", post),
-        ("Q1b MoHGE package", "mohge", iso, "less", pre),
+        ("Q1b MoHGE package", "mohge", equal, "less", pre),
     ]
     plan += [("sensitivity", a, b, "two-sided", pre) for a, b in zip(sweep, sweep[1:], strict=False)]
     plan += [("dense vs MoHGE", "dense", "mohge", "two-sided", pre)]
     plan += [("dense vs reference MoE", "dense", ref, "two-sided", post)]
-    plan += [("dense vs iso-parameter MoE", "dense", iso, "two-sided", post)]
+    plan += [("dense vs equal-parameter MoE", "dense", equal, "two-sided", post)]
     rows = []
     for metric in metrics:
         for question, a, b, test, role in plan:
@@ -108,7 +114,7 @@ def quality_tests(runs: pd.DataFrame, analysis: dict) -> pd.DataFrame:
             row = {"question": question, "role": role, "metric": metric, "A": a, "B": b, "test": test}
             rows.append({**row, **compare(d, test, alpha, margin)})
     table = pd.DataFrame(rows)
-    return gate_q1(add_holm(table, ["metric", "role"], "S2"), iso, ref, alpha)
+    return gate_q1(add_holm(table, ["metric", "role"], "S2"), equal, ref, alpha)
 
 
 POST_HOC = "post hoc (added after the results)"
@@ -131,14 +137,14 @@ def add_holm(table: pd.DataFrame, by: list[str], name: str) -> pd.DataFrame:
     return table[cols]
 
 
-def gate_q1(table: pd.DataFrame, iso: str, ref: str, alpha: float) -> pd.DataFrame:
-    """The declared gate of Q1 (docs/study.md "Tests"): Q1 is decidable only if the iso-parameter and the reference
+def gate_q1(table: pd.DataFrame, equal: str, ref: str, alpha: float) -> pd.DataFrame:
+    """The declared gate of Q1 (docs/study.md "Tests"): Q1 is decidable only if the equal-parameter and the reference
     MoE separate at ``alpha`` (two-sided, nominal p), per metric. Where they do not, every Q1 row (the declared TOST
     and the post-hoc non-inferiority and difference) decides "not decidable (gate)", whichever way its own test went:
     the gate blocks a verdict for the claim and against it alike. ``test_result`` keeps each row's own test outcome."""
     table = table.assign(test_result=table["decision"])
     for _, g in table.groupby("metric", sort=False):
-        sens = g[(g["question"] == "sensitivity") & g["A"].isin([iso, ref]) & g["B"].isin([iso, ref])]
+        sens = g[(g["question"] == "sensitivity") & g["A"].isin([equal, ref]) & g["B"].isin([equal, ref])]
         if len(sens) and sens["p"].iloc[0] < alpha:
             continue
         q1 = g.index[g["question"].str.startswith("Q1 ")]

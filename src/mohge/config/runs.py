@@ -145,10 +145,10 @@ class AnalysisConfig(_Section):
         choices=("test_ppl", "val_ppl", "bits_stored"),
     )
     reference_family: str = knob("moe", "Q1: the MoE that MoHGE should equal", choices=FAMILIES)
-    iso_family: str = knob("moe_equal", "Q1b: the iso-parameter MoE that MoHGE should beat", choices=FAMILIES)
+    equal_family: str = knob("moe_equal", "Q1b: the equal-parameter MoE that MoHGE should beat", choices=FAMILIES)
     balance_ep: int = knob(4, "Q2: EP size the balance bar is read at (E / EP a multiple of G)", gt=0)
     balance_bar: float = knob(1.10, "Q2: all-size's max/mean interval must lie below this", gt=1)
-    gate_ratio: float = knob(1.05, "capacity gate G1: 95 % lower bound of B_reference / B_iso above this", gt=1)
+    gate_ratio: float = knob(1.05, "capacity gate G1: 95 % lower bound of B_reference / B_equal above this", gt=1)
     gate_slope: float = knob(0.5, "capacity gate G2: the sweep's slope of log B on log parameters at least this", gt=0)
     unused_share: float = knob(0.01, "capacity: an expert is unused below this share of a uniform share", gt=0, lt=1)
     sweep: tuple[str, ...] = knob((), "capacity: the width sweep's models as runs.csv names them (family+variant)")

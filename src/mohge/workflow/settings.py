@@ -93,7 +93,7 @@ def capacity_settings(config: dict) -> dict[str, Any]:
     ]
     return {
         "reference": a.reference_family,
-        "iso": a.iso_family,
+        "equal": a.equal_family,
         "sweep": list(a.sweep),
         "mohge": list(dict.fromkeys(arms)),
         "dataset": main,
