@@ -1,4 +1,4 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S10 and figures F7-F12:
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S11 and figures F7-F12:
 # only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
 # collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
 

@@ -1,5 +1,5 @@
 """The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, the declared analysis's
-tables and figures (claims: S1-S10, F7-F12; capacity: C1-C3 and its figure), T4/F13 and a run's results."""
+tables and figures (claims: S1-S11, F7-F12; capacity: C1-C3 and its figure), T4/F13 and a run's results."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ STUDY_TABLES = [
     "S8_controls",  # the arms declared after the results; S9, S10: Q3's dose and token-level record
     "S9_q3_dose",
     "S10_token_q3",
+    "S11_bias_balance",  # balance on trained routing without a loss
 ]
-# S5 (tasks, with the reason each is or is not reported), S6, S7, S9 and S10 stay csv/md
+# S5 (tasks, with the reason each is or is not reported), S6, S7, S9, S10 and S11 stay csv/md
 TEX_TABLES = [*STUDY_TABLES[:4], "S8_controls"]
 STUDY_FIGURES = [
     "F7_study_quality",
