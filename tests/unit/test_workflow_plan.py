@@ -167,7 +167,7 @@ def test_targets_of_all_follow_the_config(smoke):
     assert "results/claims/study/S10_token_q3.html" in claims and "results/claims/study/S5_tasks.tex" not in claims
     assert "figures/claims/F12_study_controls.png" in claims
     capacity = targets.study_outputs("capacity", "capacity")
-    assert len(capacity) == 3 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
+    assert len(capacity) == 5 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
     opted_out = merge_config(smoke, {"inference": {"enabled": False}})
     assert workflow_plan(opted_out).inference_outputs() == []
 

@@ -196,7 +196,8 @@ rule fig_study_difficulty:
 
 rule capacity_analysis:
     # The capacity study's declared tests (docs/study.md "The capacity study"): gate, claim 1, the sweep fit,
-    # heterogeneity, unused experts; tables C1-C3 and the bits-stored-vs-parameters figure.
+    # heterogeneity, unused experts; tables C1-C5 (C4 the selection, C5 the best shot) and the
+    # bits-stored-vs-parameters figure.
     input:
         runs="results/{study}/runs.csv",
         traces=study_traces,

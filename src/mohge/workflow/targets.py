@@ -1,5 +1,5 @@
 """The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, the declared analysis's
-tables and figures (claims: S1-S11, F7-F12; capacity: C1-C3 and its figure), T4/F13 and a run's results."""
+tables and figures (claims: S1-S11, F7-F12; capacity: C1-C5 and its figure), T4/F13 and a run's results."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ STUDY_FIGURES = [
     "F11_study_difficulty",
     "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
 ]
-CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused"]
+CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused", "C4_selection", "C5_best_shot"]
 PER_RUN = ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
 
 
