@@ -395,6 +395,18 @@ def test_docs_agree_with_the_committed_capacity_tables():
     for model in ("moe", "moe_equal", "mohge", "mohge+ae5e2"):
         row = c1.loc[("facts", model)]
         expect.append(f"{row['bits_stored'] / 1e3:.1f} k [{row['bits_low'] / 1e3:.1f}, {row['bits_high'] / 1e3:.1f}]")
+    # the selection (C4): each family's B at lr 5e-3 / 1e-2 / 2e-2, the kept settings and MoHGE / MoE-15 there
+    c4 = pd.read_csv(tables / "C4_selection.csv")
+    kept = c4[c4["kept"]].set_index("family")
+    assert kept["lr"].tolist() == [5e-3] * 3 and kept.loc["mohge", "gate_mode"] == "product_renorm"
+    for fam, label in (("moe", "MoE-15"), ("moe_equal", "MoE-12")):
+        expect.append(f"{label} {kept.loc[fam, 'bits_stored'] / 1e3:.1f} k")
+    expect.append(f"{kept.loc['mohge', 'bits_stored'] / 1e3:.1f} k with the `product_renorm` gate")
+    same_lr = (c4["family"] == "mohge") & (c4["gate_mode"] == "code_exact") & (c4["lr"] == 5e-3)
+    release = c4[same_lr]["bits_stored"].iloc[0]
+    expect.append(f"({release / 1e3:.1f} k with the release's gate)")
+    ratio = kept.loc["mohge", "bits_stored"] / kept.loc["moe", "bits_stored"]
+    expect += [f"MoHGE / MoE-15 is {ratio:.3f} there", f"MoHGE stores {ratio:.3f}× MoE-15's bits"]
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 

@@ -238,8 +238,17 @@ def _bias_inputs(planned: dict, balance: dict[str, list[float]], unused_per_laye
         for s, v in enumerate(values)
     ] + [{"source": "shakespeare-mohge-s0", "layer": "all", "strategy": "contiguous", "ep_size": 4, "max_over_mean": 9}]
     unused = pd.DataFrame(
-        [{"dataset": "shakespeare", "model": "mohge+biasfree", "layer": str(i), "n": 4, "num_experts": 32, "unused": u}
-         for i, u in enumerate(unused_per_layer)]  # fmt: skip
+        [
+            {
+                "dataset": "shakespeare",
+                "model": "mohge+biasfree",
+                "layer": str(i),
+                "n": 4,
+                "num_experts": 32,
+                "unused": u,
+            }
+            for i, u in enumerate(unused_per_layer)
+        ]  # fmt: skip
     )
     return runs, pd.DataFrame(util), unused
 
