@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 
 TABLES = ["T1_main", "T2_params", "T3_balance"]
 TABLE_FORMATS = ["csv", "md", "tex", "html"]
-FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width"]
+FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load"]
 FIGURE_FORMATS = ["png", "pdf"]
 STUDY_TABLES = [
     "S1_models",
