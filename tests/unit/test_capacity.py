@@ -250,3 +250,100 @@ def test_an_incomplete_selection_keeps_nothing():
     runs, settings_of = selection_runs({"sel_lr5e3": 186.4e3, "sel_lr1e2": 193.9e3, "sel_lr2e2": 138.6e3})
     table = ca.selection(runs, settings_of, {"mohge": 6})
     assert len(table) == 3 and kept(table) == []
+
+
+# ---- the best shot: the arms the selection instantiates (docs/study.md "The selection and the arms it instantiates")
+
+KEPT = {"mohge": "renorm_lr5e3", "moe": "lr5e3", "moe_equal": "lr5e3"}
+
+
+def best_runs(bits: dict[str, tuple[float, int]], seeds=range(10, 18), noise=0.01, kept=KEPT) -> tuple:
+    """runs.csv rows of the best shot's roles ``{role: (B, seeds)}`` on the main set, and a selection table that keeps
+    ``kept``."""
+    labels = ca.best_labels(kept, "moe", "moe_equal")
+    rng = np.random.default_rng(1)
+    rows = []
+    for role, (b, n) in bits.items():
+        fam = labels.get(role, role)
+        for seed in list(seeds)[:n]:
+            rows.append({"run": f"facts-{fam}-s{seed}", "dataset": "facts", "family": fam, "seed": seed})
+            rows[-1]["bits_stored"] = b * math.exp(noise * rng.standard_normal())
+    table = pd.DataFrame([{"family": f, "variant": f"sel_{v}", "kept": True} for f, v in kept.items()])
+    return pd.DataFrame(rows), table
+
+
+def best(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
+    return ca.best_shot(runs, table, ca.DEFAULTS).set_index("test")
+
+
+def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committed_selection():
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config, plan
+    from mohge.workflow import settings
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "capacity")))
+    chosen = settings.capacity_settings(cfg)["selection"]
+    runs = pd.read_csv(root / "results" / "capacity" / "runs.csv")
+    declared = pd.Series([v["family"] for v in chosen.values()]).value_counts().to_dict()
+    settings_of = {r: {"lr": v["lr"], "gate_mode": v["gate_mode"]} for r, v in chosen.items()}
+    table = ca.selection(runs[runs["run"].isin(chosen)], settings_of, declared)
+    assert ca.kept_settings(table) == KEPT  # the rule's choice on the committed selection runs
+    planned = {(c.dataset, f"{c.family}+{c.variant}" if c.variant else c.family): c for c in plan(cfg).values()}
+    labels = ca.best_labels(KEPT, "moe", "moe_equal")
+    where = {"mohge_quarter": "facts_quarter", "mohge_long": "facts_long", "reference_long": "facts_long"}
+    for role, model in labels.items():
+        cfg_ = planned[(where.get(role, "facts"), model)]
+        assert cfg_.train.lr == 5e-3 and cfg_.train.min_lr == 5e-4, model
+        assert cfg_.family != "mohge" or cfg_.model.router.gate_mode == "product_renorm", model
+    for model in ("mohge+best_edge_renorm_lr2p5e3", "moe+best_edge_lr2p5e3", "moe_equal+best_edge_lr2p5e3"):
+        assert planned[("facts", model)].train.lr == 2.5e-3
+    seeds = {m: sorted(c.train.seed for c in plan(cfg).values() if (c.dataset, c.family + "+" + c.variant) == m)
+             for m in [("facts", labels[r]) for r in ("mohge", "reference", "equal")]}  # fmt: skip
+    assert all(s == list(range(10, 18)) for s in seeds.values()), seeds
+
+
+def test_best_shot_decides_claim_1_only_where_its_gate_passes():
+    runs, table = best_runs({"mohge": (2.5e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)})
+    t = best(runs, table)
+    assert t.loc["G1 reference > iso", "verdict"] == "pass" and (t.loc["G1 reference > iso", "n_a"]) == 8
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "refuted"  # 0.89 of the reference, tight
+    runs, table = best_runs({"mohge": (2.78e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)}, noise=0.003)
+    assert best(runs, table).loc["Claim 1 non-inferiority", "verdict"] == "supported"
+    runs, table = best_runs({"mohge": (2.0e5, 8), "reference": (2.6e5, 8), "equal": (2.5e5, 8)})
+    t = best(runs, table)
+    assert t.loc["G1 reference > iso", "verdict"] == "fail"
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "not decidable by the declared rule (G1)"
+    log_b = {r: np.log(runs.loc[runs.family == f, "bits_stored"].to_numpy()) for r, f in
+             (("m", "mohge+best_renorm_lr5e3"), ("r", "moe+best_lr5e3"))}  # fmt: skip
+    p = sp.ttest_ind(log_b["m"] - math.log(0.97), log_b["r"], equal_var=False, alternative="greater").pvalue
+    assert t.loc["Claim 1 non-inferiority", "p"] == pytest.approx(p)
+
+
+def test_best_shot_why_arms_are_welch_with_holm_over_three_and_descriptive_rows_carry_no_p():
+    runs, table = best_runs({"mohge": (2.4e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8), "hom": (2.5e5, 3),
+                             "hmoe": (2.4e5, 3), "probsgate": (2.2e5, 3)})  # fmt: skip
+    t = best(runs, table)
+    why = [t.loc[f"Why: {w}"] for w in ca.WHY]
+    fam = dict(zip(["hom", "hmoe", "probsgate"], ["mohge+best_renorm_lr5e3_hom12", "hmoe+best_lr5e3",
+                                                   "moe_equal+best_lr5e3_probsgate"], strict=True))  # fmt: skip
+    ref = ["mohge+best_renorm_lr5e3", "mohge+best_renorm_lr5e3", "moe_equal+best_lr5e3"]
+    ps = [sp.ttest_ind(*(np.log(runs.loc[runs.family == f, "bits_stored"]) for f in (a, b)), equal_var=False).pvalue
+          for a, b in zip(fam.values(), ref, strict=True)]  # fmt: skip
+    assert [r["p"] for r in why] == pytest.approx(ps)
+    order = np.argsort(ps)  # Holm's step-down adjustment, by hand
+    holm = np.maximum.accumulate([min(1.0, (3 - i) * ps[j]) for i, j in enumerate(order)])
+    for i, j in enumerate(order):
+        assert why[j]["verdict"].startswith(f"Holm p {holm[i]:.3g}:"), (why[j]["verdict"], holm[i])
+    assert math.isnan(t.loc["400 exposures: MoHGE / MoE-15", "p"])
+    assert t.loc["Edge: mohge at lr 2.5e-3 / its choice", "a"] == "mohge+best_edge_renorm_lr2p5e3"
+
+
+def test_a_kept_committed_setting_pools_the_committed_seeds_with_the_confirmatory_ones():
+    kept = {**KEPT, "mohge": "lr1e2"}
+    runs, table = best_runs({"mohge": (2.4e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)}, kept=kept)
+    committed = pd.DataFrame([{"run": f"facts-mohge-s{s}", "dataset": "facts", "family": "mohge", "seed": s,
+                               "bits_stored": 2.4e5} for s in range(3)])  # fmt: skip
+    t = best(pd.concat([runs, committed], ignore_index=True), table)
+    assert t.loc["Claim 1 non-inferiority", "a"] == "mohge+best_lr1e2" and t.loc["Claim 1 non-inferiority", "n_a"] == 11
+    assert t.loc["G1 reference > iso", "n_a"] == 8  # the MoEs kept lr 5e-3: nothing of theirs pools

@@ -77,6 +77,17 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
     assert np.array_equal(test[:, :-1], capacity.fact_rows(cfg())[:, 1:].numpy())
 
 
+def test_more_exposures_read_the_same_facts_in_the_same_first_epochs(data_dir, tmp_path):
+    """The capacity study's long set (facts_epochs 400 against 200): the same table, the same test split, and its
+    first epochs exactly the shorter set's train stream, so the two runs differ only in how long they train."""
+    longer = tmp_path / "longer"
+    prepare(cfg(facts_epochs=5), longer)
+    short_train, long_train = (read_split(d, "train").astype(np.int64) for d in (data_dir, longer))
+    assert len(long_train) == 1 + 5 * N * facts.fact_len(cfg())
+    assert np.array_equal(long_train[: len(short_train)], short_train)
+    assert np.array_equal(read_split(longer, "test"), read_split(data_dir, "test"))
+
+
 def test_the_config_fixes_the_held_out_split_sizes(data_dir):
     """What plan time checks seq_len against (DataConfig.heldout_tokens) is what preparation writes."""
     meta = json.loads((data_dir / "meta.json").read_text())

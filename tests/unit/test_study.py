@@ -300,6 +300,24 @@ def test_docs_agree_with_the_committed_claims_tables():
         assert len(verdict) == 1 and verdict.iloc[0] == "the package" and "Q1b restated" in text
         note = s8[s8["question"] == "heterogeneity helps?"]["note"].iloc[0]
         assert "(b) the lead survives the gate: met" in note and note.count("not met") == 3  # (a), (c), (d)
+    # balance without a loss (S11): the goal, the paired comparisons, the unused experts and the verdict
+    s11 = pd.read_csv(tables / "S11_bias_balance.csv").set_index("question")
+    bal, vs = s11.loc["all-size max/mean at EP 4"], s11.loc["max/mean against the release recipe"]
+    ni, ae = s11.loc["not worse than the release recipe"], s11.loc["against alpha_E 2e-1"]
+    expect.append(f"{bal['estimate']:.2f} [{bal['ci_low']:.2f}, {bal['ci_high']:.2f}]")
+    expect.append(f"{vs['estimate']:.3f} [{vs['ci_low']:.3f}, {vs['ci_high']:.3f}] of the release recipe's (paired, "
+                  f"p = {vs['p']:.3f})")  # fmt: skip
+    expect.append(f"{ni['estimate']:.3f} [{ni['ci_low']:.3f}, {ni['ci_high']:.3f}]")
+    expect.append(f"p = {ni['p']:.2f} against a 2 % margin")
+    expect.append(f"(p = {ni['p']:.2f}; 80 % MDE {ni['mde80_pct']:.1f} %)")
+    expect.append(f"{ae['estimate']:.3f} [{ae['ci_low']:.3f}, {ae['ci_high']:.3f}], p = {ae['p']:.3f}, not separated "
+                  f"(n = {int(ae['n'])}, 80 % MDE {ae['mde80_pct']:.1f} %)")  # fmt: skip
+    layers = s7[(s7["model"] == "mohge+biasfree") & (s7["layer"] != "all")].set_index("layer")["unused"]
+    expect.append("Unused experts by layer " + " / ".join(f"{layers[k]:.1f}" for k in sorted(layers.index)))
+    verdict = s11.loc["balance holds on trained routing without a loss?"]
+    assert verdict["decision"] == "not supported" and ae["decision"] == "not separated" and ni["p"] >= 0.05
+    assert verdict["note"] == "balance: met; unused experts: not met; perplexity: not met"
+    assert "balance without a loss is not supported" in text and "The declared verdict: not supported" in text
     s1 = pd.read_csv(tables / "S1_models.csv").set_index("model")
     for model in ("mohge+hom208", "moe_equal+noaux"):
         if model in s1.index:
@@ -377,6 +395,18 @@ def test_docs_agree_with_the_committed_capacity_tables():
     for model in ("moe", "moe_equal", "mohge", "mohge+ae5e2"):
         row = c1.loc[("facts", model)]
         expect.append(f"{row['bits_stored'] / 1e3:.1f} k [{row['bits_low'] / 1e3:.1f}, {row['bits_high'] / 1e3:.1f}]")
+    # the selection (C4): each family's B at lr 5e-3 / 1e-2 / 2e-2, the kept settings and MoHGE / MoE-15 there
+    c4 = pd.read_csv(tables / "C4_selection.csv")
+    kept = c4[c4["kept"]].set_index("family")
+    assert kept["lr"].tolist() == [5e-3] * 3 and kept.loc["mohge", "gate_mode"] == "product_renorm"
+    for fam, label in (("moe", "MoE-15"), ("moe_equal", "MoE-12")):
+        expect.append(f"{label} {kept.loc[fam, 'bits_stored'] / 1e3:.1f} k")
+    expect.append(f"{kept.loc['mohge', 'bits_stored'] / 1e3:.1f} k with the `product_renorm` gate")
+    same_lr = (c4["family"] == "mohge") & (c4["gate_mode"] == "code_exact") & (c4["lr"] == 5e-3)
+    release = c4[same_lr]["bits_stored"].iloc[0]
+    expect.append(f"({release / 1e3:.1f} k with the release's gate)")
+    ratio = kept.loc["mohge", "bits_stored"] / kept.loc["moe", "bits_stored"]
+    expect += [f"MoHGE / MoE-15 is {ratio:.3f} there", f"MoHGE stores {ratio:.3f}× MoE-15's bits"]
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 

@@ -224,3 +224,82 @@ def test_the_committed_claims_tables_are_what_the_analysis_makes(tmp_path, confi
     s10 = pd.read_csv(tmp_path / "S10_token_q3.csv").set_index("model")
     # every graded run, the first study's regenerated ones included, carries its token-level record
     assert (s10["status"] == "token-level record").all(), s10["status"].to_dict()
+
+
+# ---- S11: balance on trained routing without a loss
+
+
+def _bias_inputs(planned: dict, balance: dict[str, list[float]], unused_per_layer: list[float], ppl: dict):
+    """runs (paired perplexities), utilization rows (all-size at EP 4 per seed) and S7 rows of the bias arm."""
+    runs = _runs(ppl, planned)
+    util = [
+        {"source": f"shakespeare-{m}-s{s}", "layer": "all", "strategy": "all_size", "ep_size": 4, "max_over_mean": v}
+        for m, values in balance.items()
+        for s, v in enumerate(values)
+    ] + [{"source": "shakespeare-mohge-s0", "layer": "all", "strategy": "contiguous", "ep_size": 4, "max_over_mean": 9}]
+    unused = pd.DataFrame(
+        [
+            {
+                "dataset": "shakespeare",
+                "model": "mohge+biasfree",
+                "layer": str(i),
+                "n": 4,
+                "num_experts": 32,
+                "unused": u,
+            }
+            for i, u in enumerate(unused_per_layer)
+        ]  # fmt: skip
+    )
+    return runs, pd.DataFrame(util), unused
+
+
+BIAS_PPL = {"mohge": 1.0, "mohge+biasfree": 1.0, "mohge+ae2e1": 1.01}
+
+
+def test_bias_arm_goals_read_their_declared_rules_and_scipy_ps(config, planned):
+    balance = {"mohge+biasfree": [1.05, 1.07, 1.06, 1.08], "mohge": [1.30, 1.35, 1.28, 1.33]}
+    runs, util, unused = _bias_inputs(planned, balance, [0, 0, 0], BIAS_PPL)
+    t = controls.bias_balance(runs, util, unused, config, planned).set_index("question")
+    bal = t.loc["all-size max/mean at EP 4"]
+    x = np.log(balance["mohge+biasfree"])
+    half = stats.t.ppf(0.975, 3) * x.std(ddof=1) / 2
+    assert bal["estimate"] == pytest.approx(math.exp(x.mean()))
+    assert bal["ci_high"] == pytest.approx(math.exp(x.mean() + half)) and bal["met"] == "met"
+    vs = t.loc["max/mean against the release recipe"]
+    p = stats.ttest_rel(x, np.log(balance["mohge"])).pvalue
+    assert vs["p"] == pytest.approx(p) and vs["decision"] == "A lower"
+    assert t.loc["experts under 1 % of a uniform share", "met"] == "met"
+    ni = t.loc["not worse than the release recipe"]
+    wide = runs.pivot_table(index="seed", columns="family", values="test_ppl")[["mohge+biasfree", "mohge"]].dropna()
+    d = np.log(wide["mohge+biasfree"]) - np.log(wide["mohge"]) - math.log(1.02)
+    assert ni["p"] == pytest.approx(stats.ttest_1samp(d, 0.0, alternative="less").pvalue) and ni["met"] == "met"
+    assert t.loc["against alpha_E 2e-1", "p"] == pytest.approx(_scipy_p(runs, "mohge+biasfree", "mohge+ae2e1"))
+    verdict = t.loc["balance holds on trained routing without a loss?"]
+    assert verdict["decision"] == "balance holds on trained routing without a loss" and verdict["met"] == "met"
+
+
+@pytest.mark.parametrize(
+    ("balance", "unused", "ppl", "failed"),
+    [
+        ([1.12, 1.13, 1.11, 1.12], [0, 0, 0], 1.0, "balance: not met"),
+        ([1.05, 1.07, 1.06, 1.08], [0, 6.5, 4.0], 1.0, "unused experts: not met"),
+        ([1.05, 1.07, 1.06, 1.08], [0, 0, 0], 1.03, "perplexity: not met"),
+    ],
+)
+def test_bias_arm_verdict_is_not_supported_when_one_goal_fails(config, planned, balance, unused, ppl, failed):
+    runs, util, s7 = _bias_inputs(planned, {"mohge+biasfree": balance}, unused, {**BIAS_PPL, "mohge+biasfree": ppl})
+    t = controls.bias_balance(runs, util, s7, config, planned).set_index("question")
+    verdict = t.loc["balance holds on trained routing without a loss?"]
+    assert verdict["decision"] == "not supported" and failed in verdict["note"]
+    assert verdict["note"].count(": met") == 2
+
+
+def test_bias_arm_without_runs_is_declared_not_run_and_absent_where_not_planned(config, planned):
+    empty = pd.DataFrame(columns=["source", "layer", "strategy", "ep_size", "max_over_mean"])
+    runs = _runs({"mohge": 1.0}, planned)
+    t = controls.bias_balance(runs, empty, pd.DataFrame(columns=["dataset", "model", "layer"]), config, planned)
+    assert (t["status"] == "declared, not run").all() and t[["estimate", "p"]].isna().all().all()
+    from mohge.config import load_yaml_or_json
+
+    none = controls.bias_balance(runs, empty, empty, load_yaml_or_json(ROOT / "configs" / "config.yaml"))
+    assert none.empty and list(none.columns) == controls.BIAS_COLUMNS

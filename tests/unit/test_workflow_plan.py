@@ -167,7 +167,7 @@ def test_targets_of_all_follow_the_config(smoke):
     assert "results/claims/study/S10_token_q3.html" in claims and "results/claims/study/S5_tasks.tex" not in claims
     assert "figures/claims/F12_study_controls.png" in claims
     capacity = targets.study_outputs("capacity", "capacity")
-    assert len(capacity) == 3 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
+    assert len(capacity) == 5 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
     opted_out = merge_config(smoke, {"inference": {"enabled": False}})
     assert workflow_plan(opted_out).inference_outputs() == []
 
@@ -216,13 +216,14 @@ def test_study_settings_take_every_default_from_the_typed_sections(smoke):
     assert settings.design(smoke) is None and settings.design(declared) == "claims"
 
 
-def test_capacity_settings_are_the_declared_analysis_without_selection_runs():
+def test_capacity_settings_are_the_declared_analysis_without_selection_or_best_shot_runs():
     cap = study_config("capacity")
     s = settings.capacity_settings(cap)
     declared = cap["analysis"]
     assert s["margin"] == declared["equivalence_margin"] and s["sweep"] == declared["sweep"]
     assert s["dataset"] == cap["experiments"][0]["dataset"] and s["mohge"][0] == "mohge"
-    assert not any(m.startswith("mohge+" + settings.SELECTION) for m in s["mohge"])
+    assert not any(m.startswith(("mohge+" + settings.SELECTION, "mohge+" + settings.BEST_SHOT)) for m in s["mohge"])
+    assert s["mohge"] == ["mohge", "mohge+ae5e2"]  # the first analysis's arms, as C2 reports them
     assert len(s["mohge"]) == len(set(s["mohge"]))
 
 

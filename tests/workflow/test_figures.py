@@ -112,6 +112,10 @@ def write_inputs(d: Path) -> dict[str, Path]:
                             "val_loss": math.nan,
                             "mean_width": width if fam in ("mohge", "hmoe") else math.nan,
                             "group_aux_start": start,
+                            "expert_load": 1.2 + 2 * math.exp(-step / 80) + 0.1 * rnd.random(),
+                            "unused_experts": float(max(0, 6 - step // 50)),
+                            "rank_flops": 1.05 + 0.3 * math.exp(-step / 80),
+                            "rank_flops_ep": 4,
                         }
                     )
                     if step % 100 == 0:
@@ -220,6 +224,7 @@ FIGURES = {
     "plot_groups_by_level": {"groups": "groups"},
     "plot_gpu_load": {"ranks": "ranks", "summary": "summary"},
     "plot_width": {"curves": "curves"},
+    "plot_load": {"curves": "curves"},
     "plot_kernels": {"kernels": "kernels"},
 }
 
@@ -719,3 +724,24 @@ def test_study_controls_tex(tmp_path):
     assert len(rows) == 10 and all(("| run |" in r) == any(f"| {q} |" in r for q in ran) for r in rows)
     assert len(ran) == 10  # all 41 arms are committed
     assert rows[-1].startswith("| Q1b restated | heterogeneity helps? |") and "the package" in rows[-1]
+
+
+def test_load_figure_draws_the_logged_load_and_leaves_out_runs_without_it(data, tmp_path, monkeypatch):
+    """F14 draws one panel per load column and dataset from the rows that hold load columns; a curves.csv without
+    them gives the placeholder that says so."""
+    import pandas as pd
+
+    curves = pd.read_csv(data["curves"])
+    drawn = []
+    plotstyle = load("plot_load").ps
+    monkeypatch.setattr(plotstyle, "curve_panel", lambda ax, d, col, *a: drawn.append((col, len(d))) or [])
+    out = {"png": tmp_path / "a.png", "pdf": tmp_path / "a.pdf"}
+    load("plot_load").main({"curves": data["curves"]}, out, {})
+    datasets = curves.dropna(subset=["expert_load"])["dataset"].nunique()
+    assert [c for c, _ in drawn] == ["expert_load", "unused_experts", "rank_flops"] * datasets
+    placeholders = []
+    monkeypatch.setattr(plotstyle, "placeholder_figure", lambda o, title, msg: placeholders.append(msg))
+    bare = tmp_path / "bare.csv"
+    curves.drop(columns=["expert_load", "unused_experts", "rank_flops"]).to_csv(bare, index=False)
+    load("plot_load").main({"curves": bare}, out, {})
+    assert placeholders == ["these runs' logs hold no load columns"]

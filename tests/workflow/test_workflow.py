@@ -121,7 +121,7 @@ SMOKE_OUTPUTS = [
     ),
     *(
         f"figures/smoke/{f}.{e}"
-        for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width")
+        for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load")
         for e in ("png", "pdf")
     ),
     *(f"results/smoke/tables/T4_inference.{e}" for e in ("csv", "md")),

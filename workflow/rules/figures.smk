@@ -138,6 +138,25 @@ rule fig_width:
         "../scripts/plot_width.py"
 
 
+rule fig_load:
+    input:
+        curves="results/{study}/curves.csv",
+    output:
+        png=report(
+            "figures/{study}/F14_load.png",
+            caption="../report/F14_load.rst",
+            category="Routing",
+        ),
+        pdf="figures/{study}/F14_load.pdf",
+    log:
+        "logs/{study}/figures/F14.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/plot_load.py"
+
+
 rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh). Part of a study's figures
     # only when that CSV holds a GPU measurement (mohge.workflow.checkout.measured_kernels); asked for without one, it is a

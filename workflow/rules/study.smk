@@ -1,4 +1,4 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S10 and figures F7-F12:
+# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S11 and figures F7-F12:
 # only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
 # collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
 
@@ -196,7 +196,8 @@ rule fig_study_difficulty:
 
 rule capacity_analysis:
     # The capacity study's declared tests (docs/study.md "The capacity study"): gate, claim 1, the sweep fit,
-    # heterogeneity, unused experts; tables C1-C3 and the bits-stored-vs-parameters figure.
+    # heterogeneity, unused experts; tables C1-C5 (C4 the selection, C5 the best shot) and the
+    # bits-stored-vs-parameters figure.
     input:
         runs="results/{study}/runs.csv",
         traces=study_traces,

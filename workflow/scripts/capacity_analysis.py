@@ -2,8 +2,9 @@
 
 Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional). Params: settings (the study
 config's analysis section; mohge.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
-C3_unused as csv/md/tex/html; the figure (png, pdf) of bits stored against total non-embedding parameters: the sweep
-with its fit, the MoHGE arms, the equal-parameter and the reference MoE, 95 % CIs, n.
+C3_unused, C4_selection, C5_best_shot as csv/md/tex/html; the figure (png, pdf) of bits stored against total
+non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the reference MoE, 95 % CIs,
+n.
 
     python workflow/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
         --out C2_tests_csv=results/capacity/study/C2_tests.csv ... --param reference='"moe"' ...
@@ -52,6 +53,21 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     caption = f"Experts per MoE layer with under {res['settings']['unused_share']:.0%} of a uniform share of routed"
     caption += " slots (mean over n seeds) and the expert parameters they hold."
     ps.write_table(unused, unused.round(2), outputs, "c3", caption, left=2, by=BY)
+    sel = res["selection"]
+    shown = sel.assign(bits_stored=sel["bits_stored"].map(lambda b: f"{b / 1e3:.1f} k"), kept=sel["kept"].map(
+        {True: "kept", False: ""}))  # fmt: skip
+    caption = "The selection on seed 100 (in no test): each family keeps its largest B; ties within 0.1 % go to the"
+    caption += " lower lr, then to the release's gate (docs/study.md)."
+    ps.write_table(sel, shown, outputs, "c4", caption, left=3, by=BY)
+    best = res["best_shot"]
+    display = best.copy()
+    for col in ("estimate", "ci_low", "ci_high", "p"):
+        display[col] = display[col].map(_fmt)
+    for col in ("n_a", "n_b"):
+        display[col] = display[col].map(lambda v: "—" if pd.isna(v) else str(v))
+    caption = "The best shot's tests on the arms the selection instantiated, unpaired (Welch) on log B; p is the p"
+    caption += " of h0; descriptive rows carry no test (docs/study.md)."
+    ps.write_table(best, display, outputs, "c5", caption, by=BY)
     figure(res["main"], models[models["dataset"] == res["settings"]["dataset"]], res["fit"], res["settings"], outputs)
 
 

@@ -1,4 +1,4 @@
-"""The capacity study's declared analysis (configs/capacity.yaml; docs/study.md "The capacity study"): tables C1-C3.
+"""The capacity study's declared analysis (configs/capacity.yaml; docs/study.md "The capacity study"): tables C1-C5.
 
 B is the bits stored (runs.csv ``bits_stored``), P the total non-embedding parameters. Every interval and test comes
 from :mod:`mohge.core.stats`.
@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mohge.config.runs import AnalysisConfig
-from mohge.core.stats import TEstimate, delta_interval, delta_variance, ols_line, one_sample, t_interval, welch
+from mohge.core.stats import TEstimate, delta_interval, delta_variance, holm, ols_line, one_sample, t_interval, welch
 from mohge.core.vocab import GATE_MODE_ALIASES
 
 _DECLARED = AnalysisConfig()  # the analysis section's own defaults
@@ -257,14 +257,126 @@ def selection(runs: pd.DataFrame, settings_of: dict[str, dict], declared: dict[s
     return table.sort_values(["family", "gate_mode", "lr"], ignore_index=True)
 
 
+# The best shot's arms, instantiated from the selection (docs/study.md "The selection and the arms it instantiates")
+
+BEST = "best_"  # variant prefix of the instantiated arms: out of the first analysis, in the best shot's
+COMMITTED_SETTING = "lr1e2"  # the first analysis's setting (lr 1e-2, the release's gate): its seeds pool if kept
+WHY = ("every width 12", "HMoE's flat router", "the release's gate form")  # the why arms' tests, one Holm family
+
+
+def kept_settings(table: pd.DataFrame) -> dict[str, str]:
+    """base family -> its kept selection setting, the variant without ``sel_`` (``renorm_lr5e3``, ``lr5e3``)."""
+    kept = table[table["kept"]]
+    return {r.family: r.variant.removeprefix(SELECTION) for r in kept.itertuples()}
+
+
+def best_labels(kept: dict[str, str], reference: str, equal: str) -> dict[str, str]:
+    """The best shot's models by role, named from each family's kept ``setting`` as configs/capacity.yaml names them:
+    ``<family>+best_<setting>`` (confirmatory), MoHGE's ``_quarter`` and ``_long``, the reference's ``_long``,
+    ``mohge+best_<setting>_hom12``, ``hmoe+best_<lr of MoHGE's setting>``, ``<equal>+best_<setting>_probsgate``.
+    Empty until the three families have a choice."""
+    if not {"mohge", reference, equal} <= set(kept):
+        return {}
+    m, r, i = kept["mohge"], kept[reference], kept[equal]
+    lr = m.rsplit("_", 1)[-1]
+    return {
+        "mohge": f"mohge+{BEST}{m}", "reference": f"{reference}+{BEST}{r}", "equal": f"{equal}+{BEST}{i}",
+        "mohge_quarter": f"mohge+{BEST}{m}_quarter", "mohge_long": f"mohge+{BEST}{m}_long",
+        "reference_long": f"{reference}+{BEST}{r}_long", "hom": f"mohge+{BEST}{m}_hom12", "hmoe": f"hmoe+{BEST}{lr}",
+        "probsgate": f"{equal}+{BEST}{i}_probsgate",
+    }  # fmt: skip
+
+
+def _pool_committed(runs: pd.DataFrame, kept: dict[str, str], labels: dict[str, str]) -> pd.DataFrame:
+    """A family whose kept setting is the committed one pools its committed seeds with its confirmatory ones."""
+    runs = runs.copy()
+    for role in ("mohge", "reference", "equal"):
+        base = labels[role].split("+")[0]
+        if kept.get(base) == COMMITTED_SETTING:
+            runs.loc[runs["family"] == base, "family"] = labels[role]
+    return runs
+
+
+def _ratio_test(runs: pd.DataFrame, test: str, a: str, b: str, alpha: float) -> tuple[dict, TEstimate]:
+    row, est = ratio_row(runs, a, b, alpha)
+    row.update(test=test, h0="", p=math.nan, threshold="", verdict="")
+    return row, est
+
+
+def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
+    """C5: the best shot's tests (docs/study.md, items 3-6) on the models :func:`best_labels` names; "needs 2 seeds a
+    model" or no runs where they have not run. ``runs``: every run of runs.csv; ``table``: :func:`selection`."""
+    kept = kept_settings(table)
+    labels = best_labels(kept, p["reference"], p["equal"])
+    if not labels:
+        return pd.DataFrame(columns=TEST_COLUMNS)
+    alpha, floor, bar = p["alpha"], 1 - p["margin"], p["gate_ratio"]
+    runs = _pool_committed(runs, kept, labels)
+    main = runs[runs["dataset"] == p["dataset"]]
+    rows = []
+    g1, est = ratio_row(main, labels["reference"], labels["equal"], alpha)
+    g1.update(test="G1 reference > iso", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
+    g1.update(threshold=f"95% low > {bar}")
+    g1["verdict"] = ("pass" if g1["ci_low"] > bar else "fail") if est.defined else "needs 2 seeds a model"
+    rows.append(g1)
+    c1, est = ratio_row(main, labels["mohge"], labels["reference"], alpha)
+    c1.update(test="Claim 1 non-inferiority", h0=f"ratio <= {floor:.2f}", p=est.p_h0_le(math.log(floor)))
+    c1["threshold"] = f"95% low > {floor:.2f}"
+    if not est.defined:
+        c1["verdict"] = "needs 2 seeds a model"
+    elif g1["verdict"] != "pass":
+        c1["verdict"] = "not decidable by the declared rule (G1)"
+    else:
+        c1["verdict"] = "supported" if c1["ci_low"] > floor else ("refuted" if c1["ci_high"] < floor else "undecided")
+    rows.append(c1)
+    het, est = _ratio_test(main, "Heterogeneity", labels["mohge"], labels["equal"], alpha)
+    het.update(h0="ratio = 1", p=est.p_h0_eq(0.0), threshold="two-sided")
+    het["verdict"] = ("differs" if het["p"] < alpha else "no difference shown") if est.defined else ""
+    rows.append(het)
+    # (4) capacity or learning speed: descriptive ratios
+    for test, a, b, ds in (
+        ("400 exposures: MoHGE / MoE-15", labels["mohge_long"], labels["reference_long"], "facts_long"),
+        ("quarter set: MoHGE / reference", labels["mohge_quarter"], None, p["quarter"]),
+    ):
+        sub = runs[runs["dataset"] == ds]
+        if b is None:  # the committed quarter runs of the reference (one seed)
+            b = next((f for f in sub["family"].unique() if f.split("+")[0] == p["reference"] and BEST not in f), "")
+        row, _ = _ratio_test(sub, test, a, b, alpha)
+        rows.append({**row, "threshold": "descriptive"})
+    # (5) why: two-sided Welch, Holm over the three
+    why = []
+    for test, a, b in zip(WHY, (labels["hom"], labels["hmoe"], labels["probsgate"]),
+                          (labels["mohge"], labels["mohge"], labels["equal"]), strict=True):  # fmt: skip
+        row, est = _ratio_test(main, f"Why: {test}", a, b, alpha)
+        row.update(h0="ratio = 1", p=est.p_h0_eq(0.0), threshold="two-sided, Holm over 3")
+        why.append(row)
+    for row, adjusted in zip(why, holm([r["p"] for r in why]), strict=True):
+        if adjusted == adjusted:
+            row["verdict"] = f"Holm p {adjusted:.3g}: " + ("differs" if adjusted < alpha else "no difference shown")
+    rows += why
+    # (6) the grid's edge: each family's B at lr 2.5e-3 over its B at its kept setting (seed 100)
+    for fam, setting in kept.items():
+        edge = f"{fam}+{BEST}edge_{setting.rsplit('_', 1)[0] + '_' if '_' in setting else ''}lr2p5e3"
+        row, _ = _ratio_test(main, f"Edge: {fam} at lr 2.5e-3 / its choice", edge, f"{fam}+{SELECTION}{setting}", alpha)
+        rows.append({**row, "threshold": "descriptive"})
+    return pd.DataFrame(rows)[TEST_COLUMNS].astype({"n_a": "Int64", "n_b": "Int64"})
+
+
 def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
     """Every result of the study from runs.csv's rows and the runs' trace.json paths: ``models`` (C1), ``tests`` and
-    ``gate`` (C2), ``unused`` (C3), the sweep ``fit``, the ``main`` dataset's runs and the merged ``settings``."""
+    ``gate`` (C2), ``unused`` (C3), ``selection`` (C4: the selection runs ``params["selection"]`` names) and
+    ``best_shot`` (C5), the sweep ``fit``, the ``main`` dataset's runs and the merged ``settings``."""
     p = settings(params)
     runs = runs[runs["bits_stored"].notna()] if "bits_stored" in runs else runs.iloc[0:0]
     main, quarter = runs[runs["dataset"] == p["dataset"]], runs[runs["dataset"] == p["quarter"]]
     tests, summary = decide(main, quarter, p)
+    chosen = p.get("selection") or {}
+    settings_of = {run: {"lr": v["lr"], "gate_mode": v["gate_mode"]} for run, v in chosen.items()}
+    declared = pd.Series([v["family"] for v in chosen.values()]).value_counts().to_dict() if chosen else {}
+    picked = selection(runs[runs["run"].isin(settings_of)], settings_of, declared)
     return {
+        "selection": picked,
+        "best_shot": best_shot(runs, picked, p),
         "settings": p,
         "main": main,
         "models": model_table(runs, p["alpha"]),

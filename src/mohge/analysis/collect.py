@@ -102,7 +102,10 @@ def measured_activated(cfg: dict, params: dict, log_path: Path) -> float:
 
 
 def curve_rows(results: Path, run: str) -> list[dict]:
-    """Rows of curves.csv: per logged step the losses, mean routed-slot width (mean over MoE layers) and lr."""
+    """Rows of curves.csv: per logged step the losses, mean routed-slot width (mean over MoE layers), lr, and the
+    expert load where the log row holds it: ``expert_load`` (the worst MoE layer's max/mean of routed slots),
+    ``unused_experts`` (summed over MoE layers), ``rank_flops`` (the worst layer's per-rank FLOP max/mean at EP
+    ``rank_flops_ep``); NaN where the log has no load columns."""
     d = results / "runs" / run
     cfg = _read_json(d / "config.json")
     path = d / "train_log.jsonl"
@@ -129,6 +132,10 @@ def curve_rows(results: Path, run: str) -> list[dict]:
                 "mean_width": sum(widths) / len(widths) if widths else math.nan,
                 "lr": r.get("lr", math.nan),
                 "val_loss": r.get("val_loss", math.nan),
+                "expert_load": max(r["expert_load"]) if r.get("expert_load") else math.nan,
+                "unused_experts": sum(r["unused_experts"]) if r.get("unused_experts") else math.nan,
+                "rank_flops": max(r["rank_flops"]) if r.get("rank_flops") else math.nan,
+                "rank_flops_ep": r.get("rank_flops_ep", math.nan),
             }
         )
     return rows

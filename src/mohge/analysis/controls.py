@@ -33,6 +33,12 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   the permutation p-values (Fisher's combination over seeds; ``perm_p_fisher_holm``: Holm over the dataset's arms),
   and the within-token easy - hard contrast. A run traced
   before the record existed has none ("no token-level record").
+* S11_bias_balance, balance on trained routing without a loss (docs/study.md; BIAS_ARM): the all-size max/mean at EP
+  ``balance_ep`` on the arm's trained routing (S3's geometric mean and interval; the goal: mean <= BIAS_GOAL and upper
+  end <= BIAS_CEILING) and its paired log ratio to the release recipe (two-sided); its unused experts per layer (S7's
+  count; the goal: none in any layer of any seed); its test perplexity against the release recipe (non-inferiority
+  at BIAS_PPL_MARGIN) and against alpha_E 2e-1 (two-sided, with its 80 % MDE); the verdict "balance holds on trained
+  routing without a loss" only where the three goals are met.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from mohge.core.stats import (
     holm,
     one_sample,
     power_two_sided,
+    ratio_interval,
     sample_sd,
     t_interval,
 )
@@ -83,6 +90,13 @@ TOKEN_COLUMNS = [
     "rho_all_low", "rho_all_high", "within_emh", "within_emh_low", "within_emh_high", "token_ids",
 ]  # fmt: skip
 LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/study.yaml
+# S11: the arm balanced by a selection bias, the release recipe, the alpha_E 2e-1 arm (configs/study.yaml), its goals
+BIAS_ARM = ("mohge+biasfree", "mohge", "mohge+ae2e1")
+BIAS_GOAL, BIAS_CEILING, BIAS_PPL_MARGIN = 1.10, 1.20, 0.02
+BIAS_COLUMNS = [
+    "goal", "question", "metric", "A", "B", "test", "status", "n", "estimate", "ci_low", "ci_high", "p", "decision",
+    "mde80_pct", "met", "note",
+]  # fmt: skip
 
 
 def model_name(family: str, variant: str) -> str:
@@ -437,3 +451,96 @@ def token_q3(
     for _, g in table.groupby("dataset", sort=False):  # one family: the arms of a dataset
         table.loc[g.index, "perm_p_fisher_holm"] = holm(g["perm_p_fisher"].to_numpy(dtype=np.float64))
     return table
+
+
+# --------------------------------------------------------------------------------------------------------------
+# S11: balance on trained routing without a loss
+
+
+def _bias_row(goal: str, question: str, metric: str, a: str, b: str, test: str, declared: int) -> dict:
+    row = {"goal": goal, "question": question, "metric": metric, "A": a, "B": b, "test": test, "note": ""}
+    row.update(dict.fromkeys(["n", "estimate", "ci_low", "ci_high", "p", "mde80_pct"], math.nan))
+    return {**row, "status": NOT_RUN, "decision": NOT_RUN, "met": "", "declared": declared}
+
+
+def _bias_paired(row: dict, d: pd.Series, test: str, alpha: float, margin: float) -> dict:
+    if len(d):
+        c = compare(d, test, alpha, margin)
+        row.update(n=c["n"], estimate=c["ratio"], ci_low=c["ci_low"], ci_high=c["ci_high"], p=c["p"])
+        row.update(decision=c["decision"], mde80_pct=c["mde80_pct"], status=_status(len(d), row["declared"]))
+    return row
+
+
+def _max_over_mean_by_seed(util: pd.DataFrame, runs: pd.DataFrame, model: str, ep: int) -> pd.Series:
+    """The all-size max/mean at EP ``ep`` over every layer ("all") of each seed's trained routing (index: seed)."""
+    u = util[(util["layer"].astype(str) == "all") & (util["strategy"] == "all_size") & (util["ep_size"] == ep)]
+    seeds = runs[runs["family"] == model].set_index("run")["seed"]
+    u = u[u["source"].isin(seeds.index)]
+    return pd.Series(u["max_over_mean"].to_numpy(float), index=seeds[u["source"]].to_numpy())
+
+
+def bias_balance(
+    runs: pd.DataFrame, util: pd.DataFrame, unused: pd.DataFrame, config: dict, planned: dict | None = None
+) -> pd.DataFrame:
+    """S11_bias_balance (module docstring), on the dataset the study config plans BIAS_ARM on; empty where it plans
+    none. ``util``: utilization_summary.csv; ``unused``: S7 (:func:`mohge.analysis.study.unused_experts`)."""
+    a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
+    planned = planned_models(config) if planned is None else planned
+    arm, release, loss_arm = BIAS_ARM
+    dataset = next((ds for ds, m in planned if m == arm), None)
+    if dataset is None:
+        return pd.DataFrame(columns=BIAS_COLUMNS)
+    runs = runs[runs["dataset"] == dataset]
+    ep, metric, alpha = a.balance_ep, a.primary_metric, a.alpha
+    seeds = {m: set(planned.get((dataset, m), {})) for m in BIAS_ARM}
+    rows = []
+    # balance: S3's measure over the arm's seeds, and paired by seed with the release recipe
+    bal = _max_over_mean_by_seed(util, runs, arm, ep)
+    row = _bias_row("balance", f"all-size max/mean at EP {ep}", "max_over_mean", arm, "", "goal", len(seeds[arm]))
+    if len(bal):
+        mean, lo, hi = ratio_interval(bal.to_numpy(), alpha)
+        row.update(n=len(bal), estimate=mean, ci_low=lo, ci_high=hi, status=_status(len(bal), len(seeds[arm])))
+        row.update(decision=f"goal: mean <= {BIAS_GOAL}, upper end <= {BIAS_CEILING}", note="as S3 (log-t interval)")
+        row["met"] = "met" if mean <= BIAS_GOAL and hi <= BIAS_CEILING else "not met"
+    rows.append(row)
+    ref = _max_over_mean_by_seed(util, runs, release, ep)
+    d = (np.log(bal) - np.log(ref)).dropna() if len(bal) and len(ref) else pd.Series(dtype=np.float64)
+    row = _bias_row("", "max/mean against the release recipe", "max_over_mean", arm, release, "two-sided",
+                    len(seeds[arm] & seeds[release]))  # fmt: skip
+    rows.append(_bias_paired(row, d, "two-sided", alpha, 0.0))
+    # unused experts: S7's count per layer, over the arm's seeds
+    u = unused[(unused["dataset"] == dataset) & (unused["model"] == arm) & (unused["layer"].astype(str) != "all")]
+    row = _bias_row("unused experts", "experts under 1 % of a uniform share", "unused", arm, "", "goal",
+                    len(seeds[arm]))  # fmt: skip
+    if len(u):
+        n = int(u["n"].max())
+        row.update(n=n, estimate=float(u["unused"].max()), status=_status(n, len(seeds[arm])))
+        row.update(decision="goal: none in any layer of any seed", met="met" if (u["unused"] == 0).all() else "not met")
+        row["note"] = "mean per layer: " + ", ".join(f"layer {r.layer}: {r.unused:.2f}" for r in u.itertuples())
+    rows.append(row)
+    # perplexity: not worse than the release recipe by the margin; against the loss that balances, two-sided
+    d = paired_log_diffs(runs, metric, arm, release)
+    row = _bias_row("perplexity", "not worse than the release recipe", metric, arm, release, "noninferiority",
+                    len(seeds[arm] & seeds[release]))  # fmt: skip
+    row = _bias_paired(row, d, "noninferiority", alpha, BIAS_PPL_MARGIN)
+    if len(d):
+        row["met"] = "met" if row["p"] < alpha else "not met"
+        row["note"] = f"H0: ratio >= {1 + BIAS_PPL_MARGIN:.2f}, read on the one-sided 95 % bound"
+    rows.append(row)
+    d = paired_log_diffs(runs, metric, arm, loss_arm)
+    row = _bias_row("", "against alpha_E 2e-1", metric, arm, loss_arm, "two-sided", len(seeds[arm] & seeds[loss_arm]))
+    rows.append(_bias_paired(row, d, "two-sided", alpha, BIAS_PPL_MARGIN))
+    rows.append(_bias_verdict(rows, metric))
+    return pd.DataFrame(rows, columns=BIAS_COLUMNS)
+
+
+def _bias_verdict(rows: list[dict], metric: str) -> dict:
+    """The declared family of three goals: the verdict only where each is met or not met."""
+    goals = {r["goal"]: r["met"] or r["status"] for r in rows if r["goal"]}
+    row = _bias_row("verdict", "balance holds on trained routing without a loss?", metric, BIAS_ARM[0], "", "rule", 0)
+    if all(v in ("met", "not met") for v in goals.values()):
+        held = all(v == "met" for v in goals.values())
+        row.update(status="run", met="met" if held else "not met")
+        row["decision"] = "balance holds on trained routing without a loss" if held else "not supported"
+    row["note"] = "; ".join(f"{k}: {v}" for k, v in goals.items())
+    return row

@@ -52,10 +52,18 @@ import pandas as pd
 from mohge.config.runs import AnalysisConfig, UtilizationConfig
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
-from mohge.core.stats import compare, holm, p_binomial_h0_le, t_interval
+from mohge.core.stats import compare, holm, p_binomial_h0_le, ratio_interval, t_interval
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
-from .controls import control_tests, graded_datasets, paired_log_diffs, planned_models, q3_dose, token_q3
+from .controls import (
+    bias_balance,
+    control_tests,
+    graded_datasets,
+    paired_log_diffs,
+    planned_models,
+    q3_dose,
+    token_q3,
+)
 from .utilization import analyze
 
 # The metric each local task is scored by (what its YAML's metric_list declares first) and its chance level.
@@ -232,14 +240,6 @@ def task_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=TASK_COLUMNS)
 
 
-def ratio_interval(values: Sequence[float], alpha: float = 0.05, floor: float = 1.0) -> tuple[float, float, float]:
-    """(geometric mean, low, high) of ratios bounded below by ``floor``: the exponentiated t interval of the mean
-    log, its lower end raised to ``floor`` (the true value is >= floor, so the truncation keeps the coverage)."""
-    x = np.log(np.maximum(np.asarray(values, dtype=np.float64), floor))
-    mean, lo, hi = t_interval(x, alpha)
-    return math.exp(mean), max(math.exp(lo), floor) if lo == lo else lo, math.exp(hi) if hi == hi else hi
-
-
 ORACLES = {"flop_lpt": "in-sample oracle: fit on the trace it is scored on"}
 # the all-size placement of a trace made even inside groups: balanced by the allocation's construction wherever the
 # experts per rank are a multiple of G, so its number checks the code and is no evidence about trained routing
@@ -409,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_analysis(results: Path, config: dict, out: Path) -> None:
-    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S10)."""
+    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S11)."""
     analysis = config.get("analysis") or {}
     declared = AnalysisConfig.from_dict(analysis, "analysis")
     alpha = declared.alpha
@@ -421,7 +421,8 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     write_table(s1, out / "S1_models")
     main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
     write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), out / "S2_tests")
-    trained = balance(pd.read_csv(results / "utilization_summary.csv"), runs, alpha)
+    util = pd.read_csv(results / "utilization_summary.csv")
+    trained = balance(util, runs, alpha)
     u = UtilizationConfig.from_dict(config.get("utilization") or {}, "utilization")
     even = balanced_trace_summary(results, runs["run"], list(u.strategies), list(u.ep_sizes))
     tables = [trained.assign(trace="trained")]
@@ -444,6 +445,7 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     write_table(q3_dose(mean_width_by_level(groups), runs, config, planned), out / "S9_q3_dose")
     graded = graded_datasets(planned) | set(groups.loc[groups["level"].isin(LEVELS), "dataset"])
     write_table(token_q3(results, runs, graded, alpha, planned), out / "S10_token_q3")
+    write_table(bias_balance(runs, util, unused, config, planned), out / "S11_bias_balance")
 
 
 @user_errors

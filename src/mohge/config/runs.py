@@ -134,7 +134,7 @@ class AnalysisConfig(_Section):
     """A study's pre-declared statistical analysis (docs/study.md): the claims study's (mohge.analysis.study) or the
     capacity study's (workflow/scripts/capacity_analysis.py, `design: capacity`)."""
 
-    design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C3)", choices=DESIGNS)
+    design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C5)", choices=DESIGNS)
     alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)
     equivalence_margin: float = knob(
         0.03, "TOST margin on the perplexity ratio (claims); non-inferiority margin on B (capacity)", gt=0, lt=1

@@ -241,6 +241,14 @@ def t_interval(values: Sequence[float], alpha: float = 0.05) -> tuple[float, flo
     return (est.estimate, *est.interval(alpha))
 
 
+def ratio_interval(values: Sequence[float], alpha: float = 0.05, floor: float = 1.0) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of ratios bounded below by ``floor``: the exponentiated t interval of the mean
+    log, its lower end raised to ``floor`` (the true value is >= floor, so the truncation keeps the coverage)."""
+    x = np.log(np.maximum(np.asarray(values, dtype=np.float64), floor))
+    mean, lo, hi = t_interval(x, alpha)
+    return math.exp(mean), max(math.exp(lo), floor) if lo == lo else lo, math.exp(hi) if hi == hi else hi
+
+
 def p_binomial_h0_le(successes: int, trials: int, chance: float) -> float:
     """Exact one-sided binomial p of H0: success probability <= ``chance`` (H1: above chance)."""
     return float(_st.binomtest(successes, trials, chance, alternative="greater").pvalue)

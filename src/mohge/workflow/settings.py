@@ -6,10 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from mohge.config import RunConfig
-from mohge.config.runs import AnalysisConfig, FiguresConfig, InferenceConfig, UtilizationConfig
+from mohge.config.runs import AnalysisConfig, FiguresConfig, InferenceConfig, UtilizationConfig, plan
 
 # variants of selection runs on a held-out seed: in no test (docs/study.md)
 SELECTION = "sel_"
+# variants of the arms the selection instantiates: tested by the best-shot analysis, not the first one
+BEST_SHOT = "best_"
 
 
 def utilization(config: dict) -> UtilizationConfig:
@@ -82,18 +84,25 @@ def study_param(config: dict, key: str) -> Any:
 
 def capacity_settings(config: dict) -> dict[str, Any]:
     """What workflow/scripts/capacity_analysis.py takes from a capacity study's config: the declared analysis,
-    the main dataset and the MoHGE arms on it ("mohge", "mohge+<variant>"; selection runs left out)."""
+    the main dataset and the MoHGE arms on it ("mohge", "mohge+<variant>"; selection and best-shot runs left out),
+    and the family, lr and gate of every selection run it plans (run -> {"family", "lr", "gate_mode"})."""
     a, main = analysis(config), main_dataset(config)
     arms = ["mohge"] + [
         f"mohge+{v}"
         for e in config["experiments"]
         if e["dataset"] == main and "mohge" in e["families"]
         for v in (e.get("variants") or {})
-        if not v.startswith(SELECTION)
+        if not v.startswith((SELECTION, BEST_SHOT))
     ]
+    selection = {
+        name: {"family": cfg.family, "lr": cfg.train.lr, "gate_mode": cfg.model.router.gate_mode}
+        for name, cfg in plan(config, preflight=False).items()
+        if cfg.variant.startswith(SELECTION)
+    }
     return {
         "reference": a.reference_family,
         "equal": a.equal_family,
+        "selection": selection,
         "sweep": list(a.sweep),
         "mohge": list(dict.fromkeys(arms)),
         "dataset": main,

@@ -1,5 +1,5 @@
 """The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, the declared analysis's
-tables and figures (claims: S1-S10, F7-F12; capacity: C1-C3 and its figure), T4/F13 and a run's results."""
+tables and figures (claims: S1-S11, F7-F12; capacity: C1-C5 and its figure), T4/F13 and a run's results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 
 TABLES = ["T1_main", "T2_params", "T3_balance"]
 TABLE_FORMATS = ["csv", "md", "tex", "html"]
-FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width"]
+FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load"]
 FIGURE_FORMATS = ["png", "pdf"]
 STUDY_TABLES = [
     "S1_models",
@@ -21,8 +21,9 @@ STUDY_TABLES = [
     "S8_controls",  # the arms declared after the results; S9, S10: Q3's dose and token-level record
     "S9_q3_dose",
     "S10_token_q3",
+    "S11_bias_balance",  # balance on trained routing without a loss
 ]
-# S5 (tasks, with the reason each is or is not reported), S6, S7, S9 and S10 stay csv/md
+# S5 (tasks, with the reason each is or is not reported), S6, S7, S9, S10 and S11 stay csv/md
 TEX_TABLES = [*STUDY_TABLES[:4], "S8_controls"]
 STUDY_FIGURES = [
     "F7_study_quality",
@@ -32,7 +33,7 @@ STUDY_FIGURES = [
     "F11_study_difficulty",
     "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
 ]
-CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused"]
+CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused", "C4_selection", "C5_best_shot"]
 PER_RUN = ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
 
 
