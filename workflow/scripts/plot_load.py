@@ -24,14 +24,15 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         return
     df = df[df[have].notna().any(axis=1)]
     datasets = sorted(df["dataset"].unique())
-    fig, axes = ps.panels(len(datasets) * len(PANELS), ncols=len(PANELS), height=2.3)
+    fig, axes = ps.panels(len(datasets) * len(PANELS), ncols=len(PANELS), height=2.4, width=ps.WIDTH_2COL * 1.45)
     for i, ds in enumerate(datasets):
         d = df[df["dataset"] == ds]
         for ax, (col, label, ideal) in zip(axes[i * len(PANELS) :], PANELS, strict=False):
             ep = d["rank_flops_ep"].dropna()
             ax.set_ylabel(label.format(ep=int(ep.iloc[0]) if len(ep) else "?"), fontsize=8)
             ax.set_xlabel("training step")
-            ax.set_title(ds, fontsize=8.5)
+            if col == PANELS[0][0]:
+                ax.set_title(ds, fontsize=8.5, loc="left")
             if col not in d or d[col].isna().all():
                 ps.placeholder(ax, "not logged")
                 continue
