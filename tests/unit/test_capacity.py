@@ -58,7 +58,7 @@ def test_a_sensitive_setup_passes_the_gate_and_decides_claim_1():
     tests, summary = decide(df)
     t = tests.set_index("test")
     assert summary["gate"]
-    assert t.loc["G1 reference > iso", "estimate"] == pytest.approx((102560 / 84128) ** 0.8, rel=0.02)
+    assert t.loc["G1 reference > equal", "estimate"] == pytest.approx((102560 / 84128) ** 0.8, rel=0.02)
     assert t.loc["G2 sweep slope", "estimate"] == pytest.approx(0.8, abs=0.1)
     assert t.loc["Claim 1 non-inferiority", "verdict"] == "supported"
     # MoHGE stores what the reference stores: its MoE-equivalent size is the reference's, 1.21 x its own
@@ -86,7 +86,7 @@ def test_a_blind_setup_fails_the_gate_and_says_so():
     tests, summary = decide(df)
     t = tests.set_index("test")
     assert not summary["gate"]
-    assert t.loc["G1 reference > iso", "verdict"] == "fail"
+    assert t.loc["G1 reference > equal", "verdict"] == "fail"
     assert t.loc["G2 sweep slope", "verdict"] == "fail"
     assert t.loc["G3 saturation (quarter set)", "verdict"] == "fail"
     assert "gate fails" in t.loc["Claim 1 non-inferiority", "verdict"] or t.loc[
@@ -133,7 +133,7 @@ def test_h0_ratio_le_gate_and_margin_p_values_are_welch_on_log_b_not_paired():
     shuffled.loc[moe, "seed"] = shuffled.loc[moe, "seed"].to_numpy()[::-1]
     pd.testing.assert_frame_equal(decide(shuffled)[0], decide(df)[0])
     log_b = {f: np.log(df.loc[(df.dataset == "facts") & (df.family == f), "bits_stored"].to_numpy()) for f in P}
-    g1 = t.loc["G1 reference > iso"]
+    g1 = t.loc["G1 reference > equal"]
     ref = sp.ttest_ind(log_b["moe"], log_b["moe_equal"], equal_var=False, alternative="greater")
     assert g1["h0"] == "ratio <= 1.05" and (g1["n_a"], g1["n_b"]) == (3, 3)
     assert g1["p"] == pytest.approx(
@@ -194,7 +194,7 @@ def test_one_seed_a_model_gives_estimates_and_no_tests():
     df = synthetic()
     one = df[(df.seed == 0)]
     t = decide(one)[0].set_index("test")
-    g1, claim = t.loc["G1 reference > iso"], t.loc["Claim 1 non-inferiority"]
+    g1, claim = t.loc["G1 reference > equal"], t.loc["Claim 1 non-inferiority"]
     assert g1["estimate"] > 1 and math.isnan(g1["ci_low"]) and math.isnan(g1["p"])
     assert g1["verdict"] == "needs 2 seeds a model" and claim["verdict"] == "needs 2 seeds a model"
     g3 = t.loc["G3 saturation (quarter set)"]  # one seed on the quarter set: read on the point ratio
@@ -306,13 +306,13 @@ def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committ
 def test_best_shot_decides_claim_1_only_where_its_gate_passes():
     runs, table = best_runs({"mohge": (2.5e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)})
     t = best(runs, table)
-    assert t.loc["G1 reference > iso", "verdict"] == "pass" and (t.loc["G1 reference > iso", "n_a"]) == 8
+    assert t.loc["G1 reference > equal", "verdict"] == "pass" and (t.loc["G1 reference > equal", "n_a"]) == 8
     assert t.loc["Claim 1 non-inferiority", "verdict"] == "refuted"  # 0.89 of the reference, tight
     runs, table = best_runs({"mohge": (2.78e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)}, noise=0.003)
     assert best(runs, table).loc["Claim 1 non-inferiority", "verdict"] == "supported"
     runs, table = best_runs({"mohge": (2.0e5, 8), "reference": (2.6e5, 8), "equal": (2.5e5, 8)})
     t = best(runs, table)
-    assert t.loc["G1 reference > iso", "verdict"] == "fail"
+    assert t.loc["G1 reference > equal", "verdict"] == "fail"
     assert t.loc["Claim 1 non-inferiority", "verdict"] == "not decidable by the declared rule (G1)"
     log_b = {r: np.log(runs.loc[runs.family == f, "bits_stored"].to_numpy()) for r, f in
              (("m", "mohge+best_renorm_lr5e3"), ("r", "moe+best_lr5e3"))}  # fmt: skip
@@ -346,4 +346,4 @@ def test_a_kept_committed_setting_pools_the_committed_seeds_with_the_confirmator
                                "bits_stored": 2.4e5} for s in range(3)])  # fmt: skip
     t = best(pd.concat([runs, committed], ignore_index=True), table)
     assert t.loc["Claim 1 non-inferiority", "a"] == "mohge+best_lr1e2" and t.loc["Claim 1 non-inferiority", "n_a"] == 11
-    assert t.loc["G1 reference > iso", "n_a"] == 8  # the MoEs kept lr 5e-3: nothing of theirs pools
+    assert t.loc["G1 reference > equal", "n_a"] == 8  # the MoEs kept lr 5e-3: nothing of theirs pools

@@ -378,7 +378,7 @@ def test_docs_agree_with_the_committed_capacity_tables():
     rerun or an extension that moves a table and leaves the prose behind fails."""
     tables, text = ROOT / "results" / "capacity" / "study", prose()
     c2 = pd.read_csv(tables / "C2_tests.csv").set_index("test")
-    g1, g2, g3 = c2.loc["G1 reference > iso"], c2.loc["G2 sweep slope"], c2.loc["G3 saturation (quarter set)"]
+    g1, g2, g3 = c2.loc["G1 reference > equal"], c2.loc["G2 sweep slope"], c2.loc["G3 saturation (quarter set)"]
     claim, het = c2.loc["Claim 1 non-inferiority"], c2.loc["Heterogeneity"]
     size, size_ae = c2.loc["MoE-equivalent size of mohge"], c2.loc["MoE-equivalent size of mohge+ae5e2"]
     expect = [
@@ -423,7 +423,7 @@ def test_readme_verdicts_agree_with_the_committed_tables():
     q1 = s2.set_index("question").loc["Q1 parity"]
     assert sens["decision"] == "not separated" and "not decidable by the declared rules" in text
     c2 = pd.read_csv(capacity / "C2_tests.csv").set_index("test")
-    g1, claim = c2.loc["G1 reference > iso"], c2.loc["Claim 1 non-inferiority"]
+    g1, claim = c2.loc["G1 reference > equal"], c2.loc["Claim 1 non-inferiority"]
     assert g1["verdict"] == "fail" and "its gate G1 fails" in text
     s6 = pd.read_csv(claims / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
     release, strong = s6.loc["mohge"], s6.loc["mohge+ae2e1"]

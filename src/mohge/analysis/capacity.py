@@ -111,7 +111,7 @@ def equivalent_size(runs: pd.DataFrame, fit: dict, model: str, alpha: float) -> 
 def _gate_g1(main: pd.DataFrame, p: dict) -> dict:
     g1, est = ratio_row(main, p["reference"], p["equal"], p["alpha"])
     bar = p["gate_ratio"]
-    g1.update(test="G1 reference > iso", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
+    g1.update(test="G1 reference > equal", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
     g1["threshold"] = f"95% low > {bar}"
     g1["verdict"] = "pass" if g1["ci_low"] > bar else ("fail" if est.defined else "needs 2 seeds a model")
     return g1
@@ -130,10 +130,10 @@ def _gate_g2(fit: dict, p: dict) -> dict:
 
 def _gate_g3(quarter: pd.DataFrame, p: dict) -> dict:
     refq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["reference"]]
-    isoq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["equal"]]
+    equalq = [f for f in quarter["family"].unique() if f.split("+")[0] == p["equal"]]
     lo, hi = 1 - p["margin"], 1 + p["margin"]
-    if refq and isoq:
-        g3, est = ratio_row(quarter, refq[0], isoq[0], p["alpha"])
+    if refq and equalq:
+        g3, est = ratio_row(quarter, refq[0], equalq[0], p["alpha"])
         g3["p"] = est.p_tost(math.log(lo), math.log(hi))
     else:
         g3 = {"a": p["reference"], "b": p["equal"], "n_a": 0, "n_b": 0, "estimate": math.nan, "ci_low": math.nan}
@@ -315,7 +315,7 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
     main = runs[runs["dataset"] == p["dataset"]]
     rows = []
     g1, est = ratio_row(main, labels["reference"], labels["equal"], alpha)
-    g1.update(test="G1 reference > iso", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
+    g1.update(test="G1 reference > equal", h0=f"ratio <= {bar}", p=est.p_h0_le(math.log(bar)))
     g1.update(threshold=f"95% low > {bar}")
     g1["verdict"] = ("pass" if g1["ci_low"] > bar else "fail") if est.defined else "needs 2 seeds a model"
     rows.append(g1)
