@@ -402,3 +402,14 @@ def test_make_targets_are_read_from_a_makefile(tmp_path):
         "run",
         "test",
     ]
+
+
+def test_the_readme_answers_on_its_first_screen():
+    """README at most 220 lines; its first 40 hold the two commands and each claim's verdict (its bold lead)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    first = "\n".join(lines[:40])
+    assert len(lines) <= 220, len(lines)
+    assert "make run" in first and "make test" in first
+    for claim in ("Claim 1", "Claim 2", "Claim 3"):
+        lead = next((line for line in lines[:40] if line.startswith(f"- **{claim},")), "")
+        assert lead and ("not " in lead or "supported" in lead), claim
