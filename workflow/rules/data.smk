@@ -6,6 +6,8 @@ rule dataset_config:
     log:
         f"{LOGS}/data/{{dataset}}.config.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         data=lambda wc: digest(dataset_section(wc.dataset)),  # a changed data section reruns
         text=lambda wc, output: dataset_config_json(wc.dataset),

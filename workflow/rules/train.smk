@@ -9,6 +9,8 @@ rule run_config:
     log:
         f"{LOGS}/config/{{run}}.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         train=train_digest,
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
@@ -27,6 +29,8 @@ rule train_config:
     log:
         f"{LOGS}/config/{{run}}.train.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         train=train_digest,
         text=lambda wc, output: train_config_json(wc.run),
