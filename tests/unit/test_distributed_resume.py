@@ -37,6 +37,13 @@ def test_sigkill_then_resume_same_world_is_bit_identical(fsdp_run, tmp_path):
         time.sleep(0.002)
     os.killpg(proc.pid, signal.SIGKILL)  # the launcher and both ranks
     proc.wait()
+    gone = time.monotonic() + 60  # the ranks die a moment after the launcher: their lock on OUT goes with them
+    while time.monotonic() < gone:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
     assert first.exists() and not (killed / "model.safetensors").exists(), "not killed between steps 2 and 5"
     torchrun(2, train_args(fsdp_run["config"], killed, root / "data", "--require-resume"))
     straight, resumed = load_file(root / "out" / "model.safetensors"), load_file(killed / "model.safetensors")

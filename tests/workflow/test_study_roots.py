@@ -45,14 +45,29 @@ def test_no_default_profile_overrides_an_explicit_one():
     assert slurm.get("set-resources", {}) == {"train": {"slurm_extra": "'--signal=TERM@300'"}}
 
 
+@pytest.fixture(scope="module")
+def slurm_dry_run(tmp_path_factory):
+    """`snakemake -n --profile workflow/profiles/slurm --configfile CONFIG` in a fresh working copy, once per config
+    for the tests of this module that read it."""
+    work = copy_workflow(tmp_path_factory.mktemp("slurm_dry"))
+    texts: dict[str, str] = {}
+
+    def dry_run(configfile: str) -> str:
+        if configfile not in texts:
+            out = smk("-n", "--profile", "workflow/profiles/slurm", "--configfile", configfile, cwd=work)
+            assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+            texts[configfile] = out.stdout + out.stderr
+        return texts[configfile]
+
+    return dry_run
+
+
 @pytest.mark.parametrize(
     ("configfile", "nodes", "gpus", "max_runtime"),
     [("configs/smoke.yaml", 1, 0, 60), ("configs/config.yaml", 1, 0, 60), ("configs/paper.yaml", 2, 16, 10080)],
 )
-def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, max_runtime, tmp_path):
-    out = smk("-n", "--profile", "workflow/profiles/slurm", "--configfile", configfile, cwd=copy_workflow(tmp_path))
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
+def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, max_runtime, slurm_dry_run):
+    text = slurm_dry_run(configfile)
     assert "Using workflow specific profile" not in text
     train = job_resources(text, "train")
     assert train and all(int(r["nodes"]) == nodes for r in train), train[:1]
@@ -76,7 +91,7 @@ def test_slurm_profile_asks_for_what_the_config_says(configfile, nodes, gpus, ma
         assert "python -m mohge.train" in launch and "torchrun" not in launch
 
 
-def test_paper_resources_fit_the_job(tmp_path):
+def test_paper_resources_fit_the_job(slurm_dry_run):
     """The paper config's dry run: training asks for the config's own limits (the same on a retry, which the
     fake-SLURM test checks on a real resubmission); evaluation and tracing for host memory from the model's
     size, fp32 weights and their loaded copy plus the runtime (on a GPU the activations live there); a CPU
@@ -85,10 +100,7 @@ def test_paper_resources_fit_the_job(tmp_path):
     from mohge.config.runs import plan as plan_runs
     from mohge.model.params import count_params
 
-    work = copy_workflow(tmp_path)
-    out = smk("-n", "--profile", "workflow/profiles/slurm", "--configfile", "configs/paper.yaml", cwd=work)
-    text = out.stdout + out.stderr
-    assert out.returncode == 0, text[-3000:]
+    text = slurm_dry_run("configs/paper.yaml")
     paper = merge_config(
         yaml.safe_load((ROOT / "configs/config.yaml").read_text()),
         yaml.safe_load((ROOT / "configs/paper.yaml").read_text()),
@@ -111,9 +123,9 @@ def test_paper_resources_fit_the_job(tmp_path):
             assert weights + 2048 <= int(res["mem_mb"]) <= weights + 2049, (rule, run, res["mem_mb"], weights)
             mib[run] = int(res["mem_mb"])
     assert 21_000 < mib["web-mohge-s0"] < 23_000 and mib["web-dense-s0"] < mib["web-mohge-s0"] < mib["web-moe-s0"]
-    # a CPU config (smoke, one process): the evaluation batch's fp32 activations come on top of the weights
-    out = smk("-n", "--configfile", "configs/smoke.yaml", cwd=work)
-    smoke = job_resources(out.stdout + out.stderr, "evaluate")
+    # a CPU config (smoke, one process): the evaluation batch's fp32 activations come on top of the weights (the
+    # rule's own mem_mb, which the profile's default-resources leave as they are)
+    smoke = job_resources(slurm_dry_run("configs/smoke.yaml"), "evaluate")
     assert smoke and all(2048 < int(res["mem_mb"]) < 2100 for res in smoke), smoke[:1]
 
 
@@ -232,7 +244,8 @@ def test_reruns_follow_the_section_that_changed(smoke_clone, tmp_path):
     assert jobs.get("evaluate") == 8 and not {"train", "train_config", "prepare_data"} & set(jobs), jobs
     changed = re.findall(r"Params have changed since last execution: .*?before: (.*?) now: (.*?)(?:;|$)", text, re.M)
     assert changed and all(len(b) < 40 and len(n) < 40 for b, n in changed), changed[:3]  # hashes, not JSON
-    assert '"model"' not in text
+    reasons = re.findall(r"^\s*reason: .*$", text, re.M)
+    assert reasons and not [r for r in reasons if '"model"' in r], reasons[:3]  # the config's JSON is in no reason
     jobs, text = plan("study: smoke\ntrain: {lr: 2.0e-3}\n")
     assert jobs.get("train") == 8 and "prepare_data" not in jobs, jobs
     old = {p.name for p in (smoke_clone.path / "work" / "smoke" / "scratch" / "graded-mohge-s0").iterdir()}
@@ -261,23 +274,29 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     assert any(line.split(",")[2] == "mohge+renorm" for line in runs[1:])
 
     command("python", "-m", "mohge", "mtimes")  # committed files dated by their commits (a clone dates them all now)
+    assert "Nothing to be done" in run("-n", "figures")  # every committed table and figure is up to date
+    every = planned(run("-n", "figures", "--forceall"))  # the plan: every committed study's, from its CSVs alone
+    assert every["tables"] >= 2 and every["fig_gpu_load"] >= 2 and not set(CHAIN) & set(every), every
+    assert every.get("study_analysis") == 1, every
+    # one real run of the figures target, the part that runs the study's analysis (each figure script runs from
+    # committed results in tests/workflow/test_figures.py): the analysis and the tables and figures made from it
     t0 = time.perf_counter()
-    text = run("--cores", "2", "figures", "--forceall", timeout=2400)  # a hang guard, not a speed bound
+    text = run("--cores", "2", "figures", "--forcerun", "study_analysis", timeout=2400)  # a hang guard
     seconds = time.perf_counter() - t0
     jobs = planned(text)
-    assert jobs["tables"] >= 2 and jobs["fig_gpu_load"] >= 2 and not set(CHAIN) & set(jobs), jobs
+    assert jobs.get("study_analysis") == 1 and jobs.get("fig_study_tests") == 1, jobs
+    assert set(jobs) <= set(every) and not set(CHAIN) & set(jobs), jobs
     print(f"figures target: {seconds:.1f} s for {sum(jobs.values())} jobs")  # its speed is the machine's load
-    assert jobs.get("study_analysis") == 1 and "Warning" not in text, text[-3000:]
+    assert "Warning" not in text, text[-3000:]
     assert (clone / "logs" / "claims" / "study_analysis.log").is_file()
     # the claims study's own config: study_analysis is not rerun for its params (the merged config compared as data)
     dry = run("-n", "--configfile", "configs/study.yaml")
     block = dry[dry.index("rule study_analysis:") :].split("\n\n", 1)[0] if "rule study_analysis:" in dry else ""
     assert "Params have changed" not in block, block
 
-    # the README's lm-eval paths: the task files and the Hugging Face export land where git ignores them
-    from conftest import tiny_run, train_tiny
-
-    model, data = train_tiny(clone / "work" / "tiny", tiny_run())
+    # the README's lm-eval paths, on a model of the smoke run: the task files and the Hugging Face export land
+    # where git ignores them
+    model, data = clone / "work" / "smoke" / "runs" / "graded-mohge-s0", clone / "work" / "smoke" / "data" / "graded"
     command(
         "python",
         "-m",
@@ -290,8 +309,9 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
         "--out",
         "mohge_tasks",
     )
-    command("python", "-m", "mohge", "export", "--ckpt", str(model), "--out", "hf/tiny")
-    assert (clone / "mohge_tasks" / "tasks.json").is_file() and (clone / "hf" / "tiny" / "model.safetensors").is_file()
+    command("python", "-m", "mohge", "export", "--ckpt", str(model), "--out", "hf/graded-mohge-s0")
+    assert (clone / "mohge_tasks" / "tasks.json").is_file()
+    assert (clone / "hf" / "graded-mohge-s0" / "model.safetensors").is_file()
     run("--report", "report.html", timeout=1200)
     report = (clone / "report.html").read_text(errors="replace")
     for name in ("F4_gpu_load.png", "T1_main.html", "T2_params.html", "T3_balance.html"):  # tables shown inline

@@ -86,12 +86,20 @@ def dataset_section(dataset):
     return PLAN.dataset_section(dataset)
 
 
+def dataset_config_json(dataset):
+    return json.dumps(dataset_section(dataset), sort_keys=True) + "\n"
+
+
 def train_section(run):
     return PLAN.train_section(run)
 
 
 def run_config_json(run):
     return PLAN.run_config_json(run)
+
+
+def train_config_json(run):
+    return json.dumps(train_section(run), sort_keys=True, indent=2) + "\n"
 
 
 def train_digest(wildcards):

@@ -1,18 +1,19 @@
 rule dataset_config:
-    # The data section of a dataset, as the file `python -m mohge.data` reads.
+    # The data section of a dataset, as the file `python -m mohge.data` reads; its text reaches the command as in
+    # run_config (train.smk), its hash is the param that reruns it.
     output:
         f"{WORK}/data/{{dataset}}.data.json",
     log:
         f"{LOGS}/data/{{dataset}}.config.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         data=lambda wc: digest(dataset_section(wc.dataset)),  # a changed data section reruns
-    run:
-        from mohge.core.atomic import write_text_atomic
-
-        section = dataset_section(wildcards.dataset)
-        write_text_atomic(output[0], json.dumps(section, sort_keys=True) + "\n")
-        write_text_atomic(log[0], f"data {params.data}\n")
+        text=lambda wc, output: dataset_config_json(wc.dataset),
+    shell:
+        "printf '%s' {params.text:q} > {output:q}"
+        " && printf 'data %s\\n' {params.data:q} > {log:q}"
 
 
 # Scatter/gather (docs/method.md §12): one tokenizer job, data.num_shards shard jobs that each stream only

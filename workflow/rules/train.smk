@@ -1,39 +1,42 @@
 rule run_config:
     # One resolved config per run: what `python -m mohge.train --config` reads, so any run can be repeated by
-    # hand. The params are short hashes of its sections: a rerun reason names the section that changed.
+    # hand. The params train and eval are short hashes of its sections: a rerun reason names the section that
+    # changed. The file's text is a param computed from the output (Snakemake keeps such params out of its rerun
+    # triggers), so it reaches the command without showing in a reason; a shell job runs on a thread of Snakemake's
+    # own process, where a `run:` job would start another Snakemake.
     output:
         f"{RES}/runs/{{run}}/config.json",
     log:
         f"{LOGS}/config/{{run}}.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         train=train_digest,
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
-    run:
-        from mohge.core.atomic import write_text_atomic
-
-        write_text_atomic(output[0], run_config_json(wildcards.run))
-        write_text_atomic(log[0], f"train {params.train} eval {params.eval}\n")
+        text=lambda wc, output: run_config_json(wc.run),
+    shell:
+        "printf '%s' {params.text:q} > {output:q}"
+        " && printf 'train %s eval %s\\n' {params.train:q} {params.eval:q} > {log:q}"
 
 
 rule train_config:
     # What training reads: the run config without its eval section, so an eval-only change leaves this file,
-    # and the trained model, alone (evaluate and trace read the eval section from config.json).
+    # and the trained model, alone (evaluate and trace read the eval section from config.json). Its text reaches
+    # the command as in run_config.
     output:
         f"{WORK}/configs/{{run}}.train.json",
     log:
         f"{LOGS}/config/{{run}}.train.log",
     localrule: True
+    conda:
+        "../envs/train.yaml"  # the shell's printf only: the env of the rules that read the file
     params:
         train=train_digest,
-    run:
-        from mohge.core.atomic import write_text_atomic
-
-        section = train_section(wildcards.run)
-        write_text_atomic(
-            output[0], json.dumps(section, sort_keys=True, indent=2) + "\n"
-        )
-        write_text_atomic(log[0], f"train {params.train}\n")
+        text=lambda wc, output: train_config_json(wc.run),
+    shell:
+        "printf '%s' {params.text:q} > {output:q}"
+        " && printf 'train %s\\n' {params.train:q} > {log:q}"
 
 
 rule train:
