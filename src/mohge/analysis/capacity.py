@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mohge.config.runs import AnalysisConfig
+from mohge.config.runs import BEST_SHOT, SELECTION, AnalysisConfig
 from mohge.core.stats import TEstimate, delta_interval, delta_variance, holm, ols_line, one_sample, t_interval, welch
 from mohge.core.vocab import GATE_MODE_ALIASES
 
@@ -229,7 +229,6 @@ def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float) -> pd
 
 # The best shot's selection (docs/study.md "Claim 1 with MoHGE given its best shot", item 2)
 
-SELECTION = "sel_"  # variant prefix of the selection runs: in the models table, in no test
 SELECTION_TIE = 1e-3  # B within 0.1 % of the best is a tie: the lower lr wins, then softmax_topk_probs
 SELECTION_COLUMNS = ["family", "variant", "run", "lr", "gate_mode", "bits_stored", "kept"]
 
@@ -259,7 +258,6 @@ def selection(runs: pd.DataFrame, settings_of: dict[str, dict], declared: dict[s
 
 # The best shot's arms, instantiated from the selection (docs/study.md "The selection and the arms it instantiates")
 
-BEST = "best_"  # variant prefix of the instantiated arms: out of the first analysis, in the best shot's
 COMMITTED_SETTING = "lr1e2"  # the first analysis's setting (lr 1e-2, the release's gate): its seeds pool if kept
 WHY = ("every width 12", "HMoE's flat router", "the release's gate form")  # the why arms' tests, one Holm family
 
@@ -277,13 +275,13 @@ def best_labels(kept: dict[str, str], reference: str, equal: str) -> dict[str, s
     Empty until the three families have a choice."""
     if not {"mohge", reference, equal} <= set(kept):
         return {}
-    m, r, i = kept["mohge"], kept[reference], kept[equal]
-    lr = m.rsplit("_", 1)[-1]
+    m, r, i = (f"{BEST_SHOT}{kept[f]}" for f in ("mohge", reference, equal))
+    lr = kept["mohge"].rsplit("_", 1)[-1]
     return {
-        "mohge": f"mohge+{BEST}{m}", "reference": f"{reference}+{BEST}{r}", "equal": f"{equal}+{BEST}{i}",
-        "mohge_quarter": f"mohge+{BEST}{m}_quarter", "mohge_long": f"mohge+{BEST}{m}_long",
-        "reference_long": f"{reference}+{BEST}{r}_long", "hom": f"mohge+{BEST}{m}_hom12", "hmoe": f"hmoe+{BEST}{lr}",
-        "probsgate": f"{equal}+{BEST}{i}_probsgate",
+        "mohge": f"mohge+{m}", "reference": f"{reference}+{r}", "equal": f"{equal}+{i}",
+        "mohge_quarter": f"mohge+{m}_quarter", "mohge_long": f"mohge+{m}_long",
+        "reference_long": f"{reference}+{r}_long", "hom": f"mohge+{m}_hom12", "hmoe": f"hmoe+{BEST_SHOT}{lr}",
+        "probsgate": f"{equal}+{i}_probsgate",
     }  # fmt: skip
 
 
@@ -340,7 +338,9 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
     ):
         sub = runs[runs["dataset"] == ds]
         if b is None:  # the committed quarter runs of the reference (one seed)
-            b = next((f for f in sub["family"].unique() if f.split("+")[0] == p["reference"] and BEST not in f), "")
+            b = next(
+                (f for f in sub["family"].unique() if f.split("+")[0] == p["reference"] and BEST_SHOT not in f), ""
+            )
         row, _ = _ratio_test(sub, test, a, b, alpha)
         rows.append({**row, "threshold": "descriptive"})
     # (5) why: two-sided Welch, Holm over the three
@@ -356,7 +356,7 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
     rows += why
     # (6) the grid's edge: each family's B at lr 2.5e-3 over its B at its kept setting (seed 100)
     for fam, setting in kept.items():
-        edge = f"{fam}+{BEST}edge_{setting.rsplit('_', 1)[0] + '_' if '_' in setting else ''}lr2p5e3"
+        edge = f"{fam}+{BEST_SHOT}edge_{setting.rsplit('_', 1)[0] + '_' if '_' in setting else ''}lr2p5e3"
         row, _ = _ratio_test(main, f"Edge: {fam} at lr 2.5e-3 / its choice", edge, f"{fam}+{SELECTION}{setting}", alpha)
         rows.append({**row, "threshold": "descriptive"})
     return pd.DataFrame(rows)[TEST_COLUMNS].astype({"n_a": "Int64", "n_b": "Int64"})

@@ -127,6 +127,10 @@ class InferenceConfig(_Section):
 
 
 DESIGNS = ("claims", "capacity")
+# The capacity study's variant prefixes (docs/study.md): selection runs on a held-out seed, in no test; the arms the
+# selection instantiates, out of the first analysis and in the best shot's
+SELECTION = "sel_"
+BEST_SHOT = "best_"
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,15 @@ from __future__ import annotations
 from typing import Any
 
 from mohge.config import RunConfig
-from mohge.config.runs import AnalysisConfig, FiguresConfig, InferenceConfig, UtilizationConfig, plan
-
-# variants of selection runs on a held-out seed: in no test (docs/study.md)
-SELECTION = "sel_"
-# variants of the arms the selection instantiates: tested by the best-shot analysis, not the first one
-BEST_SHOT = "best_"
+from mohge.config.runs import (
+    BEST_SHOT,
+    SELECTION,
+    AnalysisConfig,
+    FiguresConfig,
+    InferenceConfig,
+    UtilizationConfig,
+    plan,
+)
 
 
 def utilization(config: dict) -> UtilizationConfig:
