@@ -9,8 +9,11 @@ STAMP := $(VENV)/.setup-done
 
 .PHONY: run test setup
 
+# the jobs' shell commands (python -m mohge ...) find the .venv's python first on PATH, as after `source
+# .venv/bin/activate`; --rerun-incomplete: a run stopped by Ctrl-C picks up where it left off
+SNAKEMAKE_ARGS ?= --cores all
 run: $(STAMP)
-	$(VENV)/bin/snakemake --cores all
+	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/snakemake --rerun-incomplete $(SNAKEMAKE_ARGS)
 
 # loadgroup: tests marked with one xdist_group (one fresh clone, one trained model) run on one worker
 test: $(STAMP)

@@ -301,6 +301,8 @@ def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committ
     seeds = {m: sorted(c.train.seed for c in plan(cfg).values() if (c.dataset, c.family + "+" + c.variant) == m)
              for m in [("facts", labels[r]) for r in ("mohge", "reference", "equal")]}  # fmt: skip
     assert all(s == list(range(10, 18)) for s in seeds.values()), seeds
+    declared = settings.capacity_settings(cfg)["declared"]
+    assert all(declared[labels[r]] == 8 for r in ("mohge", "reference", "equal")), declared
 
 
 def test_best_shot_decides_claim_1_only_where_its_gate_passes():
@@ -347,3 +349,17 @@ def test_a_kept_committed_setting_pools_the_committed_seeds_with_the_confirmator
     t = best(pd.concat([runs, committed], ignore_index=True), table)
     assert t.loc["Claim 1 non-inferiority", "a"] == "mohge+best_lr1e2" and t.loc["Claim 1 non-inferiority", "n_a"] == 11
     assert t.loc["G1 reference > equal", "n_a"] == 8  # the MoEs kept lr 5e-3: nothing of theirs pools
+
+
+def test_a_best_shot_test_whose_models_are_not_all_in_carries_no_verdict():
+    """A row is read on its declared seeds: with 6 and 5 of 8 in, it says interim, keeps its numbers, and decides
+    nothing; with all 8 in, the declared rule decides."""
+    declared = {ca.best_labels(KEPT, "moe", "moe_equal")[r]: 8 for r in ("mohge", "reference", "equal")}
+    p = {**ca.DEFAULTS, "declared": declared}
+    bits = {"mohge": (2.3e5, 6), "reference": (2.8e5, 5), "equal": (2.5e5, 8)}
+    t = ca.best_shot(*best_runs(bits), p).set_index("test")
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "interim: n 6/5 of 8/8 declared"
+    assert t.loc["G1 reference > equal", "verdict"] == "interim: n 5/8 of 8/8 declared"
+    assert t.loc["Claim 1 non-inferiority", "ci_high"] < 0.97  # the estimate is there; the verdict is not
+    full = ca.best_shot(*best_runs({r: (b, 8) for r, (b, _) in bits.items()}), p).set_index("test")
+    assert full.loc["Claim 1 non-inferiority", "verdict"] == "refuted"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -413,3 +414,24 @@ def test_the_readme_answers_on_its_first_screen():
     for claim in ("Claim 1", "Claim 2", "Claim 3"):
         lead = next((line for line in lines[:40] if line.startswith(f"- **{claim},")), "")
         assert lead and ("not " in lead or "supported" in lead), claim
+
+
+def test_readme_times_are_the_recorded_fresh_clone_measurements():
+    """README's times of its two commands, formatted from results/bench/front_door.json (the /usr/bin/time record)."""
+    rec = json.loads((ROOT / "results" / "bench" / "front_door.json").read_text())
+    text = " ".join((ROOT / "README.md").read_text().replace("**", "").split())
+    run, test = rec["make_run"], rec["make_test"]
+    jobs = run["job_seconds"]
+    minutes = f"{run['wall_s'] / 60:.1f} min ({(run['user_s'] + run['system_s']) / 60:.1f} min of CPU time)"
+    expect = [
+        f"make run` took {minutes}",
+        f"| {minutes} |",
+        f"make test` {test['wall_s'] / 60:.1f} min, of which the suite {test['pytest_wall_s'] / 60:.1f} min",
+        f"{jobs['train']['jobs']} trainings take {jobs['train']['wall_s']:.0f} s of job time (two at a time, "
+        f"{jobs['train']['wall_s'] / 2 / 60:.1f} min",
+        f"{jobs['evaluate']['jobs']} evaluations {jobs['evaluate']['wall_s']:.0f} s and {jobs['inference']['jobs']} "
+        f"inference records {jobs['inference']['wall_s']:.0f} s",
+    ]
+    assert f"in {test['pytest_wall_s']:.2f}s" in test["pytest_summary"] and test["failed"] == 0
+    missing = [x for x in expect if x not in text]
+    assert not missing, missing

@@ -217,3 +217,21 @@ def test_cli_without_a_subcommand_needs_ckpt_data_out(capsys):
     assert err.value.code == 2 and "--ckpt" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ev.main(["build-tasks", "--data", "d", "--out", "o", "--bogus"])
+
+
+def test_the_printed_summary_is_a_table_of_every_reported_metric_not_the_json():
+    from mohge.evaluate.suite import summary_table
+
+    metrics = {
+        "tasks": {
+            "mohge_cloze": {"acc": 0.555, "acc_stderr": 0.0352, "n_samples": 200, "name": "mohge_cloze"},
+            "mohge_ppl": {"bits_per_byte": 2.4074, "bits_per_byte_stderr": "N/A", "n_samples": 160},
+        },
+        "val": {"loss": 4.3766, "ppl": 79.5699, "tokens": 131215},
+    }
+    lines = summary_table(metrics).splitlines()
+    assert lines[0].split() == ["task", "metric", "value", "stderr", "n"]
+    assert lines[1].split() == ["mohge_cloze", "acc", "0.5550", "0.0352", "200"]
+    assert lines[2].split() == ["mohge_ppl", "bits_per_byte", "2.4074", "—", "160"]
+    assert [line.split()[:3] for line in lines[3:]] == [["val", "split", "loss"], ["val", "split", "ppl"]]
+    assert not any("{" in line for line in lines)

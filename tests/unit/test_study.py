@@ -445,3 +445,36 @@ def test_readme_verdicts_agree_with_the_committed_tables():
     ]
     missing = [e for e in expect if e not in text]
     assert not missing, missing
+
+
+def test_readme_inference_sentence_is_the_default_studys_t4():
+    """README's inference line, formatted here from the committed default study: T4's means per served routing and a
+    Welch interval on log perplexity over the runs of inference.csv."""
+    from mohge.core.stats import welch
+
+    text = " ".join((ROOT / "README.md").read_text().replace("**", "").split())
+    res = ROOT / "results" / "default"
+    t4 = (
+        pd.read_csv(res / "tables" / "T4_inference.csv")
+        .query("dataset == 'shakespeare'")
+        .set_index(["family", "point"])
+    )
+    m, e, d, k = (
+        t4.loc[key] for key in (("mohge", "trained"), ("moe", "trained"), ("dense", "trained"), ("mohge", "topk=3"))
+    )
+    runs = pd.read_csv(res / "inference.csv").query("dataset == 'shakespeare' and point == 'trained'")
+    log_ppl = {f: np.log(runs.loc[runs["family"] == f, "val_ppl"].to_numpy()) for f in ("mohge", "moe")}
+    est = welch(log_ppl["mohge"], log_ppl["moe"])
+    lo, hi = est.interval(0.05)
+    p = est.p_h0_eq(0.0)
+    assert p > 0.05 and "not separated" in text
+    expect = [
+        f"MoHGE activates {m['flops_per_token'] / 1e6:.2f} M forward FLOPs per token against MoE's "
+        f"{e['flops_per_token'] / 1e6:.2f} M ({m['flops_per_token'] / e['flops_per_token']:.2f}×)",
+        f"{math.exp(est.estimate):.3f}× MoE's [{math.exp(lo):.3f}, {math.exp(hi):.3f}] (n = {m['n']} each, p = {p:.2f}",
+        f"spends {k['flops_per_token'] / 1e6:.2f} M at perplexity {k['val_ppl']:.1f}",
+        f"the one dense run reaches {d['val_ppl']:.1f} at {d['flops_per_token'] / 1e6:.2f} M",
+    ]
+    assert m["n"] == e["n"] and d["n"] == 1
+    missing = [x for x in expect if x not in text]
+    assert not missing, missing

@@ -335,11 +335,13 @@ def test_tables(data, tmp_path):
     assert page.startswith("<!DOCTYPE html>") and "<th" in page and "**" not in page and "<b>2.00 ± 2.48</b>" in page
     assert "Val PPL (full split)" in page and "at ceiling" in page and page.count("<tr>") == md.count("\n| ") - 1
     t2md = outs["t2_md"].read_text()
-    assert "Activated (uniform routing): shakespeare-mohge" in t2md
-    t2 = pd.read_csv(outs["t2_csv"])
-    routed = t2.set_index("component").loc["routed_experts"]
-    assert routed["mohge_vs_moe:shakespeare:total_rel_diff_pct"] == pytest.approx((24 - 29.5) / 29.5 * 100)
-    assert "Δ total MoHGE vs MoE (preset-3b)" in t2md
+    head = next(line for line in t2md.splitlines() if line.startswith("| Model"))
+    assert head.count("|") - 1 == 2 + 10 and "| routed experts |" in head  # model, count, a column a component
+    assert "| shakespeare-mohge | activated (uniform routing) |" in t2md
+    t2 = pd.read_csv(outs["t2_csv"]).set_index(["model", "count"])
+    diff = t2.loc[("mohge_vs_moe:shakespeare", "total_rel_diff_pct"), "routed_experts"]
+    assert diff == pytest.approx((24 - 29.5) / 29.5 * 100)
+    assert "| MoHGE vs MoE (preset-3b) | total, Δ |" in t2md
     t3 = pd.read_csv(outs["t3_csv"])
     assert {"analytic_max_over_mean_mean", "analytic_n", "measured_max_over_mean_ci95"} <= set(t3.columns)
     assert t3["strategy"].iloc[0] == "contiguous" and (t3["analytic_n"] == 1).all()

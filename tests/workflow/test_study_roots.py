@@ -354,9 +354,10 @@ def press_ctrl_c(proc: subprocess.Popen, log: Path, presses: int = 5, patience: 
 
 def smoke_run_interrupted_then_finished(clone: Path, env: dict) -> None:
     """`snakemake --cores 2 --configfile configs/smoke.yaml`, stopped with Ctrl-C once the first train job is reported
-    finished, then rerun with --rerun-incomplete: it finishes without retraining a model that had finished. Where every
-    SIGINT landed where Snakemake swallows it and the run completed, the rerun is the same promise on a complete DAG:
-    nothing to do."""
+    finished, then rerun as README reruns a stopped run, `make run` (here on the smoke config, from a shell whose PATH
+    does not hold the environment: the jobs' `python -m mohge` must find it through make): it finishes without
+    retraining a model that had finished. Where every SIGINT landed where Snakemake swallows it and the run completed,
+    the rerun is the same promise on a complete DAG: nothing to do."""
     cmd = [*SNAKEMAKE, "--cores", "2", "--configfile", "configs/smoke.yaml"]
     log = clone.parent / "first_attempt.log"
     with open(log, "w") as fh:
@@ -391,9 +392,11 @@ def smoke_run_interrupted_then_finished(clone: Path, env: dict) -> None:
         assert "steps (100%) done" in text, text[-3000:]
     else:  # stopped by the Ctrl-C, not by a failure of its own
         assert presses > 0, text[-3000:]
-    # a job caught mid-flight by the interrupt leaves its output marked incomplete; the README's rerun command says
+    # a job caught mid-flight by the interrupt leaves its output marked incomplete; `make run` passes
     # --rerun-incomplete (Snakemake otherwise refuses and names the file)
-    out = subprocess.run([*cmd, "--rerun-incomplete"], cwd=clone, env=env, capture_output=True, text=True, timeout=2400)
+    make_run = ["make", "run", f"VENV={BIN.parent}", "STAMP=", "SNAKEMAKE_ARGS=" + " ".join(cmd[1:])]
+    bare = {**env, "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != BIN)}
+    out = subprocess.run(make_run, cwd=clone, env=bare, capture_output=True, text=True, timeout=2400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     retrained = [str(path) for path, stamp in finished.items() if path.stat().st_mtime_ns != stamp]
     assert not retrained, f"finished models retrained: {retrained}"

@@ -127,38 +127,47 @@ def table_main(runs: pd.DataFrame, outputs: dict, params: dict) -> None:
 
 
 def table_params(params: pd.DataFrame, outputs: dict) -> None:
-    """T2: components x configs, totals then activated (uniform routing), then MoHGE vs MoE relative differences."""
+    """T2: one row per model and count (total, activated under uniform routing), one column per component; then, for
+    each MoHGE / MoE pair of one dataset or preset, the relative difference of each count in %."""
     fam_rank = {f: i for i, f in enumerate(ps.FAMILIES)}
     cfgs = params.drop_duplicates("config")[["config", "family"]]
     cfgs = cfgs.assign(key=[c.replace(f, "*", 1) for c, f in zip(cfgs["config"], cfgs["family"], strict=True)])
     cfgs = cfgs.assign(_k=cfgs["key"].map({k: i for i, k in enumerate(dict.fromkeys(cfgs["key"]))}))
     cfgs = cfgs.assign(_f=cfgs["family"].map(fam_rank).fillna(len(fam_rank))).sort_values(["_k", "_f"])
     order = ps.ordered(params["component"], COMPONENTS)
-    t = pd.DataFrame({"component": order})
-    d = pd.DataFrame({"Component": [c.replace("_", " ") for c in order]})
-    names = {"total": "Total", "activated": "Activated (uniform routing)"}
-    for what in ("total", "activated"):
-        wide = params.drop_duplicates(["component", "config"]).pivot(index="component", columns="config", values=what)
-        wide = wide.reindex(index=order, columns=cfgs["config"])
-        for c in cfgs["config"]:
-            t[f"{c}:{what}"] = wide[c].values
-            d[f"{names[what]}: {c}"] = wide[c].map(fmt_params).values
+    counts = {"total": "total", "activated": "activated (uniform routing)"}
+    wide = {
+        what: params.drop_duplicates(["component", "config"])
+        .pivot(index="config", columns="component", values=what)
+        .reindex(index=cfgs["config"], columns=order)
+        for what in counts
+    }
+    rows, shown = [], []
+    for c in cfgs["config"]:
+        for what, label in counts.items():
+            rows.append({"model": c, "count": what, **wide[what].loc[c].to_dict()})
+            shown.append({"Model": c, "Count": label, **{k: fmt_params(v) for k, v in wide[what].loc[c].items()}})
     for key, g in cfgs.groupby("key", sort=False):
         by_fam = dict(zip(g["family"], g["config"], strict=True))
+        if not {"mohge", "moe"} <= set(by_fam):
+            continue
         key = re.sub(r"-+", "-", key.replace("*", "")).strip("-_") or "all"  # "preset-*-3b" -> "preset-3b"
-        if "mohge" in by_fam and "moe" in by_fam:
-            for what in ("total", "activated"):
-                a, b = t[f"{by_fam['mohge']}:{what}"], t[f"{by_fam['moe']}:{what}"]
-                rel = ((a - b) / b.where(b != 0) * 100).astype(float)
-                t[f"mohge_vs_moe:{key}:{what}_rel_diff_pct"] = rel
-                label = "total" if what == "total" else "activated (uniform)"
-                d[f"Δ {label} MoHGE vs MoE ({key})"] = rel.map(lambda x: "—" if x != x else f"{x:+.1f}%")
-    caption = "Parameters by component: totals, then activated per token under uniform routing."
+        for what, label in counts.items():
+            a, b = wide[what].loc[by_fam["mohge"]], wide[what].loc[by_fam["moe"]]
+            rel = ((a - b) / b.where(b != 0) * 100).astype(float)
+            rows.append({"model": f"mohge_vs_moe:{key}", "count": f"{what}_rel_diff_pct", **rel.to_dict()})
+            cells = {k: "—" if x != x else f"{x:+.1f}%" for k, x in rel.items()}
+            shown.append({"Model": f"MoHGE vs MoE ({key})", "Count": f"{label}, Δ", **cells})
+    t = pd.DataFrame(rows, columns=["model", "count", *order])
+    d = pd.DataFrame(shown, columns=["Model", "Count", *order])
+    d = d.rename(columns=lambda c: c.replace("non_", "non-").replace("_", " "))
+    caption = "Parameters by component, per model: the total count, then the count a token activates under uniform"
+    caption += " routing; last, MoHGE against the MoE of the same data or preset."
     notes = [
         "Activated (uniform routing): every expert slot equally likely, so a MoHGE token activates the mean group "
         "width; T1 also reports the count under the routing each model learned."
     ]
-    write_table(t, d, outputs, "t2", caption, notes=notes)
+    write_table(t, d, outputs, "t2", caption, left=2, notes=notes)
 
 
 def model_of(source: pd.Series) -> pd.Series:

@@ -301,9 +301,20 @@ def _ratio_test(runs: pd.DataFrame, test: str, a: str, b: str, alpha: float) -> 
     return row, est
 
 
+def _interim(row: dict, declared: dict[str, int]) -> str:
+    """``interim: n a/b of A/B declared`` while either model of a test row has fewer seeds in than ``declared`` plans
+    for it (model label -> seeds); "" once both are complete. A test is read only on its declared seeds."""
+    want = [declared.get(row[k], 0) for k in ("a", "b")]
+    if all(n >= w for n, w in zip((row["n_a"], row["n_b"]), want, strict=True)):
+        return ""
+    return f"interim: n {row['n_a']}/{row['n_b']} of {want[0]}/{want[1]} declared"
+
+
 def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
     """C5: the best shot's tests (docs/study.md, items 3-6) on the models :func:`best_labels` names; "needs 2 seeds a
-    model" or no runs where they have not run. ``runs``: every run of runs.csv; ``table``: :func:`selection`."""
+    model" or no runs where they have not run. ``runs``: every run of runs.csv; ``table``: :func:`selection`.
+    ``p["declared"]`` (model label -> the seeds the config plans) marks a tested row whose models are not all in as
+    interim: it carries its estimate, interval and p, and no verdict."""
     kept = kept_settings(table)
     labels = best_labels(kept, p["reference"], p["equal"])
     if not labels:
@@ -354,6 +365,9 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
         if adjusted == adjusted:
             row["verdict"] = f"Holm p {adjusted:.3g}: " + ("differs" if adjusted < alpha else "no difference shown")
     rows += why
+    for row in rows:
+        if row["verdict"] and (pending := _interim(row, p.get("declared", {}))):
+            row["verdict"] = pending
     # (6) the grid's edge: each family's B at lr 2.5e-3 over its B at its kept setting (seed 100)
     for fam, setting in kept.items():
         edge = f"{fam}+{BEST_SHOT}edge_{setting.rsplit('_', 1)[0] + '_' if '_' in setting else ''}lr2p5e3"

@@ -458,5 +458,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         RouteOverride.parse(args.route_override) if args.route_override else None,
     )
     write_json_atomic(args.out, metrics)
-    print(json.dumps({t: {k: v for k, v in m.items() if "stderr" not in k} for t, m in metrics["tasks"].items()}))
+    print(summary_table(metrics))
+    print(f"written: {args.out}")
     return 0
+
+
+def summary_table(metrics: dict) -> str:
+    """What `mohge evaluate` prints when it is done: one line per task and metric (value, lm-eval's stderr where it
+    gives one, documents), then the held-out splits' loss and perplexity; the JSON file holds the rest."""
+    lines = [f"{'task':<24} {'metric':<18} {'value':>12} {'stderr':>10} {'n':>7}"]
+    for task, m in sorted(metrics.get("tasks", {}).items()):
+        for key, value in sorted(m.items()):
+            if not isinstance(value, (int, float)) or key.endswith("_stderr") or key in ("n_samples", "sample_len"):
+                continue
+            err = m.get(f"{key}_stderr")
+            err = f"{err:.4f}" if isinstance(err, (int, float)) else "—"
+            lines.append(f"{task:<24} {key:<18} {value:>12.4f} {err:>10} {m.get('n_samples', ''):>7}")
+    for split in ("val", "test"):  # n: the split's tokens
+        for key in ("loss", "ppl") if split in metrics else ():
+            lines.append(f"{split + ' split':<24} {key:<18} {metrics[split][key]:>12.4f} {'—':>10} "
+                         f"{metrics[split]['tokens']:>7}")  # fmt: skip
+    return "\n".join(lines)

@@ -3,6 +3,7 @@ every default is the section's own: the routing trace F4/T3 show, F6's benchmark
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from mohge.config import RunConfig
@@ -88,7 +89,8 @@ def study_param(config: dict, key: str) -> Any:
 def capacity_settings(config: dict) -> dict[str, Any]:
     """What workflow/scripts/capacity_analysis.py takes from a capacity study's config: the declared analysis,
     the main dataset and the MoHGE arms on it ("mohge", "mohge+<variant>"; selection and best-shot runs left out),
-    and the family, lr and gate of every selection run it plans (run -> {"family", "lr", "gate_mode"})."""
+    the family, lr and gate of every selection run it plans (run -> {"family", "lr", "gate_mode"}) and the seeds it
+    plans for each best-shot model (``declared``: "<family>+<variant>" -> seeds)."""
     a, main = analysis(config), main_dataset(config)
     arms = ["mohge"] + [
         f"mohge+{v}"
@@ -97,15 +99,18 @@ def capacity_settings(config: dict) -> dict[str, Any]:
         for v in (e.get("variants") or {})
         if not v.startswith((SELECTION, BEST_SHOT))
     ]
+    planned = plan(config, preflight=False)
     selection = {
         name: {"family": cfg.family, "lr": cfg.train.lr, "gate_mode": cfg.model.router.gate_mode}
-        for name, cfg in plan(config, preflight=False).items()
+        for name, cfg in planned.items()
         if cfg.variant.startswith(SELECTION)
     }
+    declared = Counter(f"{c.family}+{c.variant}" for c in planned.values() if c.variant.startswith(BEST_SHOT))
     return {
         "reference": a.reference_family,
         "equal": a.equal_family,
         "selection": selection,
+        "declared": dict(declared),
         "sweep": list(a.sweep),
         "mohge": list(dict.fromkeys(arms)),
         "dataset": main,
