@@ -747,3 +747,21 @@ def test_load_figure_draws_the_logged_load_and_leaves_out_runs_without_it(data, 
     curves.drop(columns=["expert_load", "unused_experts", "rank_flops"]).to_csv(bare, index=False)
     load("plot_load").main({"curves": bare}, out, {})
     assert placeholders == ["these runs' logs hold no load columns"]
+
+
+def test_inference_figure_draws_a_line_per_knob_with_intervals_over_runs(tmp_path):
+    """F13's points are per (model, served routing) means with a 95 % half-width over runs; a served point belongs to
+    the knob its keys name."""
+    mod = load("plot_inference")
+    assert [mod.knob(p) for p in ("trained", "topk=1", "group_topk=2,topk=2", "bar_widest=4")] == [
+        "", "topk", "group_topk,topk", "bar_widest"]  # fmt: skip
+    assert mod.short("group_topk=2,topk=2") == "Kg=2,K=2" and mod.short("trained") == ""
+    rows = [{"dataset": "d", "family": "mohge", "run": f"d-mohge-s{s}", "point": p, "val_ppl": v + s,
+             "flops_per_token": f, "n_tokens": 64} for s in range(3)
+            for p, v, f in (("trained", 10.0, 4e6), ("topk=1", 12.0, 2e6))]  # fmt: skip
+    pd.DataFrame(rows).to_csv(tmp_path / "inference.csv", index=False)
+    t = mod.summarise(pd.read_csv(tmp_path / "inference.csv")).set_index("point")
+    assert t.loc["trained", "val_ppl"] == 11.0 and t.loc["trained", "n"] == 3
+    assert t.loc["topk=1", "hw"] == pytest.approx(T975_2 * 1.0 / math.sqrt(3))
+    mod.main({"rows": tmp_path / "inference.csv"}, {"png": tmp_path / "f.png"}, {})
+    assert (tmp_path / "f.png").stat().st_size > 0

@@ -7,6 +7,19 @@ Inputs: curves (curves.csv). Outputs: png, pdf. Params: smooth (logged points in
 import mohge.analysis.plotstyle as ps
 
 
+def whole(ax, d, y: str, families) -> None:
+    """An inset with every step of each family's mean curve: the main axes clip the first steps (near ln V)."""
+    inset = ax.inset_axes([0.56, 0.56, 0.4, 0.4])
+    for fam, g in d.groupby("family"):
+        if families and fam not in families:
+            continue
+        mean = g.groupby("step")[y].mean()
+        inset.plot(mean.index, mean.to_numpy(), color=ps.family_style(fam)["color"], lw=0.8)
+    inset.set_title("all steps", fontsize=6, pad=2)
+    inset.tick_params(labelsize=5, length=2, pad=1)
+    inset.grid(False)
+
+
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """Plot the training curves (F1)."""
     df = ps.read_csv(inputs.get("curves"))
@@ -38,11 +51,13 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
                     lw=0.8,
                     zorder=3,
                 )
-        # The first steps sit near ln(vocab); clip them so the differences at the end stay visible.
+        # The first steps sit near ln(vocab): the axes clip them so the differences at the end stay visible, and
+        # an inset shows every step.
         late = d[d["step"] >= 0.1 * d["step"].max()]
         late = late[[c for c in (y, "val_loss") if c in late]].stack().dropna()
         if late.notna().any():
             ax.set_ylim(late.min() - 0.05 * (late.max() - late.min()), late.quantile(0.99))
+            whole(ax, d, y, params.get("families"))
         if params.get("logy"):
             ax.set_yscale("log")
         ps.label_ends(ax, ends, min_gap=0.075)  # 7.5 pt labels: no line touches the next
