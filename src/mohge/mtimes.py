@@ -47,13 +47,14 @@ def restore(repo: Path) -> int:
     Files with uncommitted changes keep their own time (they are newer than any commit)."""
     changed = set(_git(repo, "diff", "--name-only", "-z", "HEAD").split("\0")) - {""}
     n = 0
-    for path, stamp in last_commit_times(repo).items():
+    times = last_commit_times(repo)
+    for path, stamp in times.items():
         target = repo / path
         if path in changed or not target.is_file() or target.is_symlink():
             continue
         os.utime(target, (stamp, stamp))
         n += 1
-    _date_derived_after_runs(repo, changed)
+    _date_derived_after_runs(repo, changed, set(times))
     return n
 
 
@@ -62,24 +63,28 @@ def restore(repo: Path) -> int:
 PER_RUN = ("runs", "utilization", "benchmarks", "params")
 
 
-def _date_derived_after_runs(repo: Path, changed: set[str]) -> None:
-    """A derived file that a rerun left byte-identical (results/<study>/params.csv when no parameter count moved)
-    keeps the time of an older commit than the per-run files it is made from, and Snakemake would remake it and
-    everything after it: date each derived file of a study no older than one second after its newest per-run file."""
+def _date_derived_after_runs(repo: Path, changed: set[str], tracked: set[str]) -> None:
+    """Date each derived file of a study (tracked: one second after its own commit) no older than one second after the
+    study's newest per-run file. A derived file committed with the script that drew it is up to date (Snakemake
+    redraws an output that is not strictly newer than its script); one that a rerun left byte-identical
+    (results/<study>/params.csv when no parameter count moved) keeps the time of an older commit than the per-run
+    files it is made from, and Snakemake would remake it and everything after it."""
     results = repo / "results"
     for study in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
         stamps = [
             f.stat().st_mtime for d in PER_RUN if (study / d).is_dir() for f in (study / d).rglob("*") if f.is_file()
         ]
-        if not stamps:
-            continue
-        floor = max(stamps) + 1
+        floor = max(stamps) + 1 if stamps else 0
         derived = [f for f in study.rglob("*") if f.is_file() and f.relative_to(study).parts[0] not in PER_RUN]
         figures = repo / "figures" / study.name
         derived += [f for f in figures.rglob("*") if f.is_file()] if figures.is_dir() else []
         for f in derived:
-            if f.relative_to(repo).as_posix() not in changed and f.stat().st_mtime < floor:
-                os.utime(f, (floor, floor))
+            rel = f.relative_to(repo).as_posix()
+            if rel in changed:
+                continue
+            stamp = max(floor, f.stat().st_mtime + (rel in tracked))
+            if stamp > f.stat().st_mtime:
+                os.utime(f, (stamp, stamp))
 
 
 @user_errors

@@ -478,3 +478,24 @@ def test_readme_inference_sentence_is_the_default_studys_t4():
     assert m["n"] == e["n"] and d["n"] == 1
     missing = [x for x in expect if x not in text]
     assert not missing, missing
+
+
+def test_default_balance_paragraph_is_the_committed_t3():
+    """docs/results.md's per-GPU load paragraph of the default study, formatted from its T3 (layer 'all')."""
+    text = " ".join((ROOT / "docs" / "results.md").read_text().replace("**", "").split())
+    t3 = pd.read_csv(ROOT / "results" / "default" / "tables" / "T3_balance.csv").set_index(["strategy", "ep_size"])
+    analytic = {s: " / ".join(f"{t3.loc[(s, ep), 'analytic_max_over_mean_mean']:.2f}" for ep in (2, 4, 8))
+                for s in ("all_size", "contiguous")}  # fmt: skip
+    lpt = " / ".join(f"{t3.loc[('flop_lpt', ep), 'analytic_max_over_mean_mean']:.3f}" for ep in (2, 4, 8))
+    measured = {
+        s: f"{t3.loc[(s, 4), 'measured_max_over_mean_mean']:.3f}"
+        for s in ("all_size", "contiguous", "modse_pairs", "flop_lpt")
+    }
+    expect = [
+        f"max/mean {analytic['all_size']} at EP 2 / 4 / 8, against {analytic['contiguous']} for contiguous",
+        f"and {lpt} for the FLOP-aware LPT balancer",
+        f"is {measured['all_size']} for all-size, {measured['contiguous']} contiguous, {measured['modse_pairs']} MoDSE "
+        f"pairs and {measured['flop_lpt']} LPT",
+    ]
+    missing = [x for x in expect if x not in text]
+    assert not missing, missing

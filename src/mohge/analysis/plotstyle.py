@@ -43,7 +43,7 @@ FAMILY_MARKERS = {"mohge": "o", "moe": "s", "moe_equal": "D", "hmoe": "^", "mods
 FAMILY_LABELS = {
     "mohge": "MoHGE",
     "moe": "MoE",
-    "moe_equal": "MoE (equal params)",
+    "moe_equal": "MoE (equal-parameter)",
     "hmoe": "HMoE",
     "modse": "MoDSE",
     "dense": "Dense",
