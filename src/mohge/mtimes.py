@@ -82,8 +82,9 @@ def _date_derived_after_runs(repo: Path, changed: set[str], tracked: set[str]) -
             rel = f.relative_to(repo).as_posix()
             if rel in changed:
                 continue
-            stamp = max(floor, f.stat().st_mtime + (rel in tracked))
-            if stamp > f.stat().st_mtime:
+            now = f.stat().st_mtime
+            stamp = max(floor, now + (rel in tracked))
+            if stamp > now:
                 os.utime(f, (stamp, stamp))
 
 
