@@ -108,3 +108,21 @@ rule inference_table:
         "../envs/plot.yaml"
     script:
         "../scripts/inference_table.py"
+
+
+rule frontier_test:
+    # T5: the served-frontier test the config declares (inference.frontier_test; docs/study.md).
+    input:
+        rows=f"{RES}/inference.csv",
+    output:
+        csv=f"{RES}/tables/T5_frontier.csv",
+        md=f"{RES}/tables/T5_frontier.md",
+    log:
+        f"{LOGS}/frontier_test.log",
+    localrule: True
+    params:
+        **PLAN.frontier_test(),
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/frontier_test.py"

@@ -112,6 +112,16 @@ class KnobPoints(_Section):
 
 
 @dataclass(frozen=True)
+class FrontierTest(_Section):
+    """A declared test of the served frontier (docs/study.md "The served-frontier study"): one model's trained
+    routing against another's served frontier at equal FLOPs per token, paired by seed; both empty: no test."""
+
+    trained: str = knob("", "the model at its trained routing (family+variant as runs.csv names it)")
+    served: str = knob("", "the model whose served points give the frontier (family+variant)")
+    _path: str = field(default="inference.frontier_test", repr=False, compare=False)
+
+
+@dataclass(frozen=True)
 class InferenceConfig(_Section):
     """Per-run inference records (python -m mohge.bench inference): serving cost per token and validation
     perplexity along the knob points; a study whose config has this section gets them, a table and a figure."""
@@ -123,6 +133,7 @@ class InferenceConfig(_Section):
     decode_tokens: int = knob(16, "new tokens per timed decode (capped by the context)", ge=1)
     reps: int = knob(5, "timed rounds (median)", ge=1)
     eval_batches: int = knob(8, "validation batches of the cost and knob passes (0: the whole split)", ge=0)
+    frontier_test: FrontierTest = knob(doc="the declared served-frontier test (T5_frontier)", factory=FrontierTest)
     _path: str = field(default="inference", repr=False, compare=False)
 
 
@@ -362,7 +373,20 @@ def plan(config: dict, preflight: bool = True, prepared: Collection[str] = ()) -
                         check_run(cfg, config.get("cluster"), inputs=inputs)
                         files_checked.add(ds)
     _check_ep_sizes(config, runs)
+    _check_frontier_test(config, runs)
     return runs
+
+
+def _check_frontier_test(config: dict, runs: dict[str, RunConfig]) -> None:
+    """``inference.frontier_test`` names two models the config plans (family+variant), or neither."""
+    test = InferenceConfig.from_dict(config.get("inference") or {}, "inference").frontier_test
+    if not (test.trained or test.served):
+        return
+    models = sorted({f"{c.family}+{c.variant}" if c.variant else c.family for c in runs.values()})
+    for key in ("trained", "served"):
+        name = getattr(test, key)
+        if name not in models:
+            _fail(test.key(key), name, f"not a model this config plans ({', '.join(models)})")
 
 
 def _check_ep_sizes(config: dict, runs: dict[str, RunConfig]) -> None:

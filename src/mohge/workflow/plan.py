@@ -230,7 +230,14 @@ class WorkflowPlan:
         """T4 and F13 of this config's study when it makes inference records, else nothing."""
         if (study or self.study) != self.study or not self.inference_runs():
             return []
-        return targets.inference_outputs(self.study)
+        return targets.inference_outputs(self.study, bool(self.frontier_test()))
+
+    def frontier_test(self) -> dict[str, str | float]:
+        """The declared served-frontier test's params (trained, served, alpha), or {} when the config declares none."""
+        test = settings.inference(self.config).frontier_test
+        if not test.trained:
+            return {}
+        return {"trained": test.trained, "served": test.served, "alpha": settings.analysis(self.config).alpha}
 
     def all_targets(self) -> list[str]:
         """What `all` asks for: this study's tables, figures, declared analysis, inference records and the

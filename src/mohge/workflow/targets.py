@@ -72,9 +72,10 @@ def study_outputs(study: str, design: str | None) -> list[str]:
     )
 
 
-def inference_outputs(study: str) -> list[str]:
-    """T4 and F13 of ``study``."""
-    return expand("results/{study}/tables/T4_inference.{ext}", study=study, ext=["csv", "md"]) + expand(
+def inference_outputs(study: str, frontier_test: bool = False) -> list[str]:
+    """T4 and F13 of ``study``, and T5_frontier when its config declares a served-frontier test."""
+    tables = ["T4_inference", "T5_frontier"] if frontier_test else ["T4_inference"]
+    return expand("results/{study}/tables/{table}.{ext}", study=study, table=tables, ext=["csv", "md"]) + expand(
         "figures/{study}/F13_inference.{ext}", study=study, ext=FIGURE_FORMATS
     )
 
