@@ -59,11 +59,9 @@ from mohge.config.runs import plan as plan_runs
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.model import LanguageModel
-from mohge.model.params import count_params
 from mohge.train.distributed.flops import model_flops_per_token
 from mohge.train.distributed.layout import Layout, check_layout
-from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies
-from mohge.train.distributed.parallelize import apply_ep, shard_plan
+from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies, eval_host_bytes  # noqa: F401
 
 GiB = 1024**3
 # the SLURM profile the docs submit with (docs/cluster.md): its `retries` and the train rule's --signal
@@ -156,6 +154,8 @@ def memory_per_gpu(cfg: RunConfig, layout: Layout) -> dict[str, float]:
     (or, without ``train.parallel``, the whole replica of DDP with its gradient buckets)."""
     ddp = cfg.train.parallel is None
     worst: dict[str, float] = {}
+    from mohge.train.distributed.parallelize import apply_ep, shard_plan  # FSDP2: only when a layout is planned
+
     for ep_rank in range(layout.ep):
         with torch.device("meta"):
             model = LanguageModel(cfg.model, cfg.loss)
@@ -238,17 +238,6 @@ def refuse_unfit(cfg: RunConfig, rows: list[dict]) -> None:
         f"{par.activation_checkpointing} does not fit {cfg.name}: {need}; shard over more ranks, raise ep "
         "or recompute activations (activation_checkpointing: block)"
     )
-
-
-def eval_host_bytes(cfg: RunConfig, on_cpu: bool) -> float:
-    """Host memory of an evaluation or tracing job, by the sizing's byte rules: the model is built in fp32 on
-    the host and its loaded state dict held beside it (2 x 4 bytes per parameter), plus, when the job runs on the
-    CPU, the activations of one evaluation batch in fp32 (twice :func:`activation_bytes`' bf16, a forward under
-    no_grad keeps one block's activations: the ``block`` rule), plus 2 GiB for the interpreter, torch and lm-eval."""
-    weights = 2 * 4.0 * count_params(cfg.model)["total_sum"]
-    tokens = cfg.eval.batch_size * cfg.data_config.seq_len
-    acts = 2 * activation_bytes(cfg.model, tokens, block_recompute=True) if on_cpu else 0.0
-    return weights + acts + 2 * GiB
 
 
 COLUMNS = ("params", "grads", "optimizer", "fsdp_buffers", "activations", "total")

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from mohge.config import LEVEL_NAMES, ModelConfig, RunConfig
+from mohge.config.sizes import attention_dims
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.data import TokenStream
@@ -62,7 +63,6 @@ from mohge.kernels.cpu_gemm import clock
 from mohge.model.experts import swiglu_params
 from mohge.model.params import count_params
 from mohge.train.checkpoint import load_trained
-from mohge.train.distributed.flops import attention_dims
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 

@@ -14,6 +14,7 @@ docs/method.md §9.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -66,19 +67,28 @@ def build_meta(cfg: ModelConfig) -> LanguageModel:
         return LanguageModel(cfg, LossConfig())
 
 
+@functools.lru_cache(maxsize=256)
+def _totals(cfg: ModelConfig) -> tuple[tuple[tuple[str, int], ...], int]:
+    """(component -> parameters, MoE layers) of the meta model of ``cfg`` (one build per config a process asks
+    for: the workflow sizes every evaluation job of a DAG from it)."""
+    model = build_meta(cfg)
+    total = dict.fromkeys(COMPONENTS, 0)
+    for name, p in model.named_parameters():
+        total[classify(name)] += p.numel()
+    return tuple(total.items()), len(model.moe_layers())
+
+
 def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None = None) -> dict:
     """Total and activated parameters by component.
 
     ``histogram``: per MoE layer, tokens (or any weights) per expert in router order; None = uniform.
     A single row is applied to every MoE layer.
     """
-    model = build_meta(cfg)
-    total = dict.fromkeys(COMPONENTS, 0)
-    for name, p in model.named_parameters():
-        total[classify(name)] += p.numel()
+    items, n_moe = _totals(cfg)
+    total = dict(items)
     activated = dict(total)
     activated["routed_experts"] = 0
-    layers = model.moe_layers()
+    layers = range(n_moe)
     D, K = cfg.d_model, cfg.router.topk
     widths_E = cfg.ffn.per_expert_widths if layers else ()
     if histogram is not None and len(histogram) not in (1, len(layers)):

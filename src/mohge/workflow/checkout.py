@@ -3,7 +3,9 @@ Snakemake was asked for, the committed studies and whether a kernel benchmark ho
 
 from __future__ import annotations
 
+import copy
 import csv
+import functools
 import glob
 import os
 import subprocess
@@ -35,16 +37,28 @@ def asked_targets(argv: Sequence[str]) -> set[str]:
     return set(args.targets or ())
 
 
+def _load(path: str) -> dict:
+    """A config file's mapping, parsed once per version of the file (its size and modification time) a process sees:
+    the plan asks for every study's config, and each search reads the folder's files."""
+    st = os.stat(path)
+    return copy.deepcopy(_parsed(path, st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed(path: str, mtime_ns: int, size: int) -> dict:
+    return load_yaml_or_json(path)
+
+
 def study_config_file(configs: str, study: str) -> tuple[dict | None, str | None]:
     """(config, file) of ``study`` in the folder ``configs``: config.yaml when it names the study, else the first
     file (by name) that names it merged over config.yaml, as --configfile merges it; (None, None) when no file
     names it."""
     default = os.path.join(configs, "config.yaml")
-    base = load_yaml_or_json(default)
+    base = _load(default)
     if base.get("study", "default") == study:
         return base, default
     for path in sorted(glob.glob(os.path.join(configs, "*.yaml"))):
-        data = load_yaml_or_json(path)
+        data = _load(path)
         if data.get("study") == study:
             return merge_config(base, data), path
     return None, None

@@ -186,7 +186,8 @@ class WorkflowPlan:
         if study not in self._settings:
             cfg = self.config if study == self.study else study_config_file(self.configs, study)[0]
             cfg = cfg or {"study": study}
-            runs = self.runs if study == self.study else plan(cfg) if "experiments" in cfg else {}
+            # another study's runs only name its trace source: its inputs are not checked here (nothing of it runs)
+            runs = self.runs if study == self.study else plan(cfg, preflight=False) if "experiments" in cfg else {}
             self._settings[study] = {
                 "config": cfg,
                 "source": settings.util_source(runs, cfg) if runs else "",

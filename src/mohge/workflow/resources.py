@@ -7,6 +7,7 @@ import math
 
 from mohge.config import DataConfig, RunConfig
 from mohge.config.runs import ClusterConfig, UtilizationConfig, train_resources  # noqa: F401 (the train rule's sizes)
+from mohge.train.distributed.memory import eval_host_bytes
 
 
 def train_launcher(cluster: ClusterConfig) -> str:
@@ -35,10 +36,9 @@ def eval_gpus(cluster: ClusterConfig) -> int:
 
 def eval_mem_mb(run: RunConfig, cluster: ClusterConfig) -> int:
     """Host memory of an evaluate or trace job (MiB, SLURM's --mem unit) from the model's size, by the sizing's
-    byte rules (mohge.analysis.sizing.eval_host_bytes): fp32 weights and their loaded copy, the activations of one
-    evaluation batch when the job runs on the CPU, and the runtime. The same on every attempt."""
-    from mohge.analysis.sizing import eval_host_bytes  # the model's parameter count: torch, only when a job asks
-
+    byte rules (:func:`mohge.train.distributed.memory.eval_host_bytes`, torch-free): fp32 weights and their loaded
+    copy, the activations of one evaluation batch when the job runs on the CPU, and the runtime. The same on every
+    attempt."""
     return math.ceil(eval_host_bytes(run, on_cpu=eval_gpus(cluster) == 0) / 2**20)
 
 

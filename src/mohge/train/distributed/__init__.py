@@ -14,11 +14,23 @@
 * :mod:`.gpu_check` the losses of the parallel stack against one process on GPUs
   (``python -m mohge.train.distributed.gpu_check``)
 
-Only :mod:`.layout` is imported here; it, :mod:`.flops` and :mod:`.memory` need no process group (the sizing uses
-them).
+Nothing is imported here until asked for: ``Layout`` and ``check_layout`` come from :mod:`.layout` on first use, so
+:mod:`.memory` (torch-free) loads without torch; :mod:`.layout`, :mod:`.flops` and :mod:`.memory` need no process
+group (the sizing uses them).
 Part of the training layer (mohge.train): may import core, config, model, data, mohge.kernels and mohge.train.
 """
 
-from .layout import Layout, check_layout
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .layout import Layout, check_layout
 
 __all__ = ["Layout", "check_layout"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from . import layout
+
+        return getattr(layout, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

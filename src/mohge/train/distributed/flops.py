@@ -17,15 +17,8 @@ from __future__ import annotations
 import torch
 
 from mohge.config import ModelConfig
+from mohge.config.sizes import attention_dims
 from mohge.model.params import count_params
-
-
-def attention_dims(cfg: ModelConfig) -> tuple[int, int]:
-    """(d_qk, d_v) of one head."""
-    if cfg.attention == "mla":
-        return cfg.mla_q_head_dim + cfg.mla_rope_head_dim, cfg.mla_v_head_dim
-    dh = cfg.d_model // cfg.n_heads
-    return dh, dh
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:

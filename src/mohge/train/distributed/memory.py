@@ -28,9 +28,8 @@ fp32 input (4D) and one block's activations exist at a time.
 
 from __future__ import annotations
 
-from mohge.config import ModelConfig
-
-from .flops import attention_dims
+from mohge.config import ModelConfig, RunConfig
+from mohge.config.sizes import attention_dims, total_params
 
 B = 2  # bytes of the bf16 compute dtype
 
@@ -100,3 +99,14 @@ def ep_weight_copies(local_expert_params: int) -> float:
     """Bytes of the bf16 stacks of an EP rank's experts that the MoE layers keep for the backward, from the
     rank's expert parameters summed over all its MoE layers."""
     return B * float(local_expert_params)
+
+
+def eval_host_bytes(cfg: RunConfig, on_cpu: bool) -> float:
+    """Host memory of an evaluation or tracing job: the model is built in fp32 on the host and its loaded state dict
+    held beside it (2 x 4 bytes per parameter), plus, when the job runs on the CPU, the activations of one evaluation
+    batch in fp32 (twice the bf16 bytes of :func:`activation_bytes_per_token`; a forward under no_grad keeps one
+    block's activations: the ``block_recompute`` rule), plus 2 GiB for the interpreter, torch and lm-eval."""
+    weights = 2 * 4.0 * total_params(cfg.model)
+    tokens = cfg.eval.batch_size * cfg.data_config.seq_len
+    acts = 2 * tokens * activation_bytes_per_token(cfg.model, cfg.model.ffn.backend, block_recompute=True)
+    return weights + (acts if on_cpu else 0.0) + 2 * 1024**3

@@ -1,0 +1,50 @@
+"""The torch-free sizes (mohge.config.sizes) equal the meta-device counts of the model that trains
+(mohge.model.params.count_params), component by component, for every run of every committed config, the release's
+presets and the variants a config may set (latent attention, tied embeddings, no shared expert)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+from conftest import ROOT
+
+from mohge.config import load_model_config
+from mohge.config.runs import merge_config, plan
+from mohge.config.sizes import param_totals
+from mohge.model.params import count_params
+
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+
+
+def models_of(name: str) -> dict[str, object]:
+    base = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())
+    cfg = merge_config(base, yaml.safe_load((ROOT / "configs" / name).read_text()))
+    distinct = {}
+    for run, rc in plan(cfg, preflight=False).items():
+        distinct.setdefault(rc.model, run)
+    return {run: model for model, run in distinct.items()}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_closed_forms_equal_the_meta_model_for_every_run_of_a_config(name):
+    for run, model in models_of(name).items():
+        assert param_totals(model) == count_params(model)["total"], run
+
+
+@pytest.mark.parametrize("preset", ["mohge-3b", "moe-3b"])
+def test_closed_forms_equal_the_meta_model_for_the_release_presets(preset):
+    model = load_model_config(str(ROOT / "configs" / "models" / f"{preset}.yaml"))
+    assert param_totals(model) == count_params(model)["total"]
+
+
+def test_closed_forms_follow_latent_attention_tied_embeddings_and_no_shared_expert():
+    model = next(iter(models_of("smoke.yaml").values()))
+    for change in (
+        {"attention": "mla", "mla_q_head_dim": 8, "mla_rope_head_dim": 4, "mla_v_head_dim": 8, "mla_kv_lora_rank": 16},
+        {"tie_embeddings": True},
+        {"ffn": dataclasses.replace(model.ffn, shared_expert_width=0, dense_layers=0)},
+    ):
+        variant = dataclasses.replace(model, **change)
+        assert param_totals(variant) == count_params(variant)["total"], change
