@@ -120,9 +120,9 @@ rule frontier_test:
     log:
         f"{LOGS}/frontier_test.log",
     localrule: True
-    params:
-        **PLAN.frontier_test(),
     conda:
         "../envs/plot.yaml"
+    params:
+        **PLAN.frontier_test(),
     script:
         "../scripts/frontier_test.py"
