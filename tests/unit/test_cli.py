@@ -13,10 +13,10 @@ import pytest
 
 from mohge import cli, data
 from mohge.analysis import utilization
+from mohge.config import sizes as params
 from mohge.core.knobs import ConfigError
 from mohge.evaluate import suite as evaluate
 from mohge.evaluate import traces
-from mohge.model import params
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_a_user_error_exits_2_with_one_line(tmp_path):
 def test_a_bug_exits_1_with_its_traceback(tmp_path):
     """A ValueError from inside the code (here a monkeypatched parameter count) is a bug, not a bad config."""
     script = (
-        "import sys, mohge.model.params as p\n"
+        "import sys, mohge.config.sizes as p\n"
         "def boom(*a, **k): raise ValueError('zip() argument 2 is shorter than argument 1')\n"
         "p.count_params = boom\n"
         "from mohge.cli import main\n"

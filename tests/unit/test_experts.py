@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from mohge.model.experts import RoutedExperts, SwiGLU, swiglu_params
+from mohge.config.sizes import swiglu_params
+from mohge.model.experts import RoutedExperts, SwiGLU
 
 
 def test_swiglu_params_counts_the_modules():

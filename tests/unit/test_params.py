@@ -8,7 +8,8 @@ import pytest
 from conftest import ROOT, tiny_model_config
 
 from mohge.config import load_model_config
-from mohge.model import LanguageModel, params
+from mohge.config import sizes as params
+from mohge.model import LanguageModel
 
 PRESETS = ROOT / "configs" / "models"
 

@@ -1,5 +1,5 @@
 """The torch-free sizes (mohge.config.sizes) equal the meta-device counts of the model that trains
-(mohge.model.params.count_params), component by component, for every run of every committed config, the release's
+(mohge.model.params.meta_totals), component by component, for every run of every committed config, the release's
 presets and the variants a config may set (latent attention, tied embeddings, no shared expert)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from conftest import ROOT
 from mohge.config import load_model_config
 from mohge.config.runs import merge_config, plan
 from mohge.config.sizes import param_totals
-from mohge.model.params import count_params
+from mohge.model.params import meta_totals
 
 CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 
@@ -30,13 +30,13 @@ def models_of(name: str) -> dict[str, object]:
 @pytest.mark.parametrize("name", CONFIGS)
 def test_closed_forms_equal_the_meta_model_for_every_run_of_a_config(name):
     for run, model in models_of(name).items():
-        assert param_totals(model) == count_params(model)["total"], run
+        assert param_totals(model) == meta_totals(model), run
 
 
 @pytest.mark.parametrize("preset", ["mohge-3b", "moe-3b"])
 def test_closed_forms_equal_the_meta_model_for_the_release_presets(preset):
     model = load_model_config(str(ROOT / "configs" / "models" / f"{preset}.yaml"))
-    assert param_totals(model) == count_params(model)["total"]
+    assert param_totals(model) == meta_totals(model)
 
 
 def test_closed_forms_follow_latent_attention_tied_embeddings_and_no_shared_expert():
@@ -47,4 +47,4 @@ def test_closed_forms_follow_latent_attention_tied_embeddings_and_no_shared_expe
         {"ffn": dataclasses.replace(model.ffn, shared_expert_width=0, dense_layers=0)},
     ):
         variant = dataclasses.replace(model, **change)
-        assert param_totals(variant) == count_params(variant)["total"], change
+        assert param_totals(variant) == meta_totals(variant), change

@@ -12,8 +12,8 @@ from dist_support import run_dict
 from mohge.analysis.sizing import fmt_count, fmt_days, fmt_gib, load_run, main, memory_per_gpu, time_limit_warning
 from mohge.config import RunConfig
 from mohge.config.runs import ClusterConfig, train_resources
+from mohge.config.sizes import count_params
 from mohge.model import LanguageModel
-from mohge.model.params import count_params
 from mohge.train.distributed import check_layout
 from mohge.train.distributed.parallelize import apply_ep, shard_plan
 

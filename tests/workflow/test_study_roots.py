@@ -98,7 +98,7 @@ def test_paper_resources_fit_the_job(slurm_dry_run):
     config adds its evaluation batch's activations."""
     from mohge.config.runs import merge_config
     from mohge.config.runs import plan as plan_runs
-    from mohge.model.params import count_params
+    from mohge.config.sizes import count_params
 
     text = slurm_dry_run("configs/paper.yaml")
     paper = merge_config(

@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mohge.config.runs import UtilizationConfig
+from mohge.config.sizes import swiglu_params
 from mohge.core.cli import setup_logging, user_errors
 from mohge.evaluate.traces import (
     SKEWED_POPULARITY,
@@ -66,7 +67,6 @@ from mohge.evaluate.traces import (
     write_trace,
 )
 from mohge.model.allocation import PLACEMENTS, place
-from mohge.model.experts import swiglu_params
 
 log = logging.getLogger("mohge.utilization")
 

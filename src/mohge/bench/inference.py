@@ -52,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from mohge.config import LEVEL_NAMES, ModelConfig, RunConfig
-from mohge.config.sizes import attention_dims
+from mohge.config.sizes import attention_dims, count_params, swiglu_params
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.data import TokenStream
@@ -60,8 +60,6 @@ from mohge.data.tokenizer import EOT_ID
 from mohge.evaluate.hf_export import context_length, to_hf_model
 from mohge.evaluate.route_override import RouteOverride, apply_route_override
 from mohge.kernels.cpu_gemm import clock
-from mohge.model.experts import swiglu_params
-from mohge.model.params import count_params
 from mohge.train.checkpoint import load_trained
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)

@@ -1,15 +1,32 @@
-"""Sizes of a model config without building the model: parameters by component and the attention's head dims.
+"""Parameter counts by component, total and activated per token under a routing histogram, without building the
+model; and the attention's head dims.
 
-The counts are closed forms of the modules :mod:`mohge.model` builds (embedding, RMSNorms, multi-head or latent
-attention, SwiGLU dense FFNs, routers, routed and shared SwiGLU experts, the LM head unless tied); the meta-device
-count of :func:`mohge.model.params.count_params` is the reference, and tests/unit/test_sizes.py checks the two agree
-for every run of every committed config and for the release's presets. Torch is not imported: the workflow sizes
-its jobs' memory from these counts while it plans (a dry run of a DAG stays a second of Python, not a torch start).
+The totals are closed forms of the modules :mod:`mohge.model` builds (embedding, RMSNorms, multi-head or latent
+attention, SwiGLU dense FFNs, routers, routed and shared SwiGLU experts, the LM head unless tied). The reference is
+the model itself: :func:`mohge.model.params.meta_totals` instantiates it on the ``meta`` device and classifies every
+parameter by its module path, and tests/unit/test_sizes.py checks the two agree, component by component, for every
+run of every committed config, the release's presets and the options a config may set. Activated parameters count
+the experts a token reaches: for each MoE layer, K x sum_e share_e x 3*D*h_e (:func:`swiglu_params`), where share_e
+is the fraction of routed slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing
+trace); docs/method.md §9. Torch is not imported: the workflow sizes its jobs while it plans, and `mohge params`
+answers in a fraction of a second.
+
+    mohge params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
+        [--histogram trace.json] [--json out.json]
 """
 
 from __future__ import annotations
 
-from .sections import ModelConfig
+import argparse
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from mohge.core.atomic import write_json_atomic
+from mohge.core.cli import user_errors
+from mohge.core.knobs import ConfigError
+
+from .sections import ModelConfig, load_model_config
 
 COMPONENTS = (
     "embeddings",
@@ -31,8 +48,13 @@ def attention_dims(cfg: ModelConfig) -> tuple[int, int]:
     return dh, dh
 
 
-def swiglu_params(d_model: int, width: int) -> int:
-    """A SwiGLU of hidden width ``width``: gate and up [2H, D], down [D, H]."""
+def swiglu_params(d_model: int, width: int | float) -> int | float:
+    """Parameters of one bias-free SwiGLU of intermediate width ``width``: W1 (2h x D) + W2 (D x h) = 3 D h (the one
+    place that formula lives: parameter counts, collection and the utilization study import it).
+
+    Also FLOPs per token divided by 2 (a forward pass does one multiply-add per parameter). ``width`` may be a
+    mean width (a float), which gives the mean parameters of a routed slot.
+    """
     return 3 * d_model * width
 
 
@@ -52,7 +74,7 @@ def moe_layers(cfg: ModelConfig) -> int:
 
 
 def param_totals(cfg: ModelConfig) -> dict[str, int]:
-    """Total parameters by component (the components of :func:`mohge.model.params.count_params`)."""
+    """Total parameters by component (:data:`COMPONENTS`)."""
     D, L, ffn = cfg.d_model, cfg.n_layers, cfg.ffn
     n_moe = moe_layers(cfg)
     attn, attn_norm = attention_params(cfg)
@@ -73,3 +95,101 @@ def param_totals(cfg: ModelConfig) -> dict[str, int]:
 def total_params(cfg: ModelConfig) -> int:
     """Every parameter of the model."""
     return sum(param_totals(cfg).values())
+
+
+def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None = None) -> dict:
+    """Total and activated parameters by component.
+
+    ``histogram``: per MoE layer, tokens (or any weights) per expert in router order; None = uniform.
+    A single row is applied to every MoE layer.
+    """
+    total = param_totals(cfg)
+    activated = dict(total)
+    activated["routed_experts"] = 0
+    n_moe = moe_layers(cfg)
+    D, K = cfg.d_model, cfg.router.topk
+    widths_E = cfg.ffn.per_expert_widths if n_moe else ()
+    if histogram is not None and len(histogram) not in (1, n_moe):
+        raise ConfigError(f"histogram has {len(histogram)} rows; need 1 or one per MoE layer ({n_moe})")
+    mean_width = []
+    for i in range(n_moe):
+        row = [1.0] * len(widths_E) if histogram is None else list(histogram[0 if len(histogram) == 1 else i])
+        if len(row) != len(widths_E):
+            raise ConfigError(f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts")
+        s = sum(row)
+        if s <= 0:
+            raise ConfigError(f"histogram row {i} sums to {s}; it needs positive counts")
+        w = sum(c / s * h for c, h in zip(row, widths_E, strict=True))
+        mean_width.append(w)
+        activated["routed_experts"] += round(K * swiglu_params(D, w))
+    # "non-embedding" leaves out the input embedding and the LM head, as docs/method.md §9 does
+    emb = total["embeddings"] + total["lm_head"]
+    return {
+        "total": total,
+        "activated": activated,
+        "total_sum": sum(total.values()),
+        "activated_sum": sum(activated.values()),
+        "total_non_embedding": sum(total.values()) - emb,
+        "activated_non_embedding": sum(activated.values()) - emb,
+        "mean_activated_width": mean_width,
+    }
+
+
+def _fmt(n: float) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3f}{unit}"
+    return str(int(n))
+
+
+def report(name: str, counts: dict, other: dict | None = None) -> str:
+    lines = [
+        f"{name}",
+        f"  {'component':<16}{'total':>12}{'activated':>12}" + ("   vs compare" if other else ""),
+    ]
+    for c in COMPONENTS:
+        t, a = counts["total"][c], counts["activated"][c]
+        if t == 0 and not (other and other["total"][c]):
+            continue
+        rel = ""
+        if other and other["total"][c]:
+            rel = f"   {100 * (t / other['total'][c] - 1):+.2f}%"
+        lines.append(f"  {c:<16}{_fmt(t):>12}{_fmt(a):>12}{rel}")
+    for label, tkey, akey in (
+        ("sum", "total_sum", "activated_sum"),
+        ("non-embedding", "total_non_embedding", "activated_non_embedding"),
+    ):
+        rel = ""
+        if other:
+            rel = f"   {100 * (counts[tkey] / other[tkey] - 1):+.2f}% / {100 * (counts[akey] / other[akey] - 1):+.2f}%"
+        lines.append(f"  {label:<16}{_fmt(counts[tkey]):>12}{_fmt(counts[akey]):>12}{rel}")
+    return "\n".join(lines)
+
+
+@user_errors
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="mohge params",
+        description="Total and activated parameters by component for a model preset or run config.",
+    )
+    ap.add_argument("config", help="model preset (configs/models/*.yaml) or run config with a 'model' section")
+    ap.add_argument("--compare", help="a second config to compare against (e.g. the homogeneous MoE)")
+    ap.add_argument(
+        "--histogram",
+        help="JSON file: a list (one per MoE layer, or one for all) of per-expert token counts, router order",
+    )
+    ap.add_argument("--json", help="also write the counts as JSON here")
+    args = ap.parse_args(argv)
+    cfg = load_model_config(args.config)
+    hist = json.loads(Path(args.histogram).read_text()) if args.histogram else None
+    counts = count_params(cfg, hist)
+    other = count_params(load_model_config(args.compare)) if args.compare else None
+    print(report(args.config, counts, other))
+    if other:
+        print(report(args.compare, other))
+    if args.json:
+        out = {"config": args.config, **counts}
+        if other:
+            out["compare"] = {"config": args.compare, **other}
+        write_json_atomic(args.json, out)
+    return 0

@@ -1,8 +1,8 @@
 """Feed-forward networks: the dense SwiGLU and the bank of routed experts of several widths.
 
 Every FFN here is the bias-free SwiGLU of the release (docs/method.md §1.2): [a; u] = W1 x, y = W2 (SiLU(a) * u)
-with W1 in R^{2h x D} and W2 in R^{D x h}, 3*D*h parameters (:func:`swiglu_params`, the one place that formula
-lives: parameter counts, collection and the utilization study import it).
+with W1 in R^{2h x D} and W2 in R^{D x h}, 3*D*h parameters (:func:`mohge.config.sizes.swiglu_params`, the one place
+that formula lives).
 
 Legend: T tokens, D model width, K experts per token, H intermediate width of one class.
 """
@@ -16,15 +16,6 @@ import torch.nn.functional as F
 from mohge import kernels
 
 Tensor = torch.Tensor
-
-
-def swiglu_params(d_model: int, width: int | float) -> int | float:
-    """Parameters of one bias-free SwiGLU of intermediate width ``width``: W1 (2h x D) + W2 (D x h) = 3 D h.
-
-    Also FLOPs per token divided by 2 (a forward pass does one multiply-add per parameter). ``width`` may be a
-    mean width (a float), which gives the mean parameters of a routed slot.
-    """
-    return 3 * d_model * width
 
 
 class SwiGLU(nn.Module):

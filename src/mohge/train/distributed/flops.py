@@ -4,7 +4,7 @@ Model FLOPs per token, for one forward + backward (PaLM's accounting, appendix B
 
     6 * N_matmul + 6 * L * S * H * (d_qk + d_v)
 
-N_matmul is the activated parameter count of :func:`mohge.model.params.count_params` less the input embedding (a
+N_matmul is the activated parameter count of :func:`mohge.config.sizes.count_params` less the input embedding (a
 lookup, no matmul); the routed experts count with their mean activated width under uniform routing. The
 second term is the attention scores and the weighted sum over a context of S (no causal halving, as PaLM).
 
@@ -17,8 +17,7 @@ from __future__ import annotations
 import torch
 
 from mohge.config import ModelConfig
-from mohge.config.sizes import attention_dims
-from mohge.model.params import count_params
+from mohge.config.sizes import attention_dims, count_params
 
 
 def model_flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
