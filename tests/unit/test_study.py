@@ -408,7 +408,22 @@ def test_docs_agree_with_the_committed_capacity_tables():
     release = c4[same_lr]["bits_stored"].iloc[0]
     expect.append(f"({release / 1e3:.1f} k with the release's gate)")
     ratio = kept.loc["mohge", "bits_stored"] / kept.loc["moe", "bits_stored"]
-    expect += [f"MoHGE / MoE-15 is {ratio:.3f} there", f"MoHGE stores {ratio:.3f}× MoE-15's bits"]
+    expect.append(f"MoHGE / MoE-15 is {ratio:.3f} there")
+    # the best shot (C5): each confirmatory arm's B, G1, claim 1 and heterogeneity, by the declared rule
+    c5 = pd.read_csv(tables / "C5_best_shot.csv").set_index("test")
+    g1, claim, het = (c5.loc[t] for t in ("G1 reference > equal", "Claim 1 non-inferiority", "Heterogeneity"))
+    assert (g1["verdict"], claim["verdict"], het["verdict"]) == ("pass", "refuted", "differs")
+    assert "claim 1 refuted at this scale" in text and g1["p"] < 0.001 and het["p"] < 0.001
+    expect += [
+        f"G1, B_MoE-15 / B_MoE-12 = {g1['estimate']:.3f} [{g1['ci_low']:.3f}, {g1['ci_high']:.3f}]",
+        f"MoHGE / MoE-15 = {claim['estimate']:.3f}× [{claim['ci_low']:.3f}, {claim['ci_high']:.3f}]",
+        f"{het['estimate']:.3f}× [{het['ci_low']:.3f}, {het['ci_high']:.3f}], p < 0.001",
+        f"first analysis's gap ({c2.loc['Claim 1 non-inferiority', 'estimate']:.3f}×)",
+    ]
+    runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
+    for label, arm in (("MoHGE", claim["a"]), ("MoE-12", g1["b"]), ("MoE-15", g1["a"])):
+        mean, lo, hi = stats.t_interval(runs.loc[runs["family"] == arm, "bits_stored"].to_numpy())
+        expect.append(f"{label} {mean / 1e3:.1f} k [{lo / 1e3:.1f}, {hi / 1e3:.1f}]")
     missing = [e for e in expect if e not in text]
     assert not missing, missing
 
@@ -421,10 +436,14 @@ def test_readme_verdicts_agree_with_the_committed_tables():
     s2 = pd.read_csv(claims / "S2_tests.csv").query("metric == 'test_ppl'")
     sens = s2[(s2["question"] == "sensitivity") & (s2["A"] == "moe_equal") & (s2["B"] == "moe")].iloc[0]
     q1 = s2.set_index("question").loc["Q1 parity"]
-    assert sens["decision"] == "not separated" and "not decidable by the declared rules" in text
+    assert sens["decision"] == "not separated" and "not decidable on perplexity" in text
     c2 = pd.read_csv(capacity / "C2_tests.csv").set_index("test")
-    g1, claim = c2.loc["G1 reference > equal"], c2.loc["Claim 1 non-inferiority"]
-    assert g1["verdict"] == "fail" and "its gate G1 fails" in text
+    assert c2.loc["G1 reference > equal", "verdict"] == "fail" and "its gate failing" in text
+    c5 = pd.read_csv(capacity / "C5_best_shot.csv").set_index("test")
+    g1, claim, het = (c5.loc[t] for t in ("G1 reference > equal", "Claim 1 non-inferiority", "Heterogeneity"))
+    assert (g1["verdict"], claim["verdict"], het["verdict"]) == ("pass", "refuted", "differs")
+    assert "refuted at this scale on stored knowledge" in text and het["p"] < 0.001
+    assert (g1["n_a"], g1["n_b"], claim["n_a"], claim["n_b"]) == (8, 8, 8, 8) and "8 seeds a model" in text
     s6 = pd.read_csv(claims / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
     release, strong = s6.loc["mohge"], s6.loc["mohge+ae2e1"]
     assert (s6["decision"] == "bar not met").all() and "not supported on trained routing" in text
@@ -437,7 +456,9 @@ def test_readme_verdicts_agree_with_the_committed_tables():
     expect = [
         f"ratio {sens['ratio']:.3f} [{sens['ci_low']:.3f}, {sens['ci_high']:.3f}], p = {sens['p']:.2f}",
         f"{q1['ratio']:.3f} [{q1['ci_low']:.3f}, {q1['ci_high']:.3f}]",
+        f"G1 passing at {g1['estimate']:.3f} [{g1['ci_low']:.3f}, {g1['ci_high']:.3f}]",
         f"{claim['estimate']:.3f}× [{claim['ci_low']:.3f}, {claim['ci_high']:.3f}]",
+        f"{het['estimate']:.3f}× [{het['ci_low']:.3f}, {het['ci_high']:.3f}]",
         f"{release['all_size']:.2f} [{release['all_size_low']:.2f}, {release['all_size_high']:.2f}] at EP 4",
         f"contiguous {release['contiguous']:.2f} (n = {release['n']})",
         f"{strong['all_size']:.2f} [{strong['all_size_low']:.2f}, {strong['all_size_high']:.2f}] (n = {strong['n']})",

@@ -3,14 +3,15 @@
 Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional). Params: settings (the study
 config's analysis section; mohge.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
 C3_unused, C4_selection, C5_best_shot as csv/md/tex/html; the figure (png, pdf) of bits stored against total
-non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the reference MoE, 95 % CIs,
-n.
+non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the reference MoE, and the
+best shot's confirmatory arms beside them, 95 % CIs, n.
 
     python workflow/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
         --out C2_tests_csv=results/capacity/study/C2_tests.csv ... --param reference='"moe"' ...
 """
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 
 import mohge.analysis.plotstyle as ps
 from mohge.analysis import capacity
+from mohge.core import stats
 
 BY = "capacity_analysis.py"
 
@@ -68,18 +70,26 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     caption = "The best shot's tests on the arms the selection instantiated, unpaired (Welch) on log B; p is the p"
     caption += " of h0; descriptive rows carry no test (docs/study.md)."
     ps.write_table(best, display, outputs, "c5", caption, by=BY)
-    figure(res["main"], models[models["dataset"] == res["settings"]["dataset"]], res["fit"], res["settings"], outputs)
+    rows = best.set_index("test")
+    arms = [rows.loc["G1 reference > equal", "b"], rows.loc["G1 reference > equal", "a"]]
+    arms.append(rows.loc["Claim 1 non-inferiority", "a"])
+    main_models = models[models["dataset"] == res["settings"]["dataset"]]
+    figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms)
 
 
-def figure(runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs: dict) -> None:
-    """B against P: every sweep run and the fit; each marked model's mean and 95 % CI from C1 (``models``)."""
+def figure(
+    runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs: dict, best: Sequence[str] = ()
+) -> None:
+    """B against P: every sweep run and the fit; each marked model's mean and 95 % CI from C1 (``models``); beside
+    them (black-edged, a little to the right) the best shot's confirmatory arms ``best`` (C5), mean and 95 % t-CI
+    over their runs."""
     import matplotlib.pyplot as plt
 
     png = next((v for k, v in outputs.items() if k.endswith("png")), None)
     pdf = next((v for k, v in outputs.items() if k.endswith("pdf")), None)
     if png is None and pdf is None:
         return
-    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    fig, ax = plt.subplots(figsize=(7.6, 3.6))
     sweep = runs[runs["family"].isin(p["sweep"])]
     if len(sweep):
         ax.scatter(
@@ -123,13 +133,30 @@ def figure(runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs
             label=f"{model} (n = {int(n)})",
             zorder=3,
         )
+    for model in best:
+        arm = runs[runs["family"] == model]
+        if not len(arm):
+            continue
+        b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
+        style = ps.family_style(model.split("+")[0])
+        ax.errorbar(
+            arm["total_params_non_embedding"].mean() * 1.04,
+            b,
+            yerr=[[b - lo], [hi - b]] if lo == lo else None,
+            fmt=style.get("marker", "o"),
+            color=style.get("color"),
+            mec="black",
+            capsize=3,
+            label=f"{model} (n = {len(arm)})",
+            zorder=4,
+        )
     if len(runs):
         ax.axhline(runs["data_bits"].iloc[0], color="black", lw=0.8, ls=":", label="the data's bits")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("total non-embedding parameters")
     ax.set_ylabel("bits stored B")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)  # off the data
     if not len(runs):
         ps.placeholder(ax, "no capacity runs yet")
     fig.tight_layout()

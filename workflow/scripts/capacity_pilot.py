@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from mohge.config import load_run_config
+from mohge.config.sizes import count_params
 from mohge.core.atomic import write_json_atomic
 from mohge.data.facts import fact_len, total_bits
 from mohge.evaluate.capacity import bits_stored
-from mohge.model.params import count_params
 from mohge.train.checkpoint import list_checkpoints, load_trained
 
 
