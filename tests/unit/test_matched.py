@@ -6,8 +6,8 @@ import pytest
 from conftest import ROOT
 
 from mohge.config import load_model_config
+from mohge.config import sizes as params
 from mohge.config.matched import all_families, default_moe_width, derive
-from mohge.model import params
 
 PRESETS = ROOT / "configs" / "models"
 

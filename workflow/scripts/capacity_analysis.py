@@ -70,9 +70,9 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     caption = "The best shot's tests on the arms the selection instantiated, unpaired (Welch) on log B; p is the p"
     caption += " of h0; descriptive rows carry no test (docs/study.md)."
     ps.write_table(best, display, outputs, "c5", caption, by=BY)
-    rows = best.set_index("test")
-    arms = [rows.loc["G1 reference > equal", "b"], rows.loc["G1 reference > equal", "a"]]
-    arms.append(rows.loc["Claim 1 non-inferiority", "a"])
+    rows = best.set_index("test") if "test" in best else pd.DataFrame()
+    wanted = (("G1 reference > equal", "b"), ("G1 reference > equal", "a"), ("Claim 1 non-inferiority", "a"))
+    arms = [rows.loc[test, side] for test, side in wanted if test in rows.index]  # none before a selection
     main_models = models[models["dataset"] == res["settings"]["dataset"]]
     figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms)
 
