@@ -520,3 +520,40 @@ def test_default_balance_paragraph_is_the_committed_t3():
     ]
     missing = [x for x in expect if x not in text]
     assert not missing, missing
+
+
+def test_the_frontier_studys_mohge_runs_are_the_claims_runs_retrained_bit_for_bit():
+    """configs/frontier.yaml retrains the claims study's graded arms of the same name (same data, model, training and
+    seed; docs/study.md "The served-frontier study"): each committed run's held-out loss and perplexity equal the
+    claims run's exactly."""
+    import json
+
+    frontier, claims = ROOT / "results" / "frontier" / "runs", ROOT / "results" / "claims" / "runs"
+    shared = sorted(p.name for p in frontier.glob("graded-mohge-*") if (claims / p.name).is_dir())
+    assert shared, "no frontier run shares a claims run's name"
+    for run in shared:
+        a, b = (json.loads((root / run / "metrics.json").read_text()) for root in (frontier, claims))
+        assert {k: a[k] for k in ("val", "test")} == {k: b[k] for k in ("val", "test")}, run
+
+
+def test_readme_and_docs_state_the_served_frontier_test_as_t5_has_it():
+    """README's frontier line and docs/results.md's section, formatted from the committed T5_frontier and T4 of the
+    frontier study; the verdict is the declared rule's."""
+    from mohge.analysis.served_frontier import verdict
+
+    tables = ROOT / "results" / "frontier" / "tables"
+    t5 = pd.read_csv(tables / "T5_frontier.csv").iloc[0]
+    assert t5["verdict"] == verdict(t5["ci_low"], t5["ci_high"]) and t5["n_defined"] == t5["n_pairs"] == 3
+    readme = " ".join((ROOT / "README.md").read_text().replace("**", "").split())
+    docs = " ".join((ROOT / "docs" / "results.md").read_text().replace("**", "").split())
+    flops = f"{t5['flops_ratio_trained']:.3f}× [{t5['flops_low']:.3f}, {t5['flops_high']:.3f}]"
+    ppl = f"{t5['ppl_ratio']:.3f}× [{t5['ci_low']:.3f}, {t5['ci_high']:.3f}]"
+    for text in (readme, docs):
+        missing = [e for e in (flops, ppl, f"p = {t5['p']:.3f}", t5["verdict"]) if e not in text]
+        assert not missing, missing
+    assert f"80 % MDE {t5['mde80_pct']:.1f} %" in docs
+    t4 = pd.read_csv(tables / "T4_inference.csv").query("point == 'trained'").set_index("family")
+    for label, fam in (("MoHGE α_G 0", "mohge+ag0"), ("α_G 1", "mohge+ag1rel"), ("MoE", "moe"), ("dense", "dense")):
+        row = t4.loc[fam]
+        expect = f"{label} {row['val_ppl']:.2f} at {row['flops_per_token'] / 1e6:.2f} M"
+        assert expect in docs, expect
