@@ -18,7 +18,7 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     table = served_frontier.frontier_test(rows, params["trained"], params["served"], float(params.get("alpha", 0.05)))
     Path(outputs["csv"]).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(outputs["csv"], index=False)
-    Path(outputs["md"]).write_text(served_frontier.markdown(table))
+    Path(outputs["md"]).write_text(ps.pipe_table(table, served_frontier.CAPTION))
 
 
 if __name__ == "__main__":

@@ -60,20 +60,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     )
     Path(outputs["csv"]).parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(outputs["csv"], index=False)
-    Path(outputs["md"]).write_text(markdown(table))
+    Path(outputs["md"]).write_text(ps.pipe_table(table, CAPTION))
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """A pipe table, numbers to 4 significant digits."""
-
-    def cell(v) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    head = list(table.columns)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    caption = "**T4.** Validation perplexity against activated FLOPs per token, per served routing (mean of n runs)"
-    return "\n".join([caption, "", *lines]) + "\n"
+CAPTION = "**T4.** Validation perplexity against activated FLOPs per token, per served routing (mean of n runs)"
 
 
 if __name__ == "__main__":

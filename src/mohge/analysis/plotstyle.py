@@ -471,6 +471,18 @@ def write_table(
         paths["tex"].write_text("\n".join([*lines, *rows[1:], r"\bottomrule", *foot, r"\end{tabular}"]) + "\n")
 
 
+def pipe_table(table: pd.DataFrame, caption: str) -> str:
+    """A Markdown pipe table under its caption, floats to 4 significant digits."""
+
+    def cell(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    head = list(table.columns)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([caption, "", *lines]) + "\n"
+
+
 def html_table(prefix: str, caption: str, head: list, cells: list, align: list, notes=()) -> str:
     """One table as a self-contained HTML page: caption, table, notes (every cell escaped)."""
 

@@ -136,18 +136,8 @@ def frontier_test(rows: pd.DataFrame, trained: str, served: str, alpha: float = 
     return pd.DataFrame([row])
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """T5_frontier as a pipe table with its caption."""
-    caption = (
-        "**T5.** The served-frontier test (docs/study.md): validation perplexity of the trained model at its trained "
-        "routing over the served model's frontier at the same activated FLOPs per token, paired by seed "
-        "(ratio, 95 % t interval, two-sided p, 80 % MDE); the FLOPs ratio of the two trained routings beside it"
-    )
-
-    def cell(v) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-    head = list(table.columns)
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
-    return "\n".join([caption, "", *lines]) + "\n"
+CAPTION = (
+    "**T5.** The served-frontier test (docs/study.md): validation perplexity of the trained model at its trained "
+    "routing over the served model's frontier at the same activated FLOPs per token, paired by seed "
+    "(ratio, 95 % t interval, two-sided p, 80 % MDE); the FLOPs ratio of the two trained routings beside it"
+)
