@@ -419,8 +419,11 @@ def test_docs_agree_with_the_committed_capacity_tables():
         f"MoHGE / MoE-15 = {claim['estimate']:.3f}× [{claim['ci_low']:.3f}, {claim['ci_high']:.3f}]",
         f"{het['estimate']:.3f}× [{het['ci_low']:.3f}, {het['ci_high']:.3f}], p < 0.001",
         f"first analysis's gap ({c2.loc['Claim 1 non-inferiority', 'estimate']:.3f}×)",
-        f"MoE-15 stores {c5.loc['Edge: moe at lr 2.5e-3 / its choice', 'estimate']:.3f}× what it stores at its choice",
+        f"MoE-15 stores {c5.loc['Edge: moe at lr 2.5e-3 / its choice', 'estimate']:.3f}× and MoHGE "
+        f"{c5.loc['Edge: mohge at lr 2.5e-3 / its choice', 'estimate']:.3f}× what each stores at its choice",
+        f"MoHGE stores {c5.loc['quarter set: MoHGE / reference', 'estimate']:.3f}× the bits of MoE-15, which saturates",
     ]
+    assert (c5.loc[[t for t in c5.index if t.startswith(("Edge: moe at", "Edge: mohge"))], "estimate"] < 1).all()
     runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
     for label, arm in (("MoHGE", claim["a"]), ("MoE-12", g1["b"]), ("MoE-15", g1["a"])):
         mean, lo, hi = stats.t_interval(runs.loc[runs["family"] == arm, "bits_stored"].to_numpy())
