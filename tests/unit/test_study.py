@@ -422,7 +422,8 @@ def test_docs_agree_with_the_committed_capacity_tables():
         f"MoE-15 stores {c5.loc['Edge: moe at lr 2.5e-3 / its choice', 'estimate']:.3f}×, MoE-12 "
         f"{c5.loc['Edge: moe_equal at lr 2.5e-3 / its choice', 'estimate']:.3f}× and MoHGE "
         f"{c5.loc['Edge: mohge at lr 2.5e-3 / its choice', 'estimate']:.3f}× what each stores at its choice",
-        f"MoHGE stores {c5.loc['quarter set: MoHGE / reference', 'estimate']:.3f}× the bits of MoE-15, which saturates",
+        f"{c5.loc['quarter set: MoHGE / reference', 'n_a']} seeds against one of MoE-15, descriptive) MoHGE stores "
+        f"{c5.loc['quarter set: MoHGE / reference', 'estimate']:.3f}× the bits of MoE-15",
     ]
     edges = c5.loc[[t for t in c5.index if t.startswith("Edge:")], "estimate"]
     assert len(edges) == 3 and (edges < 1).all() and "the lower lr helps none" in text
