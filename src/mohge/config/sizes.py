@@ -68,15 +68,10 @@ def attention_params(cfg: ModelConfig) -> tuple[int, int]:
     return proj, rank  # the latent's RMSNorm
 
 
-def moe_layers(cfg: ModelConfig) -> int:
-    """Decoder layers with routed experts (the rest have a dense FFN)."""
-    return 0 if cfg.ffn.kind == "dense" else max(cfg.n_layers - cfg.ffn.dense_layers, 0)
-
-
 def param_totals(cfg: ModelConfig) -> dict[str, int]:
     """Total parameters by component (:data:`COMPONENTS`)."""
     D, L, ffn = cfg.d_model, cfg.n_layers, cfg.ffn
-    n_moe = moe_layers(cfg)
+    n_moe = cfg.moe_layers
     attn, attn_norm = attention_params(cfg)
     out = dict.fromkeys(COMPONENTS, 0)
     out["embeddings"] = cfg.vocab_size * D
@@ -106,7 +101,7 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
     total = param_totals(cfg)
     activated = dict(total)
     activated["routed_experts"] = 0
-    n_moe = moe_layers(cfg)
+    n_moe = cfg.moe_layers
     D, K = cfg.d_model, cfg.router.topk
     widths_E = cfg.ffn.per_expert_widths if n_moe else ()
     if histogram is not None and len(histogram) not in (1, n_moe):
