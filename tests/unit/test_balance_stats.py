@@ -84,6 +84,7 @@ def layouts(tmp_path_factory):
     return out
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("split", [s[0] for s in SPLITS])
 def test_global_batch_loss_and_gradients_do_not_depend_on_the_split(layouts, split):
     want, got = layouts["global_batch"]["whole"], layouts["global_batch"][split]
@@ -93,6 +94,7 @@ def test_global_batch_loss_and_gradients_do_not_depend_on_the_split(layouts, spl
         torch.testing.assert_close(got["grads"][name], g, rtol=GRAD_RTOL, atol=GRAD_ATOL, msg=name)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("split", [s[0] for s in SPLITS])
 def test_per_micro_batch_statistics_depend_on_the_split(layouts, split):
     """The release's statistics: the same batch split differently is a different loss with different router
@@ -112,6 +114,7 @@ def router_gradients_differ(got: dict, want: dict) -> bool:
     )
 
 
+@pytest.mark.multiprocess
 def test_one_whole_batch_is_the_same_step_under_either_statistics(layouts):
     a, b = layouts["global_batch"]["whole"], layouts["micro_batch"]["whole"]
     assert a["loss"] == b["loss"]

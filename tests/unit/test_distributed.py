@@ -11,6 +11,8 @@ from mohge.config import ConfigError, RunConfig
 from mohge.data import DataConfig, prepare
 from mohge.train.distributed import check_layout
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 STEPS = 5
 
 

@@ -17,6 +17,8 @@ from mohge.data import DataConfig, prepare
 from mohge.train.checkpoint import load_trained, verify_checkpoint
 from mohge.train.distributed.dcp import REQUIRED
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 STEPS = 4
 LOSS_RTOL = 1e-5  # fp32; what differs is only the order of sums (experts combined per rank, FSDP reductions)
 GRAD_RTOL, GRAD_ATOL = 1e-4, 1e-7

@@ -1,12 +1,15 @@
 """HSDP with expert parallelism on 4 gloo processes: dense weights sharded over 2 ranks and replicated twice,
 experts split over ep 2 (one expert shard each), against one process (one 4-process launch, about 30 s)."""
 
+import pytest
 import torch
 from dist_support import DATA, log_rows, reference, rel, run_dict, torchrun, train_args, write
 from safetensors.torch import load_file
 
 from mohge.config import RunConfig
 from mohge.data import DataConfig, prepare
+
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
 
 
 def test_hsdp_replicate2_shard2_ep2_matches_one_process(tmp_path):

@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from dist_support import DATA, log_rows, run_dict, train_args, write
 
 from mohge.data import DataConfig, prepare
+
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
 
 
 def free_port() -> int:

@@ -19,6 +19,8 @@ from dist_support import run_dict, torchrun, write
 from mohge.config import RunConfig
 from mohge.model.transformer import LanguageModel, model_parts
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 WORKER = Path(__file__).with_name("dist_memory_worker.py")
 MB = 2**20
 SLACK = 16 * MB  # beside the tensors: allocator fragmentation, a shard-sized copy in distribute_tensor, gloo

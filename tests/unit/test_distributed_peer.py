@@ -15,6 +15,8 @@ from dist_support import DATA, run_dict, train_args, write
 from mohge.core.cli import EXIT_PEER
 from mohge.data import DataConfig, prepare
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 TIMEOUT_S = 4.0
 
 

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 from mohge.data import DataConfig, prepare
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory):

@@ -14,6 +14,8 @@ from shard_support import reshard
 from mohge.config import RunConfig
 from mohge.data import DataConfig, TokenStream, prepare
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 STEPS, B = 4, 4
 LOSS_RTOL = 1e-5  # fp32; only the order of sums differs (FSDP reductions)
 

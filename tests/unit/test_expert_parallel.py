@@ -48,6 +48,7 @@ def reference(p):
     return y.detach(), x.grad, gates.grad, [w.grad for w in w1s], [w.grad for w in w2s]
 
 
+@pytest.mark.multiprocess
 def test_ep_forward_and_backward_match_single_process(ep_check):
     p, results = ep_check["problem"], ep_check["results"]
     assert ep_check["world"] == 2 and set(results) == set(PLACEMENTS)
@@ -67,6 +68,7 @@ def test_ep_forward_and_backward_match_single_process(ep_check):
     assert len(placements) == len(PLACEMENTS)  # four different layouts, all exercised across ranks
 
 
+@pytest.mark.multiprocess
 def test_ep_second_run_is_bitwise_equal(ep_check):
     for strategy, r in ep_check["results"].items():
         again = ep_check["repeats"][strategy]
@@ -76,6 +78,7 @@ def test_ep_second_run_is_bitwise_equal(ep_check):
             assert torch.equal(got, want), strategy
 
 
+@pytest.mark.multiprocess
 def test_measure_end_to_end_two_ranks(tmp_path):
     out = tmp_path / "u"
     args = ["--synthetic", "--out", str(out), "--widths", "16", "24", "32", "40", "--experts-per-group", "2"]
@@ -97,6 +100,7 @@ def test_measure_end_to_end_two_ranks(tmp_path):
     assert {r["strategy"] for r in comparison} == set(PLACEMENTS)
 
 
+@pytest.mark.multiprocess
 def test_measure_live_routing_with_the_run_configs_router(tmp_path):
     run = tiny_run()  # widths 16, 32, 48, 64 x 2 experts, d_model 32, top-2 in 2 groups
     (tmp_path / "run.json").write_text(json.dumps(run))

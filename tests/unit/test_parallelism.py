@@ -16,6 +16,8 @@ from mohge.data import DataConfig, prepare
 from mohge.train.distributed.trainer import LOG_COLUMNS
 from mohge.train.trainer import train
 
+pytestmark = pytest.mark.multiprocess  # torchrun or several gloo processes
+
 STEPS, LOG_EVERY, CKPT_EVERY = 8, 4, 3  # the step-3 checkpoint falls inside the first log window (steps 0-3)
 TIMING = ("tokens_per_s", "mfu")
 

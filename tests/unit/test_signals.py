@@ -120,6 +120,7 @@ def fsdp(tmp_path_factory):
     return {"root": root, "config": config}
 
 
+@pytest.mark.multiprocess
 def test_sigterm_on_two_gloo_ranks_checkpoints_one_step_on_every_rank_and_resumes_exactly(fsdp, tmp_path):
     root = fsdp["root"]
     out = tmp_path / "out"

@@ -180,6 +180,7 @@ def test_resume_refuses_another_config(tmp_path, data_dir):
         train(cfg, out, data=str(data_dir))
 
 
+@pytest.mark.multiprocess
 def test_ddp_two_cpu_processes(tmp_path, data_dir):
     config = write_config(tmp_path / "run.json", steps=4, ckpt_every=2, log_every=2)
     cmd = [
