@@ -435,3 +435,17 @@ def test_readme_times_are_the_recorded_fresh_clone_measurements():
     assert f"in {test['pytest_wall_s']:.2f}s" in test["pytest_summary"] and test["failed"] == 0
     missing = [x for x in expect if x not in text]
     assert not missing, missing
+
+
+def test_contributing_loop_times_are_the_recorded_measurements():
+    """CONTRIBUTING's fast loop and distributed-tests rows: their commands and times are the ones
+    results/bench/front_door.json recorded (pytest's own summary line)."""
+    rec = json.loads((ROOT / "results" / "bench" / "front_door.json").read_text())
+    rows = (ROOT / "CONTRIBUTING.md").read_text().splitlines()
+    for key in ("fast_loop", "distributed_tests"):
+        run = rec[key]
+        assert f"in {run['pytest_wall_s']:.2f}s" in run["pytest_summary"] and run["failed"] == 0, key
+        assert run["pytest_summary"].startswith(f"{run['passed']} passed"), key
+        (row,) = [r for r in rows if f"`{run['command']}`" in r]
+        assert f"{run['pytest_wall_s'] / 60:.1f} min on 2 idle cores, {run['passed']} tests" in row, key
+    assert rec["fast_loop"]["pytest_wall_s"] < 180  # the contributor's loop stays under 3 minutes
