@@ -235,6 +235,57 @@ def test_choices_sharing_a_context_score_as_whole_sequences(lm):
             assert math.isclose(a, b, rel_tol=1e-5, abs_tol=1e-5), (batch_size, a, b)
 
 
+def test_one_token_contexts_are_scored_whole_and_longer_ones_shared(lm, monkeypatch):
+    """Rolling-perplexity windows all start from the one end-of-text token: they run the whole path (length-sorted
+    batches); the choices of a document with a longer context run the cached one."""
+    calls = {"whole": 0, "shared": 0}
+    whole, shared = lm._logits, lm._score_shared
+    monkeypatch.setattr(lm, "_logits", lambda rows: calls.__setitem__("whole", calls["whole"] + 1) or whole(rows))
+    monkeypatch.setattr(
+        lm, "_score_shared", lambda c, k: calls.__setitem__("shared", calls["shared"] + 1) or shared(c, k)
+    )
+    lm._loglikelihood_tokens([(None, [EOT_ID], [5, 6, 7]), (None, [EOT_ID], [8, 9])], disable_tqdm=True)
+    assert calls == {"whole": 1, "shared": 0}
+    lm._loglikelihood_tokens([(None, [5, 6], [7]), (None, [5, 6], [8, 9])], disable_tqdm=True)
+    assert calls == {"whole": 1, "shared": 1}
+
+
+def test_bench_eval_runs_fewer_tokens_sharing_contexts_and_changes_no_accuracy(trained, tmp_path):
+    """H0: computing each context once changes an accuracy or runs as many tokens as scoring every request whole.
+    ``mohge bench eval`` on the tiny model: equal accuracies, the shared path's real tokens fewer than the whole
+    path's, and the record's bound their ratio."""
+    from mohge.bench.evaluation import main as bench_eval
+
+    out = tmp_path / "eval.json"
+    argv = ["--ckpt", str(trained["model"]), "--data", str(trained["data"]), "--reps", "1", "--json", str(out)]
+    assert bench_eval([*argv, "--tasks", "mohge_cloze", "mohge_graded_easy", "--limit", "20"]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["accuracies_equal"] and rec["max_metric_difference"]["rel"] < 1e-5
+    tokens = rec["tokens"]
+    assert 0 < tokens["shared"]["real"] < tokens["whole"]["real"] <= tokens["whole"]["padded"]
+    assert rec["token_bound"] == tokens["whole"]["real"] / tokens["shared"]["real"] > 1
+    assert set(rec["median_s"]) == {"whole", "shared"} and rec["versions"]["lm_eval"]
+
+
+def test_speed_doc_quotes_the_recorded_evaluation_benchmark():
+    """docs/speed.md's evaluation row, formatted from results/bench/eval_cpu.json."""
+    rec = json.loads((ROOT / "results" / "bench" / "eval_cpu.json").read_text())
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    med, tok = rec["median_s"], rec["tokens"]
+    expect = (
+        f"**{rec['speedup_whole_over_shared']:.2f}×** ({med['whole']:.1f} s → {med['shared']:.1f} s of thread CPU "
+        f"time, {len(rec['tasks'])} tasks"
+    )
+    assert expect in text
+    bound = (
+        f"{tok['shared']['real']:,} of {tok['whole']['real']:,} tokens".replace(",", " ")
+        + f", a bound of {rec['token_bound']:.2f}×"
+    )
+    assert bound in text
+    assert f"({tok['shared']['padded']:,} tokens run)".replace(",", " ") in text
+    assert rec["accuracies_equal"] and rec["max_metric_difference"]["rel"] < 1e-6
+
+
 def test_shipped_task_yamls_load_with_include_path(trained, monkeypatch):
     from lm_eval.tasks import TaskManager
 

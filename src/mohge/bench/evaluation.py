@@ -3,22 +3,26 @@
 
 Both paths evaluate the same model on the same task documents (built once, as ``python -m mohge.evaluate`` builds
 them), alternately, ``--reps`` times each; the clock is the thread's CPU time with one torch thread. The output holds
-each path's median seconds, the speed-up (whole / shared) and the largest difference of any task metric between the
-paths (accuracies must be equal; perplexities and log-likelihood sums agree to rounding).
+each path's median seconds, the speed-up (whole / shared), the largest difference of any task metric between the
+paths (accuracies must be equal; perplexities and log-likelihood sums agree to rounding), and the tokens each path runs
+through the model: ``token_bound`` (whole path's real tokens over the shared path's) is the most that computing each
+context once can save on these documents, whatever the per-token cost.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import tempfile
 from collections.abc import Sequence
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 
 import torch
 
+from mohge.bench.peers import machine
 from mohge.core.atomic import write_json_atomic
 from mohge.kernels.cpu_gemm import clock
 
@@ -34,6 +38,28 @@ def compare(whole: dict, shared: dict) -> dict[str, float]:
             worst["abs"] = max(worst["abs"], abs(a - b))
             worst["rel"] = max(worst["rel"], abs(a - b) / max(abs(a), 1e-30))
     return worst
+
+
+def count_tokens(lm) -> dict[str, dict[str, int]]:
+    """Wrap ``lm``'s two forward paths so that each call adds its tokens to the returned counts: per path, the real
+    tokens (context and continuation inputs) and the padded ones (the batch's rectangle)."""
+    counts = {"whole": {"real": 0, "padded": 0}, "shared": {"real": 0, "padded": 0}}
+    logits, score_shared = lm._logits, lm._score_shared
+
+    def whole(rows):
+        counts["whole"]["real"] += sum(map(len, rows))
+        counts["whole"]["padded"] += len(rows) * max(map(len, rows))
+        return logits(rows)
+
+    def shared(contexts, conts):
+        rows = [c for cs in conts for c in cs]
+        inputs = max(len(c) for c in rows) - 1  # a continuation's last token is only a target
+        counts["shared"]["real"] += sum(map(len, contexts)) + sum(len(c) - 1 for c in rows)
+        counts["shared"]["padded"] += len(contexts) * max(map(len, contexts)) + len(rows) * inputs
+        return score_shared(contexts, conts)
+
+    lm._logits, lm._score_shared = whole, shared
+    return counts
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,15 +86,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit = ec.limit if args.limit is None else args.limit
     times: dict[str, list[float]] = {"whole": [], "shared": []}
     results: dict[str, dict] = {}
+    tokens: dict[str, dict[str, int]] = {}
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
         built = build_tasks(Path(args.data), Path(tmp), max_length=lm.max_length, tokenizer=lm.tok)
         tasks = args.tasks or [t for t in ec.tasks if t not in LOCAL_TASKS or built.get(t)]
         for r in range(args.reps):
             for path in ("whole", "shared") if r % 2 == 0 else ("shared", "whole"):
                 lm.share_context = path == "shared"
+                counts = count_tokens(lm)
                 t0 = clock()
                 results[path] = run_lm_eval(lm, tasks, Path(tmp), limit)
                 times[path].append(clock() - t0)
+                del lm._logits, lm._score_shared  # the class's own methods again
+                tokens[path] = {k: counts["whole"][k] + counts["shared"][k] for k in ("real", "padded")}
                 print(f"{path:>6} rep {r}: {times[path][-1]:.1f} s", flush=True)
     med = {k: statistics.median(v) for k, v in times.items()}
     out = {
@@ -78,6 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": times,
         "median_s": med,
         "speedup_whole_over_shared": med["whole"] / med["shared"],
+        "tokens": tokens,
+        "token_bound": tokens["whole"]["real"] / tokens["shared"]["real"],
         "max_metric_difference": compare(results["whole"], results["shared"]),
         "accuracies_equal": all(
             results["whole"][t][k] == results["shared"][t][k]
@@ -86,12 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             if k.startswith("acc") and "stderr" not in k
         ),
         "threads": args.threads,
-        "cpu": platform.processor() or platform.machine(),
+        "machine": machine(),
+        "versions": {"torch": torch.__version__, "lm_eval": version("lm_eval")},
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "load_avg": os.getloadavg(),
     }
     print(
         f"lm-eval on {len(tasks)} tasks: whole {med['whole']:.1f} s, shared context {med['shared']:.1f} s, "
-        f"{out['speedup_whole_over_shared']:.2f}x; largest metric difference {out['max_metric_difference']}, "
+        f"{out['speedup_whole_over_shared']:.2f}x (bound by the tokens run: {out['token_bound']:.2f}x); "
+        f"largest metric difference {out['max_metric_difference']}, "
         f"accuracies equal: {out['accuracies_equal']}"
     )
     if args.json:

@@ -230,8 +230,10 @@ class MoHGELM(TemplateLM):
             if cont:
                 key = tuple(inp[: len(inp) - len(cont) + 1]) if self.share_context else (i,)
                 by_context.setdefault(key, []).append(i)
-        shared = [(c, idx) for c, idx in by_context.items() if len(idx) > 1]
-        alone = {i for idx in by_context.values() if len(idx) == 1 for i in idx}
+        # a one-token context (the end-of-text token rolling windows and empty contexts start from) costs nothing to
+        # recompute: its requests are scored whole, in length-sorted batches with less padding
+        shared = [(c, idx) for c, idx in by_context.items() if len(idx) > 1 and len(c) > 1]
+        alone = {i for c, idx in by_context.items() if len(idx) == 1 or len(c) == 1 for i in idx}
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
         order = [i for i in sorted(range(len(requests)), key=lambda i: -len(prepared[i][0])) if i in alone]
         batches = len(range(0, len(order), self.batch_size)) + len(range(0, len(shared), self.batch_size))
