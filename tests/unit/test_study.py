@@ -427,6 +427,23 @@ def test_docs_agree_with_the_committed_capacity_tables():
     ]
     edges = c5.loc[[t for t in c5.index if t.startswith("Edge:")], "estimate"]
     assert len(edges) == 3 and (edges < 1).all() and "the lower lr helps none" in text
+    # capacity or learning speed (descriptive) and the why arms (Holm over three), as their rows say
+    long = c5.loc["400 exposures: MoHGE / MoE-15"]
+    seeds = {1: "one seed", 2: "two seeds"}
+    expect.append(
+        f"At 400 exposures ({seeds[long['n_a']]} of each of the two declared, descriptive) MoHGE stores "
+        f"{long['estimate']:.3f}× the bits of MoE-15, against {claim['estimate']:.3f}× at 200"
+    )
+    assert long["n_a"] == long["n_b"] and long["estimate"] > claim["ci_low"] and long["estimate"] < 0.97
+    why = {t.removeprefix("Why: "): c5.loc[t] for t in c5.index if t.startswith("Why:")}
+    assert all(row["n_a"] == 3 for row in why.values())
+    reads = {"every width 12": "no difference shown", "HMoE's flat router": "differs"}
+    for name, read in {**reads, "the release's gate form": "differs"}.items():
+        row = why[name]
+        holm_p, verdict = row["verdict"].removeprefix("Holm p ").split(": ")
+        assert verdict == read, name
+        expect.append(f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}]")
+        expect.append(f"(Holm p {holm_p}): {'no difference shown' if read != 'differs' else 'it differs'}")
     runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
     for label, arm in (("MoHGE", claim["a"]), ("MoE-12", g1["b"]), ("MoE-15", g1["a"])):
         mean, lo, hi = stats.t_interval(runs.loc[runs["family"] == arm, "bits_stored"].to_numpy())
@@ -454,6 +471,11 @@ def test_readme_verdicts_agree_with_the_committed_tables():
     edges = c5.loc[[t for t in c5.index if t.startswith("Edge:")], ["n_a", "estimate"]]
     best_of_four = len(edges) == 3 and (edges["n_a"] == 1).all() and (edges["estimate"] < 1).all()
     assert best_of_four and "5e-3, is its best of the four tried" in text
+    flat, equal = c5.loc["Why: HMoE's flat router"], c5.loc["Why: every width 12"]
+    assert flat["verdict"].endswith(": differs") and equal["verdict"].endswith(": no difference shown")
+    holm_flat = flat["verdict"].removeprefix("Holm p ").split(":")[0]
+    assert f"a flat router over MoHGE's widths stores {flat['estimate']:.3f}× its bits (Holm p {holm_flat})" in text
+    assert "equal widths under its router show no difference" in text
     s6 = pd.read_csv(claims / "S6_balance_decision.csv").query("trace == 'trained'").set_index("model")
     release, strong = s6.loc["mohge"], s6.loc["mohge+ae2e1"]
     assert (s6["decision"] == "bar not met").all() and "not supported on trained routing" in text
