@@ -85,7 +85,8 @@ class GroupedRouter(nn.Module):
                 s_TKg = s_TKg / (s_TKg.sum(-1, keepdim=True) + 1e-20)
         else:  # Megatron softmax-after-top-k
             s_TKg = torch.softmax(lG_TG.gather(1, gidx_TKg), dim=-1)
-        p_TG = lG_TG.new_zeros(T, self.G).scatter(1, gidx_TKg, s_TKg)
+        # s's dtype, not l^G's: under CUDA autocast the softmax is computed (and returned) in fp32.
+        p_TG = s_TKg.new_zeros(T, self.G).scatter(1, gidx_TKg, s_TKg)
         gmap_TG = torch.zeros(T, self.G, dtype=torch.bool, device=x_TD.device).scatter(1, gidx_TKg, True)
         # E1-E3: intra-group softmax, scaled by the group weight (the mask is implied by p = 0).
         q_TGn = torch.softmax(self.expert_router(x_TD).view(T, self.G, self.n), dim=-1)

@@ -9,10 +9,15 @@ stride modulo V, so the loss falls steeply and parity is tested along a real des
 * ``torch``:  one process, bf16 autocast, grouped-torch experts (the reference);
 * ``triton``: one process, bf16 autocast, Triton expert kernels;
 * ``fsdp2``:  Triton experts under :func:`mohge.train.distributed.parallelize.parallelize` (FSDP2 with
-  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, no autocast), a one-rank process group.
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``, under bf16 autocast as the trainer runs it),
+  a one-rank process group.
 
-Parity: every step's loss of ``triton`` and ``fsdp2`` within ``--rtol`` (default 3e-2) of ``torch``'s (bf16
-rounding differs between the kernels, and drifts a little over the steps). Throughput: the steps after
+Parity, against ``torch``, where every variant still holds the same weights: the first step's loss within
+``--rtol-step`` (default 1e-2: the forward) and its gradient norm within ``--rtol-grad`` (default 5e-2: the
+backward). After that, bf16 rounding flips top-k choices and the trajectories part (two runs of ``torch`` alone
+differ by up to 4.5 % at one step on an H200: its grouped index_add is not deterministic), so the descent is
+compared as the mean loss of the last ``--tail`` steps (default 5), within ``--rtol`` (default 5e-2) of
+``torch``'s, and below the first step's loss. Throughput: the steps after
 ``--warmup`` (Triton compiles and autotunes in the first ones), CUDA-synchronized; MFU against the peak
 (``--peak-tflops``, default from the device name: 989 for H100/H200 bf16 dense, 312 for A100).
 Writes DIR/train_check.json and DIR/train_check.csv (one row per variant). Exit status 1 when parity fails.
@@ -89,8 +94,9 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
     autocast = device.type == "cuda"
     if name == "fsdp2":
         layout = Layout(1, 1, 1, 1, "none", args.peak_tflops or 0.0, ())  # a world of one rank
+        # bf16 parameters from FSDP2's MixedPrecisionPolicy, under bf16 autocast as the trainer runs it (the norms,
+        # softmaxes and losses in fp32)
         parallelize(model, layout, build_meshes(layout, device.type), device)
-        autocast = False  # FSDP2's MixedPrecisionPolicy computes in bf16
     else:
         model.to(device)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and not n.startswith("embed.")]
@@ -98,7 +104,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=3e-3)
     seq = model_cfg.max_seq_len
     data = batches(args.steps, args.batch, seq, model_cfg.vocab_size, device)
-    losses, times = [], []
+    losses, grad_norms, times = [], [], []
     for s, window in enumerate(data):
         t0 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -107,12 +113,13 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
             loss = lm + sum(weighted_aux(st.aux, loss_cfg, s, args.steps) for st in out.layers)
         loss.backward()
         if name == "fsdp2":
-            clip_grad_norm(model, 1.0, layout)
+            gnorm = clip_grad_norm(model, 1.0, layout)
         else:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(lm.item())  # .item() synchronizes
+        grad_norms.append(gnorm.item())
         times.append(time.perf_counter() - t0)
     timed = times[args.warmup :]
     tokens_per_s = args.batch * seq * len(timed) / sum(timed)
@@ -131,6 +138,7 @@ def run_variant(name: str, args: argparse.Namespace, device: torch.device) -> di
         "first_loss": losses[0],
         "final_loss": losses[-1],
         "losses": losses,
+        "grad_norms": grad_norms,
     }
 
 
@@ -147,13 +155,20 @@ def _one_rank_group(device: torch.device) -> None:
     dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
 
 
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mohge.train.distributed.gpu_check", description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5, help="untimed first steps (Triton compiles there)")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--rtol", type=float, default=3e-2)
+    ap.add_argument("--rtol", type=float, default=5e-2, help="mean loss of the last --tail steps, relative")
+    ap.add_argument("--rtol-step", type=float, default=1e-2, help="the first step's loss, relative")
+    ap.add_argument("--rtol-grad", type=float, default=5e-2, help="the first step's gradient norm, relative")
+    ap.add_argument("--tail", type=int, default=5, help="steps averaged for the descent's comparison")
     ap.add_argument("--peak-tflops", type=float, help="one device's bf16 peak (default: from the device name)")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = ap.parse_args(argv)
@@ -169,22 +184,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     _one_rank_group(device)
     variants = ("torch", "triton", "fsdp2") if args.device == "cuda" else ("torch", "fsdp2")
     rows = [run_variant(v, args, device) for v in variants]
-    ref = rows[0]["losses"]
+    tail = min(args.tail, args.steps)
+    ref = rows[0]
     for r in rows:
-        r["max_rel_diff_vs_torch"] = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], ref, strict=True))
-        print(
-            f"{r['variant']:>7}: loss {r['first_loss']:.4f} -> {r['final_loss']:.4f}, max rel diff vs torch "
-            f"{r['max_rel_diff_vs_torch']:.2e}, {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']}"
+        r["tail_loss"] = sum(r["losses"][-tail:]) / tail
+        r["first_loss_rel_diff"] = rel(r["first_loss"], ref["first_loss"])
+        r["first_grad_norm_rel_diff"] = rel(r["grad_norms"][0], ref["grad_norms"][0])
+        r["tail_loss_rel_diff"] = rel(r["tail_loss"], ref["tail_loss"])
+        r["max_step_rel_diff"] = max(rel(a, b) for a, b in zip(r["losses"], ref["losses"], strict=True))
+        r["ok"] = (
+            r["first_loss_rel_diff"] <= args.rtol_step
+            and r["first_grad_norm_rel_diff"] <= args.rtol_grad
+            and r["tail_loss_rel_diff"] <= args.rtol
+            and r["tail_loss"] < r["first_loss"]
         )
-    ok = all(r["max_rel_diff_vs_torch"] <= args.rtol for r in rows) and rows[0]["final_loss"] < rows[0]["first_loss"]
-    write_json_atomic(args.out / "train_check.json", {"ok": ok, "rtol": args.rtol, "variants": rows})
+        print(
+            f"{r['variant']:>7}: loss {r['first_loss']:.4f} -> {r['final_loss']:.4f} (last {tail} {r['tail_loss']:.4f}),"
+            f" vs torch: first loss {r['first_loss_rel_diff']:.1e}, first grad norm "
+            f"{r['first_grad_norm_rel_diff']:.1e}, last {tail} {r['tail_loss_rel_diff']:.1e} (largest at one step "
+            f"{r['max_step_rel_diff']:.1e}); {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']}"
+            + ("" if r["ok"] else "  FAILED")
+        )
+    ok = all(r["ok"] for r in rows)
+    tolerances = {"rtol": args.rtol, "rtol_step": args.rtol_step, "rtol_grad": args.rtol_grad, "tail": tail}
+    write_json_atomic(args.out / "train_check.json", {"ok": ok, **tolerances, "variants": rows})
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=[k for k in rows[0] if k != "losses"], extrasaction="ignore")
+    fields = [k for k in rows[0] if k not in ("losses", "grad_norms")]
+    writer = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
     write_text_atomic(args.out / "train_check.csv", buf.getvalue())
     dist.destroy_process_group()
-    print(f"gpu_check train: {'parity ok' if ok else 'PARITY FAILED'} (rtol {args.rtol})")
+    print(f"gpu_check train: {'parity ok' if ok else 'PARITY FAILED'} ({tolerances})")
     return 0 if ok else 1
 
 
