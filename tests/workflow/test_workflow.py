@@ -112,7 +112,7 @@ def test_bad_config_refused_before_any_job(change, needle, tmp_path):
 
 
 # What the smoke run makes (checked by test_study_roots.test_readme_commands_in_a_fresh_clone, which runs it once,
-# interrupted and resumed). F6 only where results/bench/kernels.csv holds a GPU measurement (none is committed).
+# interrupted and resumed). F6 only where results/bench/kernels.csv holds a GPU measurement (one is committed).
 SMOKE_OUTPUTS = [
     *(
         f"results/smoke/tables/{t}.{e}"
@@ -121,7 +121,15 @@ SMOKE_OUTPUTS = [
     ),
     *(
         f"figures/smoke/{f}.{e}"
-        for f in ("F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load")
+        for f in (
+            "F1_curves",
+            "F2_quality_params",
+            "F3_groups_by_level",
+            "F4_gpu_load",
+            "F5_width",
+            "F6_kernels",
+            "F14_load",
+        )
         for e in ("png", "pdf")
     ),
     *(f"results/smoke/tables/T4_inference.{e}" for e in ("csv", "md")),
