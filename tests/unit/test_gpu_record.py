@@ -84,3 +84,14 @@ def test_speed_doc_quotes_the_gpu_record():
             f"{name}: first loss {x['first_loss_rel_diff']:.1e}, first gradient norm "
             f"{x['first_grad_norm_rel_diff']:.1e}, last 5 steps {x['tail_loss_rel_diff']:.1e}"
         ) in flat
+
+
+def test_readme_kernel_line_is_the_gpu_record():
+    rows = kernel_rows()
+    big, small = row(rows, 65536, "triton", "fwd+bwd"), row(rows, 4096, "triton", "fwd+bwd")
+    flat = " ".join((ROOT / "README.md").read_text().split())
+    assert (
+        f"forward+backward at {float(big['tflops']):.1f} TFLOP/s for 65,536 tokens, {float(big['share_of_peak']):.1%} of "
+        f"the dense bf16 peak and {float(big['ratio_to_homogeneous']):.2f}× a homogeneous `grouped_mm` layer of equal "
+        f"FLOPs; at 4,096 tokens it is {float(small['ratio_to_homogeneous']):.2f}× that layer"
+    ) in flat
