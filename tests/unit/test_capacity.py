@@ -292,9 +292,11 @@ def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committ
     planned = {(c.dataset, f"{c.family}+{c.variant}" if c.variant else c.family): c for c in plan(cfg).values()}
     labels = ca.best_labels(KEPT, "moe", "moe_equal")
     where = {"mohge_quarter": "facts_quarter", "mohge_long": "facts_long", "reference_long": "facts_long"}
+    where |= {"mohge_d64": ca.DEFAULTS["transfer"], "reference_d64": ca.DEFAULTS["transfer"]}
     for role, model in labels.items():
         cfg_ = planned[(where.get(role, "facts"), model)]
         assert cfg_.train.lr == 5e-3 and cfg_.train.min_lr == 5e-4, model
+        assert cfg_.model.d_model == (64 if role.endswith("_d64") else 32), model
         assert cfg_.family != "mohge" or cfg_.model.router.gate_mode == "product_renorm", model
     for model in ("mohge+best_edge_renorm_lr2p5e3", "moe+best_edge_lr2p5e3", "moe_equal+best_edge_lr2p5e3"):
         assert planned[("facts", model)].train.lr == 2.5e-3
@@ -363,3 +365,35 @@ def test_a_best_shot_test_whose_models_are_not_all_in_carries_no_verdict():
     assert t.loc["Claim 1 non-inferiority", "ci_high"] < 0.97  # the estimate is there; the verdict is not
     full = ca.best_shot(*best_runs({r: (b, 8) for r, (b, _) in bits.items()}), p).set_index("test")
     assert full.loc["Claim 1 non-inferiority", "verdict"] == "refuted"
+
+
+def transfer_runs(mohge: float, reference: float, n: int, data_bits: float = 1_048_576.0) -> pd.DataFrame:
+    """runs.csv rows of the transfer arm: ``n`` seeds each of MoHGE and the reference at d_model 64, B in bits."""
+    labels = ca.best_labels(KEPT, "moe", "moe_equal")
+    rows = []
+    for role, b in (("mohge_d64", mohge), ("reference_d64", reference)):
+        for i, seed in enumerate(range(10, 10 + n)):
+            rows.append({"run": f"facts_d64-{labels[role]}-s{seed}", "dataset": ca.DEFAULTS["transfer"],
+                         "family": labels[role], "seed": seed, "bits_stored": b * (1 + 0.004 * (-1) ** i),
+                         "data_bits": data_bits})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_transfer_arm_is_read_by_its_declared_rule():
+    """docs/study.md, "The transfer arm": holds below 0.97, closes above, not decided across it; near saturation it
+    reads nothing; with one seed each it gives the ratio and no interval."""
+    base, table = best_runs({"mohge": (2.3e5, 8), "reference": (2.8e5, 8), "equal": (2.5e5, 8)})
+    test = "d_model 64: MoHGE / MoE-15"
+
+    def read(mohge: float, reference: float, n: int = 2, data_bits: float = 1_048_576.0) -> pd.Series:
+        runs = pd.concat([base, transfer_runs(mohge, reference, n, data_bits)], ignore_index=True)
+        return best(runs, table).loc[test]
+
+    row = read(4.8e5, 6.0e5)
+    assert row["verdict"] == "holds at d_model 64" and row["ci_high"] < 0.97 and (row["n_a"], row["n_b"]) == (2, 2)
+    assert row["estimate"] == pytest.approx(0.8, rel=1e-3) and math.isnan(row["p"])
+    assert read(6.0e5, 6.0e5)["verdict"] == "closes at d_model 64"
+    assert read(5.82e5, 6.0e5)["verdict"] == "not decided"  # 0.97: the interval straddles the margin
+    assert read(4.8e5, 9.6e5)["verdict"].startswith("near saturation")  # 92 % of the set's bits
+    one = read(4.8e5, 6.0e5, n=1)
+    assert one["verdict"] == "" and one["estimate"] == pytest.approx(0.8) and math.isnan(one["ci_low"])

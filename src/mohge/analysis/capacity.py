@@ -44,6 +44,7 @@ DEFAULTS = {
     "mohge": ["mohge", "mohge+ae5e2"],
     "dataset": "facts",
     "quarter": "facts_quarter",
+    "transfer": "facts_d64",  # the transfer arm's dataset (d_model 64, docs/study.md "The transfer arm")
     "alpha": _DECLARED.alpha,
     "margin": _DECLARED.equivalence_margin,
     "gate_ratio": _DECLARED.gate_ratio,
@@ -271,7 +272,8 @@ def kept_settings(table: pd.DataFrame) -> dict[str, str]:
 def best_labels(kept: dict[str, str], reference: str, equal: str) -> dict[str, str]:
     """The best shot's models by role, named from each family's kept ``setting`` as configs/capacity.yaml names them:
     ``<family>+best_<setting>`` (confirmatory), MoHGE's ``_quarter`` and ``_long``, the reference's ``_long``,
-    ``mohge+best_<setting>_hom12``, ``hmoe+best_<lr of MoHGE's setting>``, ``<equal>+best_<setting>_probsgate``.
+    ``mohge+best_<setting>_hom12``, ``hmoe+best_<lr of MoHGE's setting>``, ``<equal>+best_<setting>_probsgate``,
+    and MoHGE's and the reference's ``_d64``.
     Empty until the three families have a choice."""
     if not {"mohge", reference, equal} <= set(kept):
         return {}
@@ -281,7 +283,7 @@ def best_labels(kept: dict[str, str], reference: str, equal: str) -> dict[str, s
         "mohge": f"mohge+{m}", "reference": f"{reference}+{r}", "equal": f"{equal}+{i}",
         "mohge_quarter": f"mohge+{m}_quarter", "mohge_long": f"mohge+{m}_long",
         "reference_long": f"{reference}+{r}_long", "hom": f"mohge+{m}_hom12", "hmoe": f"hmoe+{BEST_SHOT}{lr}",
-        "probsgate": f"{equal}+{i}_probsgate",
+        "probsgate": f"{equal}+{i}_probsgate", "mohge_d64": f"mohge+{m}_d64", "reference_d64": f"{reference}+{r}_d64",
     }  # fmt: skip
 
 
@@ -308,6 +310,27 @@ def _interim(row: dict, declared: dict[str, int]) -> str:
     if all(n >= w for n, w in zip((row["n_a"], row["n_b"]), want, strict=True)):
         return ""
     return f"interim: n {row['n_a']}/{row['n_b']} of {want[0]}/{want[1]} declared"
+
+
+SATURATED = 0.9  # the transfer arm reads nothing where the reference stores more than this share of the set's bits
+
+
+def _transfer(runs: pd.DataFrame, labels: dict[str, str], alpha: float, floor: float) -> dict:
+    """(7) the transfer arm, descriptive: MoHGE / MoE-15 at d_model 64 on its own fact set, read by the declared rule
+    (docs/study.md, "The transfer arm"): the deficit holds if the 95 % interval lies below ``floor``, closes if above,
+    else it is not decided; nothing is read where the reference stores more than 90 % of the set's bits."""
+    a, b = labels["mohge_d64"], labels["reference_d64"]
+    row, est = _ratio_test(runs, "d_model 64: MoHGE / MoE-15", a, b, alpha)
+    row["threshold"] = f"descriptive: holds if 95% high < {floor:.2f}, closes if 95% low > {floor:.2f}"
+    ref = runs[runs["family"] == b]
+    if ref.empty:
+        return row
+    if (ref["bits_stored"] / ref["data_bits"]).mean() > SATURATED:
+        row["verdict"] = f"near saturation (the reference stores > {SATURATED:.0%} of the set): no reading"
+    elif est.defined:
+        holds, closes = row["ci_high"] < floor, row["ci_low"] > floor
+        row["verdict"] = "holds at d_model 64" if holds else ("closes at d_model 64" if closes else "not decided")
+    return row
 
 
 def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
@@ -365,6 +388,7 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
         if adjusted == adjusted:
             row["verdict"] = f"Holm p {adjusted:.3g}: " + ("differs" if adjusted < alpha else "no difference shown")
     rows += why
+    rows.append(_transfer(runs[runs["dataset"] == p["transfer"]], labels, alpha, floor))
     for row in rows:
         if row["verdict"] and (pending := _interim(row, p.get("declared", {}))):
             row["verdict"] = pending
