@@ -9,6 +9,7 @@
                                      # validation perplexity along the cost knobs; MoHGE / MoE and / dense
     python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
     python -m mohge.bench profile  # CPU time per aten op of one ``bench train`` step, by MoE phase
+    python -m mohge.bench compile  # one run config's training step eager vs torch.compile: does compiling pay
 
 ``mohge bench ...`` is the same command (mohge.cli).
 
@@ -23,7 +24,7 @@ Owns: this package's ``layer`` benchmark and the command (``__main__``), `train`
 tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``),
 `inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep) and
 `peers` (one layer against torchtitan's and transformers' MoE layers), `profile` (one training step's CPU time per
-aten op).
+aten op), `compile` (a run's training step eager against ``torch.compile``).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -127,6 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("inference", add_help=False, help="trained models: prefill, decode, memory, FLOPs per token, knob")
     sub.add_parser("peers", add_help=False, help="MoE and MoHGE layers vs torchtitan's and transformers' MoE layers")
     sub.add_parser("profile", add_help=False, help="CPU time per aten op of one bench train step, by MoE phase")
+    sub.add_parser("compile", add_help=False, help="a run config's training step, eager vs torch.compile")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -156,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .peers import main as peers_main
 
         return peers_main(rest)
+    if args.what == "compile":
+        from .compile import main as compile_main
+
+        return compile_main(rest)
     if args.what == "profile":
         from .profile import main as profile_main
 

@@ -1,4 +1,4 @@
-"""``python -m mohge.bench {layer,kernels,train,data,precision,peers}``."""
+"""``python -m mohge.bench {layer,kernels,train,data,precision,eval,inference,peers,profile,compile}``."""
 
 import sys
 
