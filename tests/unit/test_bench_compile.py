@@ -30,9 +30,12 @@ def test_the_command_writes_both_trainers_and_the_verdict(tmp_path, monkeypatch)
     assert rec["first_loss"]["eager"] == rec["first_loss"]["compiled"] and rec["first_loss_rel_diff"] == 0.0
     assert set(rec["step_seconds"]) == {"eager", "compiled"} and len(rec["times"]["eager"]) == 2
     assert rec["run_steps"] == 300 and rec["setup"]["batch"] == 16 and rec["setup"]["seq"] == 128
-    assert rec["pays"] == bench_compile.payoff(
-        rec["compile_seconds"], rec["step_seconds"]["eager"], rec["step_seconds"]["compiled"], rec["run_steps"]
-    )[1]
+    assert (
+        rec["pays"]
+        == bench_compile.payoff(
+            rec["compile_seconds"], rec["step_seconds"]["eager"], rec["step_seconds"]["compiled"], rec["run_steps"]
+        )[1]
+    )
 
 
 def test_bad_counts_are_refused_before_any_work(capsys):
@@ -45,8 +48,9 @@ def test_speed_doc_quotes_the_recorded_compile_benchmark():
     rec = json.loads((ROOT / "results" / "bench" / "compile_cpu.json").read_text())
     s = rec["step_seconds"]
     row = (
-        f"**{rec['ratio_compiled_over_eager']:.3f}×** the eager step ({1e3 * s['eager']:.1f} → {1e3 * s['compiled']:.1f} "
-        f"ms of thread CPU time), after {rec['compile_seconds']:.1f} s of compilation (wall, empty inductor cache)"
+        f"**{rec['ratio_compiled_over_eager']:.3f}×** the eager step ({1e3 * s['eager']:.1f} → "
+        f"{1e3 * s['compiled']:.1f} ms of thread CPU time), after {rec['compile_seconds']:.1f} s of compilation "
+        "(wall, empty inductor cache)"
     )
     text = (ROOT / "docs" / "speed.md").read_text()
     assert row in text and rec["inductor_cache"] == "empty" and rec["first_loss_rel_diff"] == 0.0

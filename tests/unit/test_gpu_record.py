@@ -65,7 +65,8 @@ def test_speed_doc_quotes_the_gpu_record():
     assert kernel_table(rows) in text
     flat = " ".join(text.split())
     big = row(rows, max(int(r["T"]) for r in rows), "triton", "fwd+bwd")
-    assert f"{float(big['share_of_peak']):.1%} of peak, {float(big['ratio_to_homogeneous']):.2f}× the homogeneous" in flat
+    share, ratio = float(big["share_of_peak"]), float(big["ratio_to_homogeneous"])
+    assert f"{share:.1%} of peak, {ratio:.2f}× the homogeneous" in flat
     small = row(rows, 4096, "triton", "fwd+bwd")
     assert f"{float(small['tflops']):.1f} TFLOP/s, {float(small['ratio_to_homogeneous']):.2f}× the homogeneous" in flat
     dec = {p: row(rows, 64, p, "decode") for p in ("triton", "grouped_mm")}
@@ -91,7 +92,8 @@ def test_readme_kernel_line_is_the_gpu_record():
     big, small = row(rows, 65536, "triton", "fwd+bwd"), row(rows, 4096, "triton", "fwd+bwd")
     flat = " ".join((ROOT / "README.md").read_text().split())
     assert (
-        f"forward+backward at {float(big['tflops']):.1f} TFLOP/s for 65,536 tokens, {float(big['share_of_peak']):.1%} of "
+        f"forward+backward at {float(big['tflops']):.1f} TFLOP/s for 65,536 tokens, "
+        f"{float(big['share_of_peak']):.1%} of "
         f"the dense bf16 peak and {float(big['ratio_to_homogeneous']):.2f}× a homogeneous `grouped_mm` layer of equal "
         f"FLOPs; at 4,096 tokens it is {float(small['ratio_to_homogeneous']):.2f}× that layer"
     ) in flat

@@ -48,3 +48,12 @@ def test_closed_forms_follow_latent_attention_tied_embeddings_and_no_shared_expe
     ):
         variant = dataclasses.replace(model, **change)
         assert param_totals(variant) == meta_totals(variant), change
+
+
+def test_collect_reads_the_training_logs_without_torch():
+    """``mohge collect`` (the study tables' step) imports no torch: the L_G schedule sits beside LossConfig."""
+    import subprocess
+    import sys
+
+    code = "import sys, mohge.analysis.collect; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0

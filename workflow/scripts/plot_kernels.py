@@ -46,7 +46,12 @@ def throughput_panel(ax, df, p: str, peak: float | None) -> None:
         for share, name in BARS:
             ax.axhline(share * peak, color="#BBBBBB", lw=0.8, ls=":", zorder=0)
             ax.text(
-                ts[0], share * peak, f"{name}: {share:.0%} of peak", fontsize=6.5, color="#777777", va="bottom",
+                ts[0],
+                share * peak,
+                f"{name}: {share:.0%} of peak",
+                fontsize=6.5,
+                color="#777777",
+                va="bottom",
                 bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5, "alpha": 0.8},
             )
     ax.set_ylim(0, top * 1.08)
@@ -62,7 +67,8 @@ def decode_panel(ax, df) -> None:
     for i, path in enumerate(paths):
         row = d[d["path"] == path].iloc[0]
         ax.bar(i, row["gbps"], color=COLORS.get(path, ps.OTHER_COLOR), width=0.6)
-        share = f"\n{row['share_of_hbm']:.0%} of HBM" if "share_of_hbm" in d and row["share_of_hbm"] == row["share_of_hbm"] else ""
+        known = "share_of_hbm" in d and row["share_of_hbm"] == row["share_of_hbm"]  # not NaN
+        share = f"\n{row['share_of_hbm']:.0%} of HBM" if known else ""
         ax.text(i, row["gbps"], f"{row['gbps']:.0f} GB/s{share}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(paths)), [LABELS.get(p, p) for p in paths])
     ax.set_ylim(0, d["gbps"].max() * 1.35)
@@ -88,7 +94,8 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     df = df[df["device"] == device]
     date = df["date"].max()  # an ISO timestamp; one per benchmark run
     df = df[df["date"] == date]  # the most recent benchmark of that device
-    peak = float(df["peak_tflops"].dropna().iloc[0]) if "peak_tflops" in df and df["peak_tflops"].notna().any() else None
+    peaks = df["peak_tflops"].dropna() if "peak_tflops" in df else df.iloc[0:0, 0]
+    peak = float(peaks.iloc[0]) if len(peaks) else None
     passes = [p for p in ps.ordered(df["pass"], PASSES) if p != "decode"]
     decode = "gbps" in df and ((df["pass"] == "decode") & df["gbps"].notna()).any()
     fig, axes = ps.panels(len(passes) + decode, ncols=2, height=2.9)

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from mohge.config.sections import group_aux_active
 from mohge.config.sizes import COMPONENTS, swiglu_params
 from mohge.core.atomic import atomic_path
 from mohge.core.cli import setup_logging, user_errors
 from mohge.core.knobs import ConfigError
-from mohge.model.losses import group_aux_active
 
 log = logging.getLogger("mohge.collect")
 # lm-eval metrics carried into runs.csv: accuracies, and bits per byte for the rolling-perplexity task

@@ -214,6 +214,16 @@ class ModelConfig(_Section):
         return 0 if self.ffn.kind == "dense" else self.n_layers - self.ffn.dense_layers
 
 
+def group_aux_active(step: int, total_steps: int, start_frac: float) -> bool:
+    """Whether L_G is on at ``step`` (0-based): the release switches on when step > total // 2 (docs/method.md §6).
+
+    With start_frac = 0.5 this is exactly ``step > total_steps // 2``; in general
+    ``step > int(total_steps * start_frac)``; start_frac = 0 turns it on from step 1. (Beside :class:`LossConfig`,
+    whose ``group_aux_start_frac`` it reads, so that what reads the training logs needs no torch.)
+    """
+    return step > int(total_steps * start_frac)
+
+
 @dataclass(frozen=True)
 class LossConfig(_Section):
     """Auxiliary-loss coefficients and switches (docs/method.md).

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from mohge.config import FFNConfig, LossConfig
+from mohge.config.sections import group_aux_active
 
 from .routing import Routing
 
@@ -99,15 +100,6 @@ def switch_aux_loss(probs_TE: Tensor, counts_E: Tensor, topk: int, size_weight_E
     if size_weight_E is not None:
         terms_E = terms_E * size_weight_E.to(terms_E)
     return E / (T * T * topk) * terms_E.sum()
-
-
-def group_aux_active(step: int, total_steps: int, start_frac: float) -> bool:
-    """Whether L_G is on at ``step`` (0-based): the release switches on when step > total // 2 (docs/method.md §6).
-
-    With start_frac = 0.5 this is exactly ``step > total_steps // 2``; in general
-    ``step > int(total_steps * start_frac)``; start_frac = 0 turns it on from step 1.
-    """
-    return step > int(total_steps * start_frac)
 
 
 def weighted_aux(aux: dict[str, Tensor], loss: LossConfig, step: int, total_steps: int) -> Tensor:

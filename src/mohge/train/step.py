@@ -19,8 +19,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from mohge.config import FFNConfig, RunConfig, TrainConfig
+from mohge.config.sections import group_aux_active
 from mohge.model.allocation import place
-from mohge.model.losses import group_aux_active, weighted_aux
+from mohge.model.losses import weighted_aux
 from mohge.model.moe import LayerStats, MoELayer, routing_summary
 
 from .runtime import Runtime

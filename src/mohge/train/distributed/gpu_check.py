@@ -199,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             and r["tail_loss"] < r["first_loss"]
         )
         print(
-            f"{r['variant']:>7}: loss {r['first_loss']:.4f} -> {r['final_loss']:.4f} (last {tail} {r['tail_loss']:.4f}),"
+            f"{r['variant']:>7}: loss {r['first_loss']:.4f} -> {r['final_loss']:.4f} "
+            f"(last {tail} {r['tail_loss']:.4f}),"
             f" vs torch: first loss {r['first_loss_rel_diff']:.1e}, first grad norm "
             f"{r['first_grad_norm_rel_diff']:.1e}, last {tail} {r['tail_loss_rel_diff']:.1e} (largest at one step "
             f"{r['max_step_rel_diff']:.1e}); {r['tokens_per_s']:.0f} tokens/s, MFU {r['mfu']}"
