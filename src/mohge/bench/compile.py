@@ -4,9 +4,9 @@
         --json results/bench/compile_cpu.json
 
 Both trainers start from the same weights on the same fixed batch of the run's shape (``train.batch_size`` x
-``data.seq_len``), with the step of ``mohge bench train`` (forward, loss with the auxiliary losses, backward,
-clipping, AdamW). The compiled one wraps the model in ``torch.compile`` (inductor, its default mode); the optimizer
-stays eager in both. Measured in one run:
+``data.seq_len``), with the step of ``mohge bench train`` (:class:`mohge.bench.train.Trainer`: forward, loss with
+the auxiliary losses, backward, clipping, AdamW). The compiled one wraps the model in ``torch.compile`` (inductor,
+its default mode); the optimizer stays eager in both. Measured in one run:
 
 * the compile cost: the wall time of the compiled trainer's first ``--warmup`` steps (compilation runs there, partly
   in inductor's worker processes, so the wall clock is the only one that sees it) minus the eager trainer's, with an
@@ -33,38 +33,12 @@ import time
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from mohge.config import LossConfig, TrainConfig, load_run_config
+from mohge.config import load_run_config
 from mohge.core.atomic import write_json_atomic
 from mohge.kernels.cpu_gemm import clock
-from mohge.model import LanguageModel
-from mohge.train.step import build_optimizer
 
-
-class _Trainer:
-    """One model (eager or compiled), its optimizer and the fixed batch; ``step()`` returns the step's loss."""
-
-    def __init__(self, model_cfg, batch: int, seq: int, compiled: bool) -> None:
-        torch.manual_seed(0)
-        self.model = LanguageModel(model_cfg, LossConfig()).train()
-        self.net = torch.compile(self.model) if compiled else self.model
-        self.opt = build_optimizer(self.model, TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4))
-        g = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, model_cfg.vocab_size, (batch, seq + 1), generator=g)
-        self.x, self.y = tokens[:, :-1], tokens[:, 1:]
-        self.loss_cfg = LossConfig()
-
-    def step(self) -> float:
-        out = self.net(self.x)
-        loss = F.cross_entropy(out.logits.float().flatten(0, 1), self.y.flatten())
-        for stats in out.layers:
-            loss = loss + sum(self.loss_cfg.expert_aux_coeff * v.float() for v in stats.aux.values())
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
+from .train import Trainer
 
 
 def payoff(compile_s: float, eager_s: float, compiled_s: float, run_steps: int) -> tuple[float | None, bool]:
@@ -79,11 +53,11 @@ def payoff(compile_s: float, eager_s: float, compiled_s: float, run_steps: int) 
 
 def measure(model_cfg, batch: int, seq: int, run_steps: int, steps: int, warmup: int) -> dict:
     """The compile cost, the steady steps of both trainers and the break-even against ``run_steps``."""
-    trainers = {name: _Trainer(model_cfg, batch, seq, name == "compiled") for name in ("eager", "compiled")}
+    trainers = {name: Trainer(model_cfg, batch, seq, compiled=name == "compiled") for name in ("eager", "compiled")}
     first_loss, warm_wall = {}, {}
     for name, t in trainers.items():
         t0 = time.perf_counter()
-        first_loss[name] = t.step()
+        first_loss[name] = t.step().item()
         for _ in range(warmup - 1):
             t.step()
         warm_wall[name] = time.perf_counter() - t0

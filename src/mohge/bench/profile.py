@@ -48,7 +48,7 @@ class OpTimer(TorchDispatchMode):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mohge.bench.train import _Trainer, bench_config
+    from mohge.bench.train import Trainer, bench_config
 
     ap = argparse.ArgumentParser(prog="mohge bench profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = bench_config()
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))
     batch, seq = 8, 256
-    trainers = {p: _Trainer(cfg, batch, seq, bf16=p == "bf16") for p in ("fp32", "bf16")}
+    trainers = {p: Trainer(cfg, batch, seq, bf16=p == "bf16") for p in ("fp32", "bf16")}
     for _ in range(args.warmup):  # bf16 GEMM kernels are built per shape: profile a warm step
         for t in trainers.values():
             t.step()

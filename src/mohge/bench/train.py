@@ -56,15 +56,20 @@ def bench_config(d_model: int = 256, n_layers: int = 4, groups: int = 8, per_gro
     )
 
 
-class _Trainer:
-    """One model, its optimizer and a fixed random batch; ``run(n)`` returns the seconds of n steps.
+class Trainer:
+    """One model, its optimizer and a fixed random batch; ``step()`` returns the step's loss (detached), ``run(n)``
+    the seconds of n steps.
 
     ``bf16``: the step runs under bf16 autocast (fp32 weights, gradients and optimizer state; fp32 loss), as
-    ``train.precision: bf16`` does."""
+    ``train.precision: bf16`` does. ``compiled``: the forward runs through ``torch.compile(model)`` (the optimizer
+    stays eager); ``mohge bench compile``."""
 
-    def __init__(self, cfg: ModelConfig, batch: int, seq: int, seed: int = 0, bf16: bool = False) -> None:
+    def __init__(
+        self, cfg: ModelConfig, batch: int, seq: int, seed: int = 0, bf16: bool = False, compiled: bool = False
+    ) -> None:
         torch.manual_seed(seed)
         self.model = LanguageModel(cfg, LossConfig()).train()
+        self.net = torch.compile(self.model) if compiled else self.model
         self.opt = build_optimizer(self.model, TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4))
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
@@ -72,9 +77,9 @@ class _Trainer:
         self.loss_cfg = LossConfig()
         self.bf16 = bf16
 
-    def step(self) -> None:
+    def step(self) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.model(self.x)
+            out = self.net(self.x)
             loss = F.cross_entropy(out.logits.float().flatten(0, 1), self.y.flatten())
             for stats in out.layers:
                 loss = loss + sum(self.loss_cfg.expert_aux_coeff * v.float() for v in stats.aux.values())
@@ -82,6 +87,7 @@ class _Trainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()
         self.opt.zero_grad(set_to_none=True)
+        return loss.detach()
 
     def run(self, n: int) -> float:
         t0 = clock()
@@ -119,7 +125,7 @@ def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, w
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq))
     moe_cfg = derive(cfg, "moe_equal")
     models = {
-        f"{name}_{prec}": _Trainer(c, batch, seq, bf16=prec == "bf16")
+        f"{name}_{prec}": Trainer(c, batch, seq, bf16=prec == "bf16")
         for name, c in (("mohge", cfg), ("moe", moe_cfg))
         for prec in ("fp32", "bf16")
     }
