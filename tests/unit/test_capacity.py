@@ -397,3 +397,22 @@ def test_the_transfer_arm_is_read_by_its_declared_rule():
     assert read(4.8e5, 9.6e5)["verdict"].startswith("near saturation")  # 92 % of the set's bits
     one = read(4.8e5, 6.0e5, n=1)
     assert one["verdict"] == "" and one["estimate"] == pytest.approx(0.8) and math.isnan(one["ci_low"])
+
+
+def test_the_figure_draws_the_transfer_arm_beside_the_main_set_with_its_own_data_bits(tmp_path, monkeypatch):
+    script = _script()
+    drawn = {}
+    monkeypatch.setattr(script.ps, "save", lambda fig, png, pdf: drawn.update(fig=fig))
+    df = synthetic()
+    params = {"total_params_non_embedding": 185664.0}
+    d64 = transfer_runs(4.8e5, 6.0e5, 2).assign(**params)
+    res = ca.analyse(df, [], {})
+    models = res["models"][res["models"]["dataset"] == "facts"]
+    labels = ca.best_labels(KEPT, "moe", "moe_equal")
+    arms = [labels["mohge_d64"], labels["reference_d64"]]
+    every = pd.concat([df, d64], ignore_index=True)
+    outs = {"png": str(tmp_path / "f.png")}
+    script.figure(res["main"], models, res["fit"], res["settings"], outs, (), every, arms)
+    legend = [t.get_text() for t in drawn["fig"].axes[0].get_legend().get_texts()]
+    assert f"{arms[0]} (d_model 64, n = 2)" in legend and f"{arms[1]} (d_model 64, n = 2)" in legend
+    assert "the d_model 64 set's bits" in legend and "the data's bits" in legend

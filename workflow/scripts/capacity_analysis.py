@@ -74,15 +74,24 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     wanted = (("G1 reference > equal", "b"), ("G1 reference > equal", "a"), ("Claim 1 non-inferiority", "a"))
     arms = [rows.loc[test, side] for test, side in wanted if test in rows.index]  # none before a selection
     main_models = models[models["dataset"] == res["settings"]["dataset"]]
-    figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms)
+    transfer = [rows.loc[t, side] for t, side in (("d_model 64: MoHGE / MoE-15", s) for s in "ab") if t in rows.index]
+    figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms, res["runs"], transfer)
 
 
 def figure(
-    runs: pd.DataFrame, models: pd.DataFrame, fit: dict, p: dict, outputs: dict, best: Sequence[str] = ()
+    runs: pd.DataFrame,
+    models: pd.DataFrame,
+    fit: dict,
+    p: dict,
+    outputs: dict,
+    best: Sequence[str] = (),
+    every_run: pd.DataFrame | None = None,
+    transfer: Sequence[str] = (),
 ) -> None:
     """B against P: every sweep run and the fit; each marked model's mean and 95 % CI from C1 (``models``); beside
     them (black-edged, a little to the right) the best shot's confirmatory arms ``best`` (C5), mean and 95 % t-CI
-    over their runs."""
+    over their runs; and the transfer arm's models ``transfer`` (d_model 64, on their own fact set: diamonds, with
+    that set's bits), from ``every_run``."""
     import matplotlib.pyplot as plt
 
     png = next((v for k, v in outputs.items() if k.endswith("png")), None)
@@ -152,6 +161,27 @@ def figure(
         )
     if len(runs):
         ax.axhline(runs["data_bits"].iloc[0], color="black", lw=0.8, ls=":", label="the data's bits")
+    other = every_run if every_run is not None else runs.iloc[0:0]
+    shown = other[other["family"].isin(transfer)]
+    if len(shown):
+        ax.axhline(shown["data_bits"].iloc[0], color="#888888", lw=0.8, ls=":", label="the d_model 64 set's bits")
+    for model in transfer:
+        arm = other[other["family"] == model]
+        if not len(arm):
+            continue
+        b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
+        style = ps.family_style(model.split("+")[0])
+        ax.errorbar(
+            arm["total_params_non_embedding"].mean(),
+            b,
+            yerr=[[b - lo], [hi - b]] if lo == lo else None,
+            fmt="D",
+            color=style.get("color"),
+            mec="black",
+            capsize=3,
+            label=f"{model} (d_model 64, n = {len(arm)})",
+            zorder=4,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("total non-embedding parameters")

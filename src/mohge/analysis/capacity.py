@@ -403,7 +403,8 @@ def best_shot(runs: pd.DataFrame, table: pd.DataFrame, p: dict) -> pd.DataFrame:
 def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
     """Every result of the study from runs.csv's rows and the runs' trace.json paths: ``models`` (C1), ``tests`` and
     ``gate`` (C2), ``unused`` (C3), ``selection`` (C4: the selection runs ``params["selection"]`` names) and
-    ``best_shot`` (C5), the sweep ``fit``, the ``main`` dataset's runs and the merged ``settings``."""
+    ``best_shot`` (C5), the sweep ``fit``, the ``main`` dataset's runs, every run with a B (``runs``) and the merged
+    ``settings``."""
     p = settings(params)
     runs = runs[runs["bits_stored"].notna()] if "bits_stored" in runs else runs.iloc[0:0]
     main, quarter = runs[runs["dataset"] == p["dataset"]], runs[runs["dataset"] == p["quarter"]]
@@ -417,6 +418,7 @@ def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
         "best_shot": best_shot(runs, picked, p),
         "settings": p,
         "main": main,
+        "runs": runs,
         "models": model_table(runs, p["alpha"]),
         "tests": tests,
         "gate": summary["gate"],
