@@ -26,7 +26,7 @@ def build_meshes(layout: Layout, device_type: str) -> Meshes:
     world = init_device_mesh(
         device_type, (layout.dp_replicate, layout.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard")
     )
-    # dp_shard by its index: torch 2.11 refuses a dimension given by a name it has (pytorch issue 176443).
+    # dp_shard by its index: torch 2.11 refuses a dimension given by a name it has (pytorch/pytorch#176443).
     split = world._unflatten(1, (layout.dp_shard_mod_ep, layout.ep), ("dp_shard_mod_ep", "ep"))
     rep = layout.dp_replicate > 1
     return Meshes(
