@@ -162,7 +162,8 @@ def test_workflow_is_usable_as_a_module(tmp_path):
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     jobs = planned(text)
-    assert jobs["train"] == 8 and jobs["params_preset"] == 2 and "fig_kernels" not in jobs, jobs  # no GPU CSV yet
+    assert jobs["train"] == 8 and jobs["params_preset"] == 2, jobs
+    assert jobs["fig_kernels"] == 1, jobs  # F6 of the smoke study, from the committed GPU record
     assert "configs/models/mohge-3b.yaml" in text
 
 
