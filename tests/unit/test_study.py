@@ -593,3 +593,40 @@ def test_readme_and_docs_state_the_served_frontier_test_as_t5_has_it():
         row = t4.loc[fam]
         expect = f"{label} {row['val_ppl']:.2f} at {row['flops_per_token'] / 1e6:.2f} M"
         assert expect in docs, expect
+
+
+def transfer_sentences(c5: pd.DataFrame, claim: pd.Series, runs: pd.DataFrame) -> tuple[str, str] | None:
+    """(docs/results.md's, README's) sentence on the transfer arm, from its C5 row and its runs; None before any run."""
+    row = c5.loc["d_model 64: MoHGE / MoE-15"]
+    if pd.isna(row["n_a"]) or min(row["n_a"], row["n_b"]) == 0:
+        return None
+    ref = runs[runs["family"] == row["b"]]
+    share = (ref["bits_stored"] / ref["data_bits"]).mean()
+    n = int(min(row["n_a"], row["n_b"]))
+    if n == 1:
+        seeds, est = "one seed of each of the two declared", f"{row['estimate']:.3f}×"
+        read = "; the declared reading waits for the second seeds"
+        short = f"At d_model 64 (one seed each, descriptive) it stores {est} MoE-15's bits."
+    else:
+        seeds, est = f"{n} seeds each", f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+        read = f": {row['verdict']}"
+        short = f"At d_model 64 ({n} seeds each, descriptive) it stores {est} MoE-15's bits{read}."
+    long = (
+        f"At d_model 64 (the transfer arm: the same widths on 65,536 facts, {seeds}, descriptive) MoHGE stores {est} "
+        f"the bits of MoE-15, against {claim['estimate']:.3f}× at d_model 32, with MoE-15 storing {share:.0%} of the "
+        f"set's bits{read}."
+    )
+    return long, short
+
+
+def test_the_transfer_arm_reads_as_its_c5_row_in_the_docs_and_readme():
+    c5 = pd.read_csv(ROOT / "results" / "capacity" / "study" / "C5_best_shot.csv").set_index("test")
+    runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
+    said = transfer_sentences(c5, c5.loc["Claim 1 non-inferiority"], runs)
+    docs, readme = (
+        " ".join((ROOT / f).read_text().replace("**", "").split()) for f in ("docs/results.md", "README.md")
+    )
+    if said is None:
+        assert "At d_model 64" not in docs and "At d_model 64" not in readme
+        return
+    assert said[0] in docs and said[1] in readme
