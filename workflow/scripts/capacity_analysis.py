@@ -90,7 +90,7 @@ def figure(
 ) -> None:
     """B against P: every sweep run and the fit; each marked model's mean and 95 % CI from C1 (``models``); beside
     them (black-edged, a little to the right) the best shot's confirmatory arms ``best`` (C5), mean and 95 % t-CI
-    over their runs; and the transfer arm's models ``transfer`` (d_model 64, on their own fact set: diamonds, with
+    over their runs; and the transfer arm's models ``transfer`` (d_model 64, on their own fact set: stars, with
     that set's bits), from ``every_run``."""
     import matplotlib.pyplot as plt
 
@@ -175,7 +175,8 @@ def figure(
             arm["total_params_non_embedding"].mean(),
             b,
             yerr=[[b - lo], [hi - b]] if lo == lo else None,
-            fmt="D",
+            fmt="*",
+            ms=11,
             color=style.get("color"),
             mec="black",
             capsize=3,
