@@ -606,11 +606,11 @@ def transfer_sentences(c5: pd.DataFrame, claim: pd.Series, runs: pd.DataFrame) -
     if n == 1:
         seeds, est = "one seed of each of the two declared", f"{row['estimate']:.3f}×"
         read = "; the declared reading waits for the second seeds"
-        short = f"At d_model 64 (one seed each, descriptive) it stores {est} MoE-15's bits."
+        short = f"At d_model 64 (one seed each, descriptive) MoHGE stores {est} MoE-15's bits."
     else:
         seeds, est = f"{n} seeds each", f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
         read = f": {row['verdict']}"
-        short = f"At d_model 64 ({n} seeds each, descriptive) it stores {est} MoE-15's bits{read}."
+        short = f"At d_model 64 ({n} seeds each, descriptive) MoHGE stores {est} MoE-15's bits{read}."
     long = (
         f"At d_model 64 (the transfer arm: the same widths on 65,536 facts, {seeds}, descriptive) MoHGE stores {est} "
         f"the bits of MoE-15, against {claim['estimate']:.3f}× at d_model 32, with MoE-15 storing {share:.0%} of the "
