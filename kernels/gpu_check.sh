@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of the Triton expert kernels: the GPU tests, then the benchmark. Bounded by timeouts to 3.5 minutes
-# (with gpu_train_check.sh, under 6: kernels/gpu_all.sh runs both). Writes env.log, pytest_gpu.log, bench.log
-# and kernels_bench.csv into OUTDIR.
+# GPU check of the Triton expert kernels: the GPU tests, the benchmark, then where the time goes (kernels or host).
+# Bounded by timeouts to 3.75 minutes (with gpu_train_check.sh, under 6: kernels/gpu_all.sh runs both). Writes
+# env.log, pytest_gpu.log, bench.log, kernels_bench.csv, profile.log and kernels_profile.json into OUTDIR.
 #
 #   kernels/gpu_check.sh OUTDIR            (from any directory; PYTHON overrides the interpreter, default python3)
 #
@@ -19,9 +19,11 @@ write_env_log
 
 status=0
 # --confcutdir: only tests/kernels' own setup applies, so the check needs nothing beyond the packages above.
-timeout 130 "$PY" -m pytest -m gpu tests/kernels -q -p no:cacheprovider --confcutdir=tests/kernels \
+timeout 100 "$PY" -m pytest -m gpu tests/kernels -q -p no:cacheprovider --confcutdir=tests/kernels \
     2>&1 | tee "$OUT/pytest_gpu.log" || status=1
 timeout 80 "$PY" -m mohge.kernels.bench --out "$OUT/kernels_bench.csv" \
     2>&1 | tee "$OUT/bench.log" || status=1
+timeout 45 "$PY" -m mohge.kernels.gpu_profile --out "$OUT/kernels_profile.json" \
+    2>&1 | tee "$OUT/profile.log" || status=1
 echo "gpu_check: exit status $status (logs and CSV in $OUT)"
 exit $status

@@ -97,3 +97,35 @@ def test_readme_kernel_line_is_the_gpu_record():
         f"the dense bf16 peak and {float(big['ratio_to_homogeneous']):.2f}× a homogeneous `grouped_mm` layer of equal "
         f"FLOPs; at 4,096 tokens it is {float(small['ratio_to_homogeneous']):.2f}× that layer"
     ) in flat
+
+
+def test_gpu_profile_counts_only_device_kernels_and_refuses_without_cuda(capsys):
+    from types import SimpleNamespace
+
+    import torch
+    from mohge.kernels import gpu_profile
+    from torch.autograd import DeviceType
+
+    def event(device_type, us):
+        return SimpleNamespace(device_type=device_type, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    events = [event(DeviceType.CPU, 900.0), event(DeviceType.CUDA, 300.0), event(DeviceType.CUDA, 100.0)]
+    assert gpu_profile.kernel_ms(events, 2) == (0.2, 1.0)  # the host-side op events are not kernel time
+    if not torch.cuda.is_available():
+        assert gpu_profile.main(["--out", "unused.json"]) == 1
+        assert "gpu_profile: no CUDA device" in capsys.readouterr().err
+
+
+def test_speed_doc_quotes_where_the_gpu_time_goes():
+    rec = json.loads((BENCH / "kernels_profile_gpu.json").read_text())
+    rows = {(r["T"], r["path"]): r for r in rec["rows"]}
+    flat = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    for T in (4096, 65536):
+        tri, hom = rows[(T, "triton")], rows[(T, "hom_grouped_mm")]
+        assert (
+            f"T = {T:,}: {tri['kernel_ms']:.2f} ms of kernels in {tri['wall_ms']:.2f} ms "
+            f"({tri['gpu_busy_share']:.0%} busy), "
+            f"against {hom['kernel_ms']:.2f} ms in {hom['wall_ms']:.2f} ms for the homogeneous layer"
+        ) in flat
+    small_t = rows[(4096, "triton")]["kernel_ms"] < rows[(4096, "hom_grouped_mm")]["kernel_ms"]
+    assert rec["device"] == "NVIDIA H200" and small_t  # the kernels are faster; the host is not
