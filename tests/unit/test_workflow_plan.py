@@ -192,6 +192,10 @@ def test_traced_runs_are_the_first_seed_of_each_moe_model_or_every_seed(smoke):
     every = settings.trace_runs(runs, UtilizationConfig(trace_all_seeds=True))
     assert set(first) < set(every) == {r for r, c in runs.items() if c.family != "dense"}
     assert runs[settings.util_source(runs, smoke)].family == "mohge"
+    dataset = next(iter(runs.values())).dataset
+    untraced = UtilizationConfig(trace_all_seeds=True, untraced_datasets=(dataset,))
+    kept = settings.trace_runs(runs, untraced)
+    assert kept == sorted(r for r in every if runs[r].dataset != dataset) and len(kept) < len(every)
 
 
 def test_asked_targets_read_only_a_snakemake_command_line():

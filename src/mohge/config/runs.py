@@ -54,6 +54,7 @@ class UtilizationConfig(_Section):
     ep_sizes: tuple[int, ...] = knob((2, 4), "expert-parallel sizes", ge=1, min_items=1)
     measure_nproc: int = knob(0, "processes of the measured EP run (0: none)", ge=0)
     trace_all_seeds: bool = knob(False, "trace every seed of a model, not only its first")
+    untraced_datasets: tuple[str, ...] = knob((), "datasets whose runs are read on their results alone, never traced")
     _path: str = field(default="utilization", repr=False, compare=False)
 
 

@@ -47,7 +47,9 @@ def main_dataset(config: dict) -> str:
 
 def trace_runs(runs: dict[str, RunConfig], util: UtilizationConfig) -> list[str]:
     """Runs whose routing traces feed the utilization study and F3: the first seed of each MoE model, or every
-    seed of every MoE model with `utilization.trace_all_seeds` (balance with CIs over seeds)."""
+    seed of every MoE model with `utilization.trace_all_seeds` (balance with CIs over seeds); never a run of a
+    dataset in `utilization.untraced_datasets`."""
+    runs = {r: c for r, c in runs.items() if c.dataset not in util.untraced_datasets}
     if util.trace_all_seeds:
         return sorted(r for r, c in runs.items() if c.family != "dense")
     first: dict[tuple[str, str, str], str] = {}
