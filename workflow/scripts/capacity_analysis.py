@@ -78,6 +78,24 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms, res["runs"], transfer)
 
 
+def _arm_mean(ax, arm: pd.DataFrame, model: str, label: str, shift: float, **marker) -> None:
+    """One arm's mean B and 95 % t-CI over its runs at its mean parameter count (times ``shift``), black-edged."""
+    if not len(arm):
+        return
+    b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
+    ax.errorbar(
+        arm["total_params_non_embedding"].mean() * shift,
+        b,
+        yerr=[[b - lo], [hi - b]] if lo == lo else None,
+        color=ps.family_style(model.split("+")[0]).get("color"),
+        mec="black",
+        capsize=3,
+        label=label,
+        zorder=4,
+        **marker,
+    )
+
+
 def figure(
     runs: pd.DataFrame,
     models: pd.DataFrame,
@@ -144,21 +162,8 @@ def figure(
         )
     for model in best:
         arm = runs[runs["family"] == model]
-        if not len(arm):
-            continue
-        b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
-        style = ps.family_style(model.split("+")[0])
-        ax.errorbar(
-            arm["total_params_non_embedding"].mean() * 1.04,
-            b,
-            yerr=[[b - lo], [hi - b]] if lo == lo else None,
-            fmt=style.get("marker", "o"),
-            color=style.get("color"),
-            mec="black",
-            capsize=3,
-            label=f"{model} (n = {len(arm)})",
-            zorder=4,
-        )
+        marker = ps.family_style(model.split("+")[0]).get("marker", "o")
+        _arm_mean(ax, arm, model, f"{model} (n = {len(arm)})", shift=1.04, fmt=marker)
     if len(runs):
         ax.axhline(runs["data_bits"].iloc[0], color="black", lw=0.8, ls=":", label="the data's bits")
     other = every_run if every_run is not None else runs.iloc[0:0]
@@ -167,22 +172,7 @@ def figure(
         ax.axhline(shown["data_bits"].iloc[0], color="#888888", lw=0.8, ls=":", label="the d_model 64 set's bits")
     for model in transfer:
         arm = other[other["family"] == model]
-        if not len(arm):
-            continue
-        b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
-        style = ps.family_style(model.split("+")[0])
-        ax.errorbar(
-            arm["total_params_non_embedding"].mean(),
-            b,
-            yerr=[[b - lo], [hi - b]] if lo == lo else None,
-            fmt="*",
-            ms=11,
-            color=style.get("color"),
-            mec="black",
-            capsize=3,
-            label=f"{model} (d_model 64, n = {len(arm)})",
-            zorder=4,
-        )
+        _arm_mean(ax, arm, model, f"{model} (d_model 64, n = {len(arm)})", shift=1.0, fmt="*", ms=11)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("total non-embedding parameters")
