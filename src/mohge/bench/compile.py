@@ -36,7 +36,6 @@ import torch
 
 from mohge.config import load_run_config
 from mohge.core.atomic import write_json_atomic
-from mohge.kernels.cpu_gemm import clock
 
 from .train import Trainer
 
@@ -65,9 +64,7 @@ def measure(model_cfg, batch: int, seq: int, run_steps: int, steps: int, warmup:
     times: dict[str, list[float]] = {name: [] for name in trainers}
     for r in range(steps):
         for name in sorted(trainers, reverse=bool(r % 2)):
-            t0 = clock()
-            trainers[name].step()
-            times[name].append(clock() - t0)
+            times[name].append(trainers[name].run(1))
     step_s = {name: statistics.median(ts) for name, ts in times.items()}
     compile_s = warm_wall["compiled"] - warm_wall["eager"]
     break_even, pays = payoff(compile_s, step_s["eager"], step_s["compiled"], run_steps)
