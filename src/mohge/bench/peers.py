@@ -307,7 +307,9 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": model, "arch": platform.machine(), "cores": os.cpu_count()}
+    # the vector unit ATen's CPU kernels use (AVX512, AVX2, ...): two hosts named alike can differ in it
+    isa = torch.backends.cpu.get_cpu_capability()
+    return {"cpu": model, "arch": platform.machine(), "cores": os.cpu_count(), "cpu_capability": isa}
 
 
 def run(shapes: Sequence[Shape], precisions: Sequence[str], reps: int, peers: bool = True) -> dict:

@@ -39,8 +39,8 @@ model_args of `mohge` (any other is refused):
   precision         auto (bf16 on CUDA, else fp32), fp32, bf16
   dtype             HFLM's name for precision: auto, float32, bfloat16 (also fp32, bf16)
   trust_remote_code accepted and ignored (no remote code)
-  share_context     true (default): choices sharing their scored window run it once through the KV cache; false:
-                    every request scored whole (the same scores)
+  share_context     true (default): every distinct prefix of the requests runs once (a prefix tree packed in
+                    rows); false: every request scored whole (the same scores, to rounding)
 
 Task documents: mohge evaluate build-tasks --data DATA --ckpt MODEL_DIR --out mohge_tasks
 The shipped task definitions are included unless --include_path names a folder.

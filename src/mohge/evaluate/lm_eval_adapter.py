@@ -12,12 +12,14 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
   context; an empty context is the end-of-text token (``data.eot_token``, default ``<|endoftext|>``: bos = eos =
   pad, which ends every training document; its id is the tokenizer's, looked up in the model folder's
   ``tokenizer.json``: 0 for our BPE, 50256 for GPT-2's);
-* ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored;
-  requests sorted by length, ``batch_size`` at a time, right-padded (harmless: attention is causal and routing is
-  per token). Requests that share their scored context (the choices of one multiple-choice document) run that
-  context once, ``batch_size`` contexts at a time, left-padded, through the exported model's KV cache, and then only
-  their own tokens (model_arg ``share_context``, default true; false scores every request whole: the reference the
-  tests and ``python -m mohge.bench eval`` compare it with). A continuation longer than ``max_length`` is refused
+* ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored. Every
+  request's input joins one prefix tree (model_arg ``share_context``, default true), so that each distinct prefix
+  runs once: the context the choices of a document share, the words choices start with, the opening of documents
+  of one template. The tree is packed into rows of ``4 * max_length`` tokens in which each token sees its own prefix
+  and sits at its depth (:mod:`mohge.evaluate.prefix_tree`; equal to running each request alone, to rounding:
+  routing is per token). ``share_context=false`` runs every request whole instead, ``batch_size`` rows at a time,
+  longest first, right-padded (harmless: attention is causal and routing is per token): the reference the tests and
+  ``python -m mohge.bench eval`` compare it with. A continuation longer than ``max_length`` is refused
   (ValueError naming the task, the document and both lengths), where lm-eval's ``hf`` model stops on a bare assert:
   scoring only its last tokens would be a different quantity. ``python -m mohge.evaluate build-tasks`` builds only
   documents that fit;
@@ -106,6 +108,7 @@ def _score(logits_NV: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
 
 @register_model("mohge")
 class MoHGELM(TemplateLM):
+    tree_row_contexts = 2  # a packed row of the prefix tree holds this many context lengths of tokens
     def __init__(
         self,
         pretrained: str,
@@ -213,9 +216,11 @@ class MoHGELM(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """(sum log p(continuation | context), is greedy) per (cache key, context ids, continuation ids).
 
-        Requests whose scored context is the same token sequence (the choices of one multiple-choice or continuation
-        document) share one forward pass of that context: its keys and values are cached and each choice runs only
-        its own tokens (:meth:`_score_shared`). A context of its own is scored whole, ``batch_size`` rows at a time.
+        With ``share_context`` every request's model input (the last ``max_length`` tokens of context and
+        continuation but the last) joins one prefix tree: each distinct prefix (the context all choices of a
+        document share, the first words choices share, the opening documents of one template share) runs once, in
+        packed rows of ``4 * max_length`` tokens where each token sees its own prefix (:meth:`_score_tree`).
+        Without it every request runs whole, ``batch_size`` rows at a time, longest first.
         """
         L = self.max_length
         prepared = []
@@ -224,84 +229,70 @@ class MoHGELM(TemplateLM):
                 raise ConfigError(f"{key!r}: a continuation of {len(cont)} tokens is longer than max_length={L}")
             full = (ctx + cont)[-(L + 1) :]
             prepared.append((full[:-1], cont))
-        # the context a continuation is scored from: every input token up to the one predicting its first token
-        by_context: dict[tuple[int, ...], list[int]] = {}
-        for i, (inp, cont) in enumerate(prepared):
-            if cont:
-                key = tuple(inp[: len(inp) - len(cont) + 1]) if self.share_context else (i,)
-                by_context.setdefault(key, []).append(i)
-        # a one-token context (the end-of-text token rolling windows and empty contexts start from) costs nothing to
-        # recompute: its requests are scored whole, in length-sorted batches with less padding
-        shared = [(c, idx) for c, idx in by_context.items() if len(idx) > 1 and len(c) > 1]
-        alone = {i for c, idx in by_context.items() if len(idx) == 1 or len(c) == 1 for i in idx}
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
-        order = [i for i in sorted(range(len(requests)), key=lambda i: -len(prepared[i][0])) if i in alone]
-        batches = len(range(0, len(order), self.batch_size)) + len(range(0, len(shared), self.batch_size))
-        bar = tqdm(total=batches, desc="loglikelihood", disable=disable_tqdm or None)
-        for b in range(0, len(order), self.batch_size):
-            idx = order[b : b + self.batch_size]
-            logits = self._logits([prepared[i][0] for i in idx])
-            for row, i in enumerate(idx):
-                inp, cont = prepared[i]
-                results[i] = _score(logits[row, len(inp) - len(cont) : len(inp)], cont)
-            bar.update()
-        shared.sort(key=lambda item: -len(item[0]))  # similar context lengths together: less padding
-        for b in range(0, len(shared), self.batch_size):
-            chunk = shared[b : b + self.batch_size]
-            conts = [[prepared[i][1] for i in idx] for _, idx in chunk]
-            scored = self._score_shared([c for c, _ in chunk], conts)
-            for (_, idx), scores in zip(chunk, scored, strict=True):
-                for i, res in zip(idx, scores, strict=True):
-                    results[i] = res
-            bar.update()
-        bar.close()
+        scored = [i for i, (_, cont) in enumerate(prepared) if cont]
+        if self.share_context:
+            for i, res in zip(scored, self._score_tree([prepared[i] for i in scored], disable_tqdm), strict=True):
+                results[i] = res
+        else:
+            order = sorted(scored, key=lambda i: -len(prepared[i][0]))
+            for b in tqdm(range(0, len(order), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
+                idx = order[b : b + self.batch_size]
+                logits = self._logits([prepared[i][0] for i in idx])
+                for row, i in enumerate(idx):
+                    inp, cont = prepared[i]
+                    results[i] = _score(logits[row, len(inp) - len(cont) : len(inp)], cont)
         for (key, _, _), res in zip(requests, results, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)
         return results
 
     @torch.no_grad()
-    def _score_shared(
-        self, contexts: list[tuple[int, ...]], conts: list[list[list[int]]]
-    ) -> list[list[tuple[float, bool]]]:
-        """Scores of the continuations ``conts[g]`` of each context ``contexts[g]``: the contexts run once,
-        left-padded, through the KV cache (the exported model's forward on the same weights); the cache is then
-        repeated for each continuation, whose tokens but the last run right-padded after it."""
-        from transformers.cache_utils import DynamicCache
+    def _score_tree(self, prepared: list[tuple[list[int], list[int]]], disable_tqdm: bool = False):
+        """Scores of (input, continuation) pairs whose inputs run once per distinct prefix
+        (:class:`~mohge.evaluate.prefix_tree.PrefixTree`): the rows go ``batch_size`` at a time through
+        :meth:`LanguageModel.hidden` with each token's depth as its position and its ancestors as what it sees, and
+        the output head runs only on the nodes that predict a continuation token (once per node and target)."""
+        from .prefix_tree import PrefixTree
 
-        hf = self._hf_model()
-        ids_GP, mask_GP = self._left_padded(contexts)
-        owner_R = torch.tensor([g for g, cs in enumerate(conts) for _ in cs])  # the context of each continuation
-        rows = [c for cs in conts for c in cs]
-        C = max(len(c) for c in rows) - 1  # continuation tokens that are inputs (the last only a target)
-        cache = DynamicCache(config=hf.config)
-        with self._autocast():
-            last_GV = (
-                hf(
-                    ids_GP.to(self._device),
-                    attention_mask=mask_GP.to(self._device),
-                    cache=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-                .logits[:, -1]
-                .float()
-            )
-            if C > 0:
-                cache.reorder_cache(owner_R.to(self._device))
-                ids_RC = torch.full((len(rows), C), self.eot, dtype=torch.long)
-                for r, c in enumerate(rows):
-                    ids_RC[r, : len(c) - 1] = torch.tensor(c[:-1], dtype=torch.long)
-                mask_RL = torch.cat([mask_GP[owner_R], torch.ones(len(rows), C, dtype=torch.long)], dim=1)
-                logits_RCV = hf(
-                    ids_RC.to(self._device), attention_mask=mask_RL.to(self._device), cache=cache, use_cache=True
-                ).logits.float()
-        out: list[list[tuple[float, bool]]] = [[] for _ in contexts]
-        for r, (g, c) in enumerate(zip(owner_R.tolist(), rows, strict=True)):
-            first = last_GV[g][None]
-            logits = first if len(c) == 1 else torch.cat([first, logits_RCV[r, : len(c) - 1]])
-            out[g].append(_score(logits, c))
-        return out
+        tree = PrefixTree()
+        paths = [tree.add(inp) for inp, _ in prepared]
+        number = tree.freeze()
+        rows = tree.rows(self.tree_row_contexts * self.max_length)
+        where = {}  # node -> (row, column) of the row that owns it
+        for r, row in enumerate(rows):
+            for col in range(len(row.nodes) - row.owned, len(row.nodes)):
+                where[row.nodes[col]] = (r, col)
+        pair: dict[tuple[int, int], int] = {}  # (node, target) -> its index; a node predicts one or more targets
+        wants = []  # per request: the pair indices of its continuation tokens
+        for path, (inp, cont) in zip(paths, prepared, strict=True):
+            nodes = [number[n] for n in path[len(inp) - len(cont) :]]
+            wants.append([pair.setdefault((node, tok), len(pair)) for node, tok in zip(nodes, cont, strict=True)])
+        by_row: dict[int, list[tuple[int, int, int]]] = {}  # row -> (column, target, pair index)
+        for (node, tok), k in pair.items():
+            r, col = where[node]
+            by_row.setdefault(r, []).append((col, tok, k))
+        logp_K = torch.empty(len(pair))
+        greedy_K = torch.empty(len(pair), dtype=torch.bool)
+        for b in tqdm(range(0, len(rows), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
+            chunk = range(b, min(b + self.batch_size, len(rows)))
+            ids, pos, mask = self._tree_batch(tree, [rows[r] for r in chunk])
+            picks = [(r - b, col, tok, k) for r in chunk for col, tok, k in by_row.get(r, [])]
+            if not picks:
+                continue
+            row_M, col_M, tok_M, k_M = (torch.tensor(v, dtype=torch.long) for v in zip(*picks, strict=True))
+            with self._autocast():
+                x_BPD, _ = self.model.hidden(ids.to(self._device), pos.to(self._device), mask.to(self._device))
+                logits_MV = self.model.logits(x_BPD[row_M.to(self._device), col_M.to(self._device)])
+            logp_MV = torch.log_softmax(logits_MV.float(), dim=-1).cpu()
+            logp_K[k_M] = logp_MV.gather(1, tok_M[:, None])[:, 0]
+            greedy_K[k_M] = logp_MV.argmax(-1) == tok_M
+        return [(float(logp_K[w].sum()), bool(greedy_K[w].all())) for w in wants]
+
+    def _tree_batch(self, tree, rows) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids, positions and masks of packed rows (:meth:`PrefixTree.batch`); its own method so that a
+        benchmark can count what runs."""
+        return tree.batch(rows)
 
     def _left_padded(self, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids [B, P] of ``rows`` left-padded with the end-of-text token, and the mask [B, P] of real tokens."""

@@ -35,10 +35,11 @@ def rope_tables(seq_len: int, dim: int, base: float, device=None) -> tuple[Tenso
 
 
 def apply_rope(x_BHSd: Tensor, cos_SF: Tensor, sin_SF: Tensor) -> Tensor:
-    """Rotate channel pairs (x1, x2) = (first half, second half) of the last dim by the position angle."""
+    """Rotate channel pairs (x1, x2) = (first half, second half) of the last dim by the position angle: the tables'
+    first S rows (positions 0..S-1), or, given per token as [B, 1, S, F], each token's own."""
     x1, x2 = x_BHSd.float().chunk(2, dim=-1)
     S = x_BHSd.shape[-2]
-    cos, sin = cos_SF[:S], sin_SF[:S]
+    cos, sin = (cos_SF[:S], sin_SF[:S]) if cos_SF.dim() == 2 else (cos_SF, sin_SF)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x_BHSd.dtype)
 
 
@@ -49,7 +50,8 @@ def _linear(d_in: int, d_out: int, std: float) -> nn.Linear:
 
 
 class Attention(nn.Module):
-    """Multi-head causal self-attention with RoPE."""
+    """Multi-head causal self-attention with RoPE; given ``mask_BSS`` (True: the query token sees the key token), that
+    mask instead of the causal one (a tree of sequences packed in one row: :mod:`mohge.evaluate.prefix_tree`)."""
 
     def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
         super().__init__()
@@ -57,16 +59,20 @@ class Attention(nn.Module):
         self.qkv = _linear(cfg.d_model, 3 * cfg.d_model, std)
         self.out = _linear(cfg.d_model, cfg.d_model, out_std)
 
-    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None) -> Tensor:
         B, S, D = x_BSD.shape
         q, k, v = self.qkv(x_BSD).view(B, S, 3, self.H, self.Dh).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, Dh]
-        y_BHSd = F.scaled_dot_product_attention(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, is_causal=True)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if mask_BSS is None:
+            y_BHSd = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y_BHSd = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BSS[:, None])
         return self.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
 
 
 class LatentAttention(nn.Module):
     """DeepSeek-V2 MLA without query compression: K/V come from a shared latent of rank ``kv_lora_rank``
-    (RMS-normed), plus one decoupled RoPE key shared by all heads."""
+    (RMS-normed), plus one decoupled RoPE key shared by all heads; ``mask_BSS`` as in :class:`Attention`."""
 
     def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
         super().__init__()
@@ -78,7 +84,7 @@ class LatentAttention(nn.Module):
         self.kv_up = _linear(self.rank, self.H * (self.dn + self.dv), std)
         self.out = _linear(self.H * self.dv, cfg.d_model, out_std)
 
-    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None) -> Tensor:
         B, S, _ = x_BSD.shape
         q = self.q_proj(x_BSD).view(B, S, self.H, self.dn + self.dr).transpose(1, 2)
         q_nope, q_rope = q.split([self.dn, self.dr], dim=-1)
@@ -88,7 +94,10 @@ class LatentAttention(nn.Module):
         k_rope = apply_rope(k_rope[:, None], cos, sin).expand(B, self.H, S, self.dr)
         q = torch.cat([q_nope, apply_rope(q_rope, cos, sin)], dim=-1)
         k = torch.cat([k_nope, k_rope], dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if mask_BSS is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BSS[:, None])
         return self.out(y.transpose(1, 2).reshape(B, S, self.H * self.dv))
 
 
@@ -103,8 +112,10 @@ class Block(nn.Module):
         else:
             self.ffn = SwiGLU(cfg.d_model, cfg.ffn.dense_width, std, out_std)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, LayerStats | None]:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None
+    ) -> tuple[Tensor, LayerStats | None]:
+        x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
         h = self.ffn_norm(x)
         if isinstance(self.ffn, MoELayer):
             y, stats = self.ffn(h)
@@ -168,14 +179,34 @@ class LanguageModel(nn.Module):
         return [b.ffn for b in self.blocks if isinstance(b.ffn, MoELayer)]
 
     def forward(self, tokens_BS: Tensor) -> LMOutput:
-        if tokens_BS.shape[1] > self.cfg.max_seq_len:
-            raise ValueError(f"sequence length {tokens_BS.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}")
+        x, layers = self.hidden(tokens_BS)
+        return LMOutput(logits=self.logits(x), layers=layers)
+
+    def hidden(
+        self, tokens_BS: Tensor, positions_BS: Tensor | None = None, mask_BSS: Tensor | None = None
+    ) -> tuple[Tensor, list[LayerStats]]:
+        """The final-normed hidden states [B, S, D] and the MoE layers' stats. By default each row is one causal
+        sequence at positions 0..S-1; given ``positions_BS`` and ``mask_BSS`` (True: the query token sees the key
+        token), each token sits at its own position and sees the tokens its mask lets it: a tree of sequences
+        sharing their prefixes, packed in one row, each token seeing its ancestors and itself."""
+        if (positions_BS is None) != (mask_BSS is None):
+            raise ValueError("positions_BS and mask_BSS are given together or not at all")
+        if positions_BS is None:
+            if tokens_BS.shape[1] > self.cfg.max_seq_len:
+                raise ValueError(f"sequence length {tokens_BS.shape[1]} exceeds max_seq_len={self.cfg.max_seq_len}")
+            cos, sin = self.rope_cos, self.rope_sin
+        else:
+            if int(positions_BS.max()) >= self.cfg.max_seq_len:
+                raise ValueError(f"position {int(positions_BS.max())} exceeds max_seq_len={self.cfg.max_seq_len}")
+            cos, sin = self.rope_cos[positions_BS][:, None], self.rope_sin[positions_BS][:, None]
         x = self.embed(tokens_BS)
         layers = []
         for block in self.blocks:
-            x, stats = block(x, self.rope_cos, self.rope_sin)
+            x, stats = block(x, cos, sin, mask_BSS)
             if stats is not None:
                 layers.append(stats)
-        x = self.norm(x)
-        logits = F.linear(x, self.embed.weight) if self.head is None else self.head(x)
-        return LMOutput(logits=logits, layers=layers)
+        return self.norm(x), layers
+
+    def logits(self, x_ND: Tensor) -> Tensor:
+        """The output head (the tied embedding, or its own) on hidden states of any leading shape."""
+        return F.linear(x_ND, self.embed.weight) if self.head is None else self.head(x_ND)
