@@ -28,6 +28,7 @@ SCHEMA = {
         "cpu": {"type": "string"},
         "arch": {"type": "string"},
         "cores": {"type": ["integer", "null"]},
+        "cpu_capability": {"type": "string"},  # ATen's vector unit; records before it was kept lack it
         "threads": {"const": 1},
         "clock": {"const": "thread_time"},
         "reps": {"type": "integer", "minimum": 1},

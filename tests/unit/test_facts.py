@@ -142,20 +142,44 @@ class Oracle(torch.nn.Module):
         self.table = {(int(a) + 2, int(b) + 2): (int(x), int(y)) for (a, b), (x, y) in zip(keys, values, strict=True)}
         self.vocab = facts.vocab_size(c)
 
+    def _last(self, prefix: list[int]) -> torch.Tensor:
+        """The logits [V] that follow ``prefix``: a fact's value tokens after its key, uniform values otherwise."""
+        logits = torch.full((self.vocab,), -1e4)
+        logits[2 + self.K : 2 + self.K + self.V] = 0.0  # uniform over the value tokens everywhere
+        if self.know and len(prefix) >= 2:
+            if (v := self.table.get((prefix[-2], prefix[-1]))) is not None:
+                logits[2 + self.K + v[0]] = 60.0
+            elif len(prefix) >= 3 and (v := self.table.get((prefix[-3], prefix[-2]))) is not None:
+                logits[2 + self.K + v[1]] = 60.0
+        return logits
+
     def forward(self, x_BS):
+        return type("Out", (), {"logits": self.hidden(x_BS)[0]})()
+
+    def hidden(self, x_BS, positions_BS=None, mask_BSS=None):
+        """The model interface the adapter's prefix tree uses: each token's prefix is the tokens its mask lets it
+        see (its ancestors and itself), or the row up to it; the "hidden state" is already the logits."""
         B, S = x_BS.shape
-        logits = torch.full((B, S, self.vocab), -1e4)
-        values = slice(2 + self.K, 2 + self.K + self.V)
-        logits[:, :, values] = 0.0  # uniform over the value tokens everywhere
-        if self.know:
-            for b in range(B):
-                row = x_BS[b].tolist()
-                for t in range(1, S):
-                    if (v := self.table.get((row[t - 1], row[t]))) is not None:
-                        logits[b, t, 2 + self.K + v[0]] = 60.0
-                    elif t >= 2 and (v := self.table.get((row[t - 2], row[t - 1]))) is not None:
-                        logits[b, t, 2 + self.K + v[1]] = 60.0
-        return type("Out", (), {"logits": logits})()
+        rows = x_BS.tolist()
+        out = torch.stack(
+            [
+                torch.stack(
+                    [
+                        self._last(
+                            rows[b][: t + 1]
+                            if mask_BSS is None
+                            else [rows[b][j] for j in mask_BSS[b, t].nonzero().flatten().tolist()]
+                        )
+                        for t in range(S)
+                    ]
+                )
+                for b in range(B)
+            ]
+        )
+        return out, []
+
+    def logits(self, x):
+        return x
 
 
 def test_an_oracle_stores_every_bit_and_a_uniform_model_none():
