@@ -281,8 +281,9 @@ def speed_doc_evaluation_row(rec: dict) -> tuple[str, str]:
     rel = rec["max_metric_difference"]["rel"]
     measured = (
         f"**{rec['speedup_whole_over_shared']:.2f}×** ({med['whole']:.1f} s → {med['shared']:.1f} s of thread CPU "
-        f"time, {len(rec['tasks'])} tasks, both paths in one run, interleaved; accuracies equal, every other metric "
-        f"within {rel:.1g} relative)"
+        f"time, {len(rec['tasks'])} tasks, both paths in one run, interleaved, on an {rec['machine']['cpu']} whose "
+        f"ATen CPU capability is {rec['machine']['cpu_capability']}; accuracies equal, every other metric within "
+        f"{rel:.1g} relative)"
     )
     verdict = "met" if rec["speedup_whole_over_shared"] >= 3 else "missed"
 
