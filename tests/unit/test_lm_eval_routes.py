@@ -239,7 +239,7 @@ def test_requests_sharing_prefixes_score_as_whole_sequences(lm):
     for _, ctx, cont in requests:
         tree.add((ctx + cont)[-(L + 1) : -1])
     tree.freeze()
-    rows = tree.rows(4 * L)
+    rows = tree.rows(lm.tree_row_contexts * L)
     assert len(rows) > 2 and any(len(r.nodes) > r.owned for r in rows[1:])  # rows that repeat ancestors
     for batch_size in (4, 3, 1):
         lm.batch_size = batch_size

@@ -15,14 +15,14 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
 * ``loglikelihood``: the last ``max_length`` + 1 tokens of context + continuation, the continuation scored. Every
   request's input joins one prefix tree (model_arg ``share_context``, default true), so that each distinct prefix
   runs once: the context the choices of a document share, the words choices start with, the opening of documents
-  of one template. The tree is packed into rows of ``4 * max_length`` tokens in which each token sees its own prefix
-  and sits at its depth (:mod:`mohge.evaluate.prefix_tree`; equal to running each request alone, to rounding:
-  routing is per token). ``share_context=false`` runs every request whole instead, ``batch_size`` rows at a time,
-  longest first, right-padded (harmless: attention is causal and routing is per token): the reference the tests and
-  ``python -m mohge.bench eval`` compare it with. A continuation longer than ``max_length`` is refused
-  (ValueError naming the task, the document and both lengths), where lm-eval's ``hf`` model stops on a bare assert:
-  scoring only its last tokens would be a different quantity. ``python -m mohge.evaluate build-tasks`` builds only
-  documents that fit;
+  of one template. The tree is packed into rows of ``2 * max_length`` tokens (``tree_row_contexts``) in which each
+  token sees its own prefix and sits at its depth (:mod:`mohge.evaluate.prefix_tree`; equal to running each request
+  alone, to rounding: routing is per token). ``share_context=false`` runs every request whole instead,
+  ``batch_size`` rows at a time, longest first, right-padded (harmless: attention is causal and routing is per
+  token): the reference the tests and ``python -m mohge.bench eval`` compare it with. A continuation longer than
+  ``max_length`` is refused (ValueError naming the task, the document and both lengths), where lm-eval's ``hf``
+  model stops on a bare assert: scoring only its last tokens would be a different quantity. ``python -m
+  mohge.evaluate build-tasks`` builds only documents that fit;
 * ``loglikelihood_rolling``: disjoint windows of ``max_length`` tokens (lm-eval's ``get_rolling_token_windows``,
   context_len 1, EOT first), each token predicted once;
 * ``generate_until``: greedy, ``batch_size`` requests at a time, left-padded, with a KV cache (the forward pass of
@@ -109,6 +109,7 @@ def _score(logits_NV: torch.Tensor, cont: list[int]) -> tuple[float, bool]:
 @register_model("mohge")
 class MoHGELM(TemplateLM):
     tree_row_contexts = 2  # a packed row of the prefix tree holds this many context lengths of tokens
+
     def __init__(
         self,
         pretrained: str,
@@ -219,7 +220,8 @@ class MoHGELM(TemplateLM):
         With ``share_context`` every request's model input (the last ``max_length`` tokens of context and
         continuation but the last) joins one prefix tree: each distinct prefix (the context all choices of a
         document share, the first words choices share, the opening documents of one template share) runs once, in
-        packed rows of ``4 * max_length`` tokens where each token sees its own prefix (:meth:`_score_tree`).
+        packed rows of ``tree_row_contexts * max_length`` tokens where each token sees its own prefix
+        (:meth:`_score_tree`).
         Without it every request runs whole, ``batch_size`` rows at a time, longest first.
         """
         L = self.max_length
