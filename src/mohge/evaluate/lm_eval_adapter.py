@@ -221,7 +221,7 @@ class MoHGELM(TemplateLM):
         continuation but the last) joins one prefix tree: each distinct prefix (the context all choices of a
         document share, the first words choices share, the opening documents of one template share) runs once, in
         packed rows of ``tree_row_contexts * max_length`` tokens where each token sees its own prefix
-        (:meth:`_score_tree`).
+        (:meth:`_score_tree`); a request scored from a one-token context runs whole (it shares nothing more).
         Without it every request runs whole, ``batch_size`` rows at a time, longest first.
         """
         L = self.max_length
@@ -233,17 +233,20 @@ class MoHGELM(TemplateLM):
             prepared.append((full[:-1], cont))
         results: list[tuple[float, bool]] = [(0.0, True)] * len(requests)
         scored = [i for i, (_, cont) in enumerate(prepared) if cont]
-        if self.share_context:
-            for i, res in zip(scored, self._score_tree([prepared[i] for i in scored], disable_tqdm), strict=True):
+        # a request scored from a one-token context (the end-of-text token rolling-perplexity windows and empty
+        # contexts start from) shares at most that token: it runs whole, where the tree's masks would cost more
+        tree = [i for i in scored if self.share_context and len(prepared[i][0]) - len(prepared[i][1]) > 0]
+        if tree:
+            for i, res in zip(tree, self._score_tree([prepared[i] for i in tree], disable_tqdm), strict=True):
                 results[i] = res
-        else:
-            order = sorted(scored, key=lambda i: -len(prepared[i][0]))
-            for b in tqdm(range(0, len(order), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
-                idx = order[b : b + self.batch_size]
-                logits = self._logits([prepared[i][0] for i in idx])
-                for row, i in enumerate(idx):
-                    inp, cont = prepared[i]
-                    results[i] = _score(logits[row, len(inp) - len(cont) : len(inp)], cont)
+        in_tree = set(tree)
+        order = sorted((i for i in scored if i not in in_tree), key=lambda i: -len(prepared[i][0]))
+        for b in tqdm(range(0, len(order), self.batch_size), desc="loglikelihood", disable=disable_tqdm or None):
+            idx = order[b : b + self.batch_size]
+            logits = self._logits([prepared[i][0] for i in idx])
+            for row, i in enumerate(idx):
+                inp, cont = prepared[i]
+                results[i] = _score(logits[row, len(inp) - len(cont) : len(inp)], cont)
         for (key, _, _), res in zip(requests, results, strict=True):
             if key is not None:
                 self.cache_hook.add_partial("loglikelihood", key, res)
