@@ -33,6 +33,7 @@ import torch
 
 from mohge.bench.peers import machine
 from mohge.core.atomic import write_json_atomic
+from mohge.evaluate.prefix_tree import PrefixTree
 from mohge.kernels.cpu_gemm import clock
 
 
@@ -78,26 +79,20 @@ def count_tokens(lm) -> dict[str, dict[str, float]]:
     return counts
 
 
-def count_prefixes(lm) -> dict[str, int]:
-    """Wrap ``lm._loglikelihood_tokens`` so that the returned count holds the number of distinct prefixes (trie nodes)
-    of the model inputs of every request it scores: context and continuation cut to the model's window, the last
-    continuation token only a target."""
-    trie: dict = {}
-    count = {"prefixes": 0}
+def count_prefixes(lm) -> PrefixTree:
+    """Wrap ``lm._loglikelihood_tokens`` so that every request it scores adds its model input (context and
+    continuation cut to the model's window, the last continuation token only a target) to the returned tree, whose
+    length is then the number of distinct prefixes."""
+    tree = PrefixTree()
     score = lm._loglikelihood_tokens
 
     def counted(requests, disable_tqdm: bool = False):
         for _, ctx, cont in requests:
-            node = trie
-            for token in (ctx + cont)[-(lm.max_length + 1) : -1]:
-                if token not in node:
-                    node[token] = {}
-                    count["prefixes"] += 1
-                node = node[token]
+            tree.add((ctx + cont)[-(lm.max_length + 1) : -1])
         return score(requests, disable_tqdm)
 
     lm._loglikelihood_tokens = counted
-    return count
+    return tree
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -126,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict] = {}
     tokens: dict[str, dict[str, int]] = {}
     model_s: dict[str, list[float]] = {"whole": [], "shared": []}
-    prefixes = {"prefixes": 0}
+    prefixes = PrefixTree()
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
         built = build_tasks(Path(args.data), Path(tmp), max_length=lm.max_length, tokenizer=lm.tok)
         tasks = args.tasks or [t for t in ec.tasks if t not in LOCAL_TASKS or built.get(t)]
@@ -145,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     med = {k: statistics.median(v) for k, v in times.items()}
     med_model = {k: statistics.median(v) for k, v in model_s.items()}
     per_token = med_model["whole"] / tokens["whole"]["padded"]  # the whole path's cost per token run
-    best = med["whole"] - med_model["whole"] + prefixes["prefixes"] * per_token
+    best = med["whole"] - med_model["whole"] + len(prefixes) * per_token
     out = {
         "ckpt": args.ckpt,
         "tasks": tasks,
@@ -155,8 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speedup_whole_over_shared": med["whole"] / med["shared"],
         "tokens": tokens,
         "token_bound": tokens["whole"]["real"] / tokens["shared"]["real"],
-        "prefix_tokens": prefixes["prefixes"],
-        "prefix_bound": tokens["whole"]["real"] / prefixes["prefixes"],
+        "prefix_tokens": len(prefixes),
+        "prefix_bound": tokens["whole"]["real"] / len(prefixes),
         "model_s": model_s,
         "median_model_s": med_model,
         "bound_at_whole_cost": med["whole"] / best,
