@@ -121,7 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, dict] = {}
     tokens: dict[str, dict[str, int]] = {}
     model_s: dict[str, list[float]] = {"whole": [], "shared": []}
-    prefixes = PrefixTree()
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
         built = build_tasks(Path(args.data), Path(tmp), max_length=lm.max_length, tokenizer=lm.tok)
         tasks = args.tasks or [t for t in ec.tasks if t not in LOCAL_TASKS or built.get(t)]
