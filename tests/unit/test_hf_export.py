@@ -54,6 +54,19 @@ def test_hf_model_selects_with_the_trained_selection_bias():  # docs/method.md ย
     assert (ref - got).abs().max().item() <= 1e-5
 
 
+def test_hf_model_selects_groups_with_the_trained_group_bias():  # docs/method.md ยง5.7
+    model = LanguageModel(tiny_model_config(router={"group_bias_rate": 1e-2})).eval()
+    x_BS = torch.randint(0, 97, (3, 16))
+    with torch.no_grad():
+        unbiased = model(x_BS).logits
+        for layer in model.moe_layers():
+            layer.router.group_bias_G.copy_(torch.linspace(-3.0, 3.0, layer.router.G))
+        ref = model(x_BS).logits
+        got = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)(x_BS).logits
+    assert (ref - unbiased).abs().max().item() > 1e-4  # the bias changes the routing (10x the tolerance below)
+    assert (ref - got).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("family", ["mohge", "mla"])
 def test_kv_cache_and_left_padding_match_the_full_forward(family):
     model = LanguageModel(tiny_model_config(**FAMILIES[family])).eval()

@@ -228,8 +228,8 @@ def _committed_runs() -> list[Path]:
 def test_a_committed_run_config_read_today_has_its_recorded_config_hash():
     """Null hypothesis: the config hash today's code computes from a committed run's config.json (read as a
     RunConfig: the renamed values in their new names) differs from the one its summary.json and metrics.json
-    recorded. Each hash is today's read, with or without the later knobs at their default; only a config.json that
-    lacks a key today's read fills in may match as the file was written."""
+    recorded. Each hash is today's read, with or without the later knobs at their default (those newer than the
+    result); only a config.json that lacks a key today's read fills in may match as the file was written."""
     from mohge.config import RunConfig
     from mohge.core.knobs import to_dict
 
@@ -244,7 +244,8 @@ def test_a_committed_run_config_read_today_has_its_recorded_config_hash():
                 continue
             recorded = json.loads((run / name).read_text())["code"]["config_sha256"]
             ours = [c if name == "metrics.json" else {k: v for k, v in c.items() if k != "eval"}
-                    for c in (today, prov.without_later_knobs(today), *([raw] if lacks_a_key else []))]  # fmt: skip
+                    for c in (today, *(prov.without_later_knobs(today, i) for i in range(len(prov.LATER_KNOBS))),
+                              *([raw] if lacks_a_key else []))]  # fmt: skip
             assert recorded in {prov.config_sha256(c) for c in ours}, run / name
     assert renamed > 100  # the committed configs spell gate_mode as the alias code_exact
 

@@ -141,7 +141,7 @@ def test_the_selection_bias_moves_selection_within_groups_and_never_a_gate():
 def test_the_bias_update_moves_each_expert_toward_its_group_mean():
     router = biased_router(0.01)
     counts = torch.tensor([4, 0, 2, 2, 1, 1, 1, 1, 0, 0, 0, 8, 3, 3, 3, 3])
-    router.update_expert_bias(counts)
+    router.update_selection_bias(counts)
     want = 0.01 * torch.tensor([-1, 1, 0, 0, 0, 0, 0, 0, 1, 1, 1, -1, 0, 0, 0, 0], dtype=torch.float32)
     torch.testing.assert_close(router.expert_bias_E, want)
 
@@ -150,3 +150,50 @@ def test_a_selection_bias_outside_mohge_is_refused():
     moe = FFNConfig(kind="moe", num_experts=8, expert_widths=(32,), placement="contiguous")
     with pytest.raises(ConfigError, match="router.expert_bias_rate"):
         RouterConfig(topk=2, expert_bias_rate=1e-3, _path="router").check_against(moe)
+    with pytest.raises(ConfigError, match="router.group_bias_rate"):
+        RouterConfig(topk=2, group_bias_rate=1e-3, _path="router").check_against(moe)
+
+
+def group_biased_router(group_rate: float = 1e-2, expert_rate: float = 0.0):
+    torch.manual_seed(0)
+    return GroupedRouter(
+        64,
+        FFNConfig(kind="mohge", num_experts=16, expert_widths=(16, 24, 32, 40)),
+        RouterConfig(topk=3, group_topk=2, expert_bias_rate=expert_rate, group_bias_rate=group_rate),
+    )
+
+
+def test_a_zero_group_bias_routes_as_no_bias():  # docs/method.md §5.7
+    biased, plain = group_biased_router(), group_biased_router(0.0)
+    plain.load_state_dict({k: v for k, v in biased.state_dict().items() if k != "group_bias_G"})
+    x = torch.randn(200, 64)
+    a, b = biased(x), plain(x)
+    assert torch.equal(a.idx_TK, b.idx_TK) and torch.equal(a.gates_TK, b.gates_TK)
+
+
+def test_the_group_bias_moves_group_selection_and_never_a_weight():
+    router = group_biased_router()
+    x = torch.randn(400, 64)
+    before = router(x)
+    router.group_bias_G[3] = 5.0  # every token selects group 3
+    after = router(x)
+    assert before.group_map_TG[:, 3].float().mean() < 1 and bool(after.group_map_TG[:, 3].all())
+    assert torch.equal(before.group_logits_TG, after.group_logits_TG)  # L_G reads the unbiased logits
+    # the group weights are G2-G4 of the unbiased logits of the groups the bias selected
+    lG = router.group_router(x)
+    gidx = after.group_map_TG.nonzero()[:, 1].view(400, 2)
+    s = torch.sigmoid(lG.gather(1, gidx))
+    p = torch.zeros(400, 4).scatter(1, gidx, s / s.sum(-1, keepdim=True))
+    q = torch.softmax(router.expert_router(x).view(400, 4, 4), -1)
+    c = (q * p[:, :, None]).reshape(400, 16)
+    c = c / c.sum(-1, keepdim=True)
+    torch.testing.assert_close(after.gates_TK, torch.softmax(c.gather(1, after.idx_TK), -1))
+
+
+def test_the_group_bias_update_moves_each_group_toward_the_mean_of_routed_slots():
+    router = group_biased_router(0.01, expert_rate=0.02)
+    counts = torch.tensor([4, 0, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0, 3, 3, 3, 3])  # group slots 8, 4, 0, 12: mean 6
+    router.update_selection_bias(counts)
+    torch.testing.assert_close(router.group_bias_G, 0.01 * torch.tensor([-1.0, 1.0, 1.0, -1.0]))
+    want_E = 0.02 * torch.tensor([-1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], dtype=torch.float32)
+    torch.testing.assert_close(router.expert_bias_E, want_E)  # both biases move in one update

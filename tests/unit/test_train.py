@@ -311,3 +311,14 @@ def test_the_selection_bias_trains_and_resumes_with_the_weights(tmp_path, data_d
     shutil.copytree(straight / ".scratch" / "step_00000004", resumed / ".scratch" / "step_00000004")
     train(cfg, resumed, data=str(data_dir), require_resume=True)
     assert_same_weights(final, weights(resumed))
+
+
+def test_the_group_bias_trains_and_is_saved_with_the_weights(tmp_path, data_dir):
+    """docs/method.md §5.7: H0 'the group bias never moves in training' fails when the saved bias is non-zero."""
+    run = run_config(steps=4)
+    run["model"]["router"] = {**run["model"]["router"], "group_bias_rate": 1e-2}
+    train(RunConfig.from_dict(run), tmp_path / "o", data=str(data_dir))
+    final = weights(tmp_path / "o")
+    bias = [k for k in final if k.endswith("router.group_bias_G")]
+    assert len(bias) == 2 and all(final[k].abs().sum() > 0 for k in bias)
+    assert not any(k.endswith("router.expert_bias_E") for k in final)

@@ -213,10 +213,14 @@ def code_version(config: dict[str, Any]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 
-# Knobs of the run config newer than some committed results, with their defaults: a result recorded before a knob
-# existed ran as its default does, so today's resolved config without the knob (where it is at its default) is also
-# that result's config. The code that reads a knob is the sources hash's business.
-LATER_KNOBS = {("loss", "balance_stats"): "micro_batch", ("model", "router", "expert_bias_rate"): 0.0}
+# Knobs of the run config newer than some committed results, oldest first, with their defaults: a result recorded
+# before a knob existed ran as its default does, so today's resolved config without the knob (where it is at its
+# default) is also that result's config. The code that reads a knob is the sources hash's business.
+LATER_KNOBS = {
+    ("loss", "balance_stats"): "micro_batch",
+    ("model", "router", "expert_bias_rate"): 0.0,
+    ("model", "router", "group_bias_rate"): 0.0,
+}
 
 
 # Values with more than one name (mohge.core.vocab's aliases): the config hash is over the first spelling, the one
@@ -243,10 +247,11 @@ def hashed_form(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def without_later_knobs(config: dict[str, Any]) -> dict[str, Any]:
-    """``config`` without the :data:`LATER_KNOBS` that are at their default."""
+def without_later_knobs(config: dict[str, Any], first: int = 0) -> dict[str, Any]:
+    """``config`` without the :data:`LATER_KNOBS` that are at their default, from the ``first`` one on (they are
+    listed oldest first, so ``first`` = i is the config of a result recorded when only the first i existed)."""
     out = json.loads(json.dumps(config))
-    for (*parents, key), default in LATER_KNOBS.items():
+    for (*parents, key), default in list(LATER_KNOBS.items())[first:]:
         section = _section(out, parents)
         if isinstance(section, dict) and key in section and section[key] == default:
             del section[key]
@@ -264,7 +269,7 @@ def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     raw = json.loads((run_dir / "config.json").read_text())
     today = to_dict(RunConfig.from_dict(raw))
     out: dict[str, tuple[str, ...]] = {}
-    for config in (today, without_later_knobs(today), raw):
+    for config in (today, *(without_later_knobs(today, i) for i in range(len(LATER_KNOBS))), raw):
         for name, part in (
             ("summary.json", {k: v for k, v in config.items() if k != "eval"}),
             ("metrics.json", config),

@@ -152,6 +152,12 @@ class RouterConfig(_Section):
         "u: step of the per-expert selection bias that balances experts without a loss (0: off; docs/method.md §5.6)",
         ge=0,
     )
+    group_bias_rate: float = knob(
+        0.0,
+        "u_G: step of the per-group selection bias that keeps every group selected without a loss (0: off; "
+        "docs/method.md §5.7)",
+        ge=0,
+    )
     _path: str = field(default="", repr=False, compare=False)
 
     def check_against(self, ffn: FFNConfig) -> None:
@@ -160,6 +166,8 @@ class RouterConfig(_Section):
             return
         if self.expert_bias_rate and ffn.kind != "mohge":
             _fail(self.key("expert_bias_rate"), self.expert_bias_rate, "is MoHGE's intra-group balance (kind mohge)")
+        if self.group_bias_rate and ffn.kind != "mohge":
+            _fail(self.key("group_bias_rate"), self.group_bias_rate, "is MoHGE's group balance (kind mohge)")
         if ffn.kind == "mohge":
             if self.group_topk > ffn.num_groups:
                 _fail(self.key("group_topk"), self.group_topk, f"exceeds the number of groups G={ffn.num_groups}")

@@ -45,6 +45,7 @@ class MoHGEConfig(PretrainedConfig):
     gate_mode: str = "softmax_topk_probs"  # softmax_topk_probs | product_renorm (GATE_MODE_ALIASES: also accepted)
     flat_gate: str = "logits"  # logits | probs (the flat router of moe, hmoe, modse)
     expert_bias: bool = False  # MoHGE's router selects with a per-expert bias (docs/method.md §5.6)
+    group_bias: bool = False  # MoHGE's router selects groups with a per-group bias (docs/method.md §5.7)
     use_cache: bool = True
     bos_token_id: int | None = 0
     eos_token_id: int | None = 0

@@ -86,6 +86,7 @@ def hf_config(m: ModelConfig, max_length: int, eot_id: int) -> MoHGEConfig:
         gate_mode=r.gate_mode,
         flat_gate=r.flat_gate,
         expert_bias=r.expert_bias_rate > 0,
+        group_bias=r.group_bias_rate > 0,
     )
 
 

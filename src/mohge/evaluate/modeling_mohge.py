@@ -128,11 +128,15 @@ class GroupedRouter(nn.Module):
         self.biased = getattr(cfg, "expert_bias", False)
         if self.biased:  # selection only: which experts, never a gate
             self.register_buffer("expert_bias_E", torch.zeros(self.E))
+        self.group_biased = getattr(cfg, "group_bias", False)
+        if self.group_biased:  # selection only: which groups, never a weight
+            self.register_buffer("group_bias_G", torch.zeros(self.G))
 
     def forward(self, x_TD: Tensor) -> tuple[Tensor, Tensor]:
         T = x_TD.shape[0]
         lG_TG = self.group_router(x_TD)
-        gidx_TKg = torch.topk(lG_TG, self.Kg, dim=-1).indices
+        sel_TG = lG_TG + self.group_bias_G.to(lG_TG.dtype) if self.group_biased else lG_TG
+        gidx_TKg = torch.topk(sel_TG, self.Kg, dim=-1).indices
         if self.group_score == "sigmoid":
             s_TKg = torch.sigmoid(lG_TG.gather(1, gidx_TKg))
             if self.Kg > 1:

@@ -69,6 +69,14 @@ class GroupedRouter(nn.Module):
         self.bias_rate = router.expert_bias_rate
         if self.bias_rate:  # docs/method.md §5.6: a state of the model (checkpointed), not a parameter
             self.register_buffer("expert_bias_E", torch.zeros(self.E))
+        self.group_bias_rate = router.group_bias_rate
+        if self.group_bias_rate:  # §5.7: the same kind of state, one per group
+            self.register_buffer("group_bias_G", torch.zeros(self.G))
+
+    @property
+    def selection_biased(self) -> bool:
+        """Whether a selection bias (§5.6 per expert, §5.7 per group) is updated after each optimizer step."""
+        return bool(self.bias_rate or self.group_bias_rate)
 
     def scores(self, x_TD: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Steps G1-G4 and E1-E4: (group logits l^G [T,G], selected-group map [T,G], combined scores c [T,E]).
@@ -78,7 +86,10 @@ class GroupedRouter(nn.Module):
         T = x_TD.shape[0]
         # G1-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
         lG_TG = self.group_router(x_TD)
-        gidx_TKg = torch.topk(lG_TG, self.Kg, dim=-1).indices  # sigmoid/softmax are monotone: same top-k
+        if self.group_bias_rate:  # §5.7: the bias moves which groups are selected, never a weight
+            gidx_TKg = torch.topk(lG_TG + self.group_bias_G.to(lG_TG.dtype), self.Kg, dim=-1).indices
+        else:
+            gidx_TKg = torch.topk(lG_TG, self.Kg, dim=-1).indices  # sigmoid/softmax are monotone: same top-k
         if self.group_score == "sigmoid":
             s_TKg = torch.sigmoid(lG_TG.gather(1, gidx_TKg))
             if self.Kg > 1:  # Megatron's sigmoid path normalizes only when topk > 1
@@ -95,13 +106,20 @@ class GroupedRouter(nn.Module):
         return lG_TG, gmap_TG, c_TE / c_TE.sum(-1, keepdim=True)
 
     @torch.no_grad()
-    def update_expert_bias(self, counts_E: Tensor) -> None:
-        """docs/method.md §5.6, after each optimizer step, from the step's routed tokens per expert ``counts_E``
-        (the whole global batch): b_e += u * sign(mean of e's group - count_e), so an expert loaded under its
-        group's mean gains selection score and one over it loses; group selection (and L_G) is untouched."""
-        counts_Gn = counts_E.to(self.expert_bias_E).view(self.G, self.n)
-        error_Gn = counts_Gn.mean(1, keepdim=True) - counts_Gn
-        self.expert_bias_E += self.bias_rate * torch.sign(error_Gn).view(self.E)
+    def update_selection_bias(self, counts_E: Tensor) -> None:
+        """After each optimizer step, from the step's routed tokens per expert ``counts_E`` (the whole global batch).
+
+        §5.6: b_e += u * sign(mean of e's group - count_e), so an expert loaded under its group's mean gains
+        selection score and one over it loses. §5.7: b_g += u_G * sign(mean over groups - slots of g), the slots of g
+        being the routed slots of its experts, so a group its tokens' top-K leaves empty gains group-selection score.
+        """
+        counts_Gn = counts_E.float().view(self.G, self.n)
+        if self.bias_rate:
+            error_Gn = counts_Gn.mean(1, keepdim=True) - counts_Gn
+            self.expert_bias_E += self.bias_rate * torch.sign(error_Gn).view(self.E).to(self.expert_bias_E)
+        if self.group_bias_rate:
+            slots_G = counts_Gn.sum(1)
+            self.group_bias_G += self.group_bias_rate * torch.sign(slots_G.mean() - slots_G).to(self.group_bias_G)
 
     def forward(self, x_TD: Tensor) -> Routing:
         lG_TG, gmap_TG, c_TE = self.scores(x_TD)

@@ -93,18 +93,18 @@ def set_global_balance(
 
 
 def bias_balanced(model: torch.nn.Module) -> list[MoELayer]:
-    """The MoE layers whose router balances its experts with a selection bias (docs/method.md §5.6)."""
-    return [m for m in model.modules() if isinstance(m, MoELayer) and getattr(m.router, "bias_rate", 0)]
+    """The MoE layers whose router balances with a selection bias (docs/method.md §5.6 experts, §5.7 groups)."""
+    return [m for m in model.modules() if isinstance(m, MoELayer) and getattr(m.router, "selection_biased", False)]
 
 
-def update_expert_bias(layers: list[MoELayer], step_counts: list[torch.Tensor], rt: Runtime) -> None:
-    """After the optimizer step: each bias-balanced layer's bias from the step's routed tokens per expert, summed
+def update_selection_bias(layers: list[MoELayer], step_counts: list[torch.Tensor], rt: Runtime) -> None:
+    """After the optimizer step: each bias-balanced layer's biases from the step's routed tokens per expert, summed
     over micro-batches (``step_counts``, one [E] per layer of ``layers``) and ranks, so every rank updates alike."""
     counts = torch.stack(step_counts)
     if rt.world > 1:
         dist.all_reduce(counts)
     for layer, counts_E in zip(layers, counts, strict=True):
-        layer.router.update_expert_bias(counts_E)
+        layer.router.update_selection_bias(counts_E)
 
 
 # ----------------------------------------------------------------------------------------------------

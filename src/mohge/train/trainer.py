@@ -104,7 +104,7 @@ from .step import (
     progress,
     read_log,
     set_global_balance,
-    update_expert_bias,
+    update_selection_bias,
 )
 
 log = logging.getLogger("mohge.train")
@@ -298,7 +298,7 @@ def _step(
     gnorm = par.clip_grad_norm(tc.grad_clip)
     vals = optimizer_step(s, sums, gnorm, opt, rt, last_good)
     if biased:
-        update_expert_bias(biased, list(step_counts), rt)
+        update_selection_bias(biased, list(step_counts), rt)
     return vals
 
 
