@@ -2,9 +2,9 @@
 
 Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional). Params: settings (the study
 config's analysis section; mohge.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
-C3_unused, C4_selection, C5_best_shot as csv/md/tex/html; the figure (png, pdf) of bits stored against total
-non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the reference MoE, and the
-best shot's confirmatory arms beside them, 95 % CIs, n.
+C3_unused, C4_selection, C5_best_shot, C6_decomposition as csv/md/tex/html; the figure (png, pdf) of bits stored
+against total non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the
+reference MoE, and the best shot's confirmatory arms beside them, 95 % CIs, n.
 
     python workflow/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
         --out C2_tests_csv=results/capacity/study/C2_tests.csv ... --param reference='"moe"' ...
@@ -28,8 +28,27 @@ def _fmt(v: float, digits: int = 3) -> str:
     return "—" if v != v else f"{v:.{digits}f}"
 
 
-def _kbits(b: float, lo: float, hi: float) -> str:
-    return f"{b / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}] k" if lo == lo else f"{b / 1e3:.1f} k"
+def _fmt_p(v: float) -> str:
+    """A p-value: 3 decimals, or 2 significant digits below 0.001 (never a bare 0.000)."""
+    return "—" if v != v else (f"{v:.3f}" if v >= 1e-3 else f"{v:.2g}")
+
+
+def _kbits(b: float, lo: float, hi: float, seeds: str = "") -> str:
+    """Mean [95 % CI] in kbit; where no interval is printed (fewer than 2 degrees of freedom), each seed's B."""
+    if lo == lo:
+        return f"{b / 1e3:.1f} [{lo / 1e3:.1f}, {hi / 1e3:.1f}] k"
+    return f"{b / 1e3:.1f} k (seeds: {seeds})" if "," in seeds else f"{b / 1e3:.1f} k"
+
+
+def _tests_display(tests: pd.DataFrame) -> pd.DataFrame:
+    display = tests.copy()
+    for col in {"estimate", "ci_low", "ci_high"} & set(display):
+        display[col] = display[col].map(_fmt)
+    if "p" in display:
+        display["p"] = display["p"].map(_fmt_p)
+    for col in ("n_a", "n_b"):
+        display[col] = display[col].map(lambda v: "—" if pd.isna(v) else str(v))
+    return display.fillna("")
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
@@ -40,15 +59,12 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     models, tests, unused = res["models"], res["tests"], res["unused"]
     shown = models.assign(
         params_non_embedding=models["params_non_embedding"].map(ps.fmt_params),
-        bits_stored=[_kbits(*r) for r in models[["bits_stored", "bits_low", "bits_high"]].itertuples(index=False)],
+        bits_stored=[_kbits(*r) for r in models[["bits_stored", "bits_low", "bits_high", "bits_per_seed"]].values],
     )[["dataset", "model", "n", "params_non_embedding", "bits_stored", "bits_per_param", "fraction_of_data", "recall"]]
-    caption = "Bits stored per model (mean [95% t-CI] over n seeds); parameters without the embeddings."
+    caption = "Bits stored per model (mean [95% t-CI] over n seeds; each seed's value where the interval would have"
+    caption += " fewer than 2 degrees of freedom); parameters without the embeddings."
     ps.write_table(models, shown.round(3), outputs, "c1", caption, left=2, by=BY)
-    display = tests.copy()
-    for col in ("estimate", "ci_low", "ci_high", "p"):
-        display[col] = display[col].map(_fmt)
-    for col in ("n_a", "n_b"):
-        display[col] = display[col].map(lambda v: "—" if pd.isna(v) else str(v))
+    display = _tests_display(tests)
     note = "The gate passes: the study decides claim 1." if res["gate"] else "The gate fails: claim 1 is not decided."
     caption = "Pre-declared tests, unpaired (Welch) on log B: seeds do not pair (docs/study.md); p is the p of h0."
     ps.write_table(tests, display, outputs, "c2", caption, notes=[note], by=BY)
@@ -62,31 +78,37 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     caption += " lower lr, then to the release's gate (docs/study.md)."
     ps.write_table(sel, shown, outputs, "c4", caption, left=3, by=BY)
     best = res["best_shot"]
-    display = best.copy()
-    for col in ("estimate", "ci_low", "ci_high", "p"):
-        display[col] = display[col].map(_fmt)
-    for col in ("n_a", "n_b"):
-        display[col] = display[col].map(lambda v: "—" if pd.isna(v) else str(v))
     caption = "The best shot's tests on the arms the selection instantiated, unpaired (Welch) on log B; p is the p"
-    caption += " of h0; descriptive rows carry no test (docs/study.md)."
-    ps.write_table(best, display, outputs, "c5", caption, by=BY)
+    caption += " of h0, the null the verdict rejects; descriptive rows carry no test; no interval below 2 degrees of"
+    caption += " freedom (per_seed: each seed's ratio, unpaired) (docs/study.md)."
+    ps.write_table(best, _tests_display(best), outputs, "c5", caption, by=BY)
+    dec = res["decomposition"]
+    caption = "MoHGE / MoE-15 taken apart: router x width x parameter factor (ratios of geometric means of B, so they"
+    caption += " multiply to the deficit), unpaired Welch 95% intervals, descriptive (C5 holds the tests)."
+    ps.write_table(dec, _tests_display(dec), outputs, "c6", caption, left=2, by=BY)
     rows = best.set_index("test") if "test" in best else pd.DataFrame()
     wanted = (("G1 reference > equal", "b"), ("G1 reference > equal", "a"), ("Claim 1 non-inferiority", "a"))
     arms = [rows.loc[test, side] for test, side in wanted if test in rows.index]  # none before a selection
     main_models = models[models["dataset"] == res["settings"]["dataset"]]
-    transfer = [rows.loc[t, side] for t, side in (("d_model 64: MoHGE / MoE-15", s) for s in "ab") if t in rows.index]
+    transfer = [rows.loc["G1 at d_model 64", side] for side in "ba" if "G1 at d_model 64" in rows.index]
+    transfer += [rows.loc["Claim 1 at d_model 64", "a"]] if "Claim 1 at d_model 64" in rows.index else []
     figure(res["main"], main_models, res["fit"], res["settings"], outputs, arms, res["runs"], transfer)
 
 
 def _arm_mean(ax, arm: pd.DataFrame, model: str, label: str, shift: float, **marker) -> None:
-    """One arm's mean B and 95 % t-CI over its runs at its mean parameter count (times ``shift``), black-edged."""
+    """One arm's mean B and 95 % t-CI over its runs at its mean parameter count (times ``shift``), black-edged; each
+    run's B as a dot instead of an interval on fewer than 2 degrees of freedom."""
     if not len(arm):
         return
-    b, lo, hi = stats.t_interval(arm["bits_stored"].to_numpy())
+    est = stats.one_sample(arm["bits_stored"].to_numpy())
+    b, (lo, hi) = est.estimate, est.interval() if est.informative else (math.nan, math.nan)
+    x = arm["total_params_non_embedding"].mean() * shift
+    if lo != lo and len(arm) > 1:  # no interval below 2 degrees of freedom: each seed's point
+        ax.scatter([x] * len(arm), arm["bits_stored"], s=10, color="black", zorder=5)
     ax.errorbar(
-        arm["total_params_non_embedding"].mean() * shift,
+        x,
         b,
-        yerr=[[b - lo], [hi - b]] if lo == lo else None,
+        yerr=[[b - max(lo, 0.0)], [hi - b]] if lo == lo else None,
         color=ps.family_style(model.split("+")[0]).get("color"),
         mec="black",
         capsize=3,

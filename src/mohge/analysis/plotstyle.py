@@ -452,7 +452,8 @@ def write_table(
     for path in paths.values():
         path.parent.mkdir(parents=True, exist_ok=True)
     if "csv" in paths:
-        machine.to_csv(paths["csv"], index=False, lineterminator="\n")
+        # 12 significant digits: a BLAS or vector unit of another CPU moves a float's last bits, not its first 12
+        machine.to_csv(paths["csv"], index=False, float_format="%.12g", lineterminator="\n")
     head, cells = list(display.columns), display.astype(str).values.tolist()
     align = ["l" if i < left else "r" for i in range(len(head))]
     if "md" in paths:

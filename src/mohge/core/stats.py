@@ -32,6 +32,9 @@ Degenerate samples (the same rule everywhere):
     known without error. The interval collapses to the estimate; the t statistic is +-inf, so p is 0 or 1, for a
     null other than the estimate, and 0 / 0 (p nan) for a null equal to it. The power is 1 for an effect > 0 and
     the detectable effect is 0. Welch's df is 0 / 0 then (nan); nothing reads it.
+  * Fewer than :data:`MIN_INFORMATIVE_DF` (2) degrees of freedom: the interval and p exist but say little
+    (t_0.975 is 12.7 at 1 df against 4.3 at 2): :attr:`TEstimate.informative` is False, and a table prints the
+    per-seed values instead of the interval.
 Intervals of a TOST or one-sided test at alpha are the (1 - 2 alpha) interval; two-sided ones the (1 - alpha).
 """
 
@@ -71,7 +74,10 @@ __all__ = [
     "t_interval",
     "t_quantile",
     "welch",
+    "welch_contrast",
 ]
+
+MIN_INFORMATIVE_DF = 2.0  # an interval on fewer degrees of freedom is not printed (module docstring)
 
 
 def _values(values: Sequence[float]) -> np.ndarray:
@@ -123,6 +129,12 @@ class TEstimate:
     def defined(self) -> bool:
         """Whether an interval and tests exist (a spread was estimable)."""
         return self.se == self.se
+
+    @property
+    def informative(self) -> bool:
+        """Whether the interval is worth printing: defined, on at least :data:`MIN_INFORMATIVE_DF` degrees of freedom
+        (or known without error, se 0)."""
+        return self.defined and (self.se == 0 or self.df >= MIN_INFORMATIVE_DF - 1e-9)  # 2 + 2 equal spreads: 2
 
     def half_width(self, alpha: float = 0.05) -> float:
         """t_df(1 - alpha / 2) se: 0 when se is 0, nan when undefined."""
@@ -232,6 +244,24 @@ def welch(a: Sequence[float], b: Sequence[float]) -> TEstimate:
     va = 0.0 if np.ptp(a) == 0 else _moment_var(a) / na
     vb = 0.0 if np.ptp(b) == 0 else _moment_var(b) / nb
     return TEstimate(est, math.sqrt(va + vb), satterthwaite_df([va, vb], [na - 1, nb - 1]), na + nb)
+
+
+def welch_contrast(samples: Sequence[Sequence[float]], weights: Sequence[float]) -> TEstimate:
+    """sum_i w_i mean(samples_i) of independent unpaired samples: se = sqrt(sum w_i^2 s_i^2 / n_i), df the
+    Welch-Satterthwaite df over the samples (``welch`` is the contrast (1, -1) of two). On log values, (1, -1, -1, 1)
+    of (A1, B1, A0, B0) is the log of the ratio of the ratios A1 / B1 and A0 / B0 of geometric means."""
+    xs = [_values(x) for x in samples]
+    w = [float(v) for v in weights]
+    if len(xs) != len(w):
+        raise ValueError(f"{len(xs)} samples and {len(w)} weights")
+    n = sum(len(x) for x in xs)
+    if any(len(x) == 0 for x in xs):
+        return TEstimate(math.nan, math.nan, math.nan, n)
+    est = sum(wi * one_sample(x).estimate for wi, x in zip(w, xs, strict=True))
+    if any(len(x) < 2 for x in xs):
+        return TEstimate(est, math.nan, math.nan, n)
+    v = [0.0 if np.ptp(x) == 0 else wi**2 * _moment_var(x) / len(x) for wi, x in zip(w, xs, strict=True)]
+    return TEstimate(est, math.sqrt(sum(v)), satterthwaite_df(v, [len(x) - 1 for x in xs]), n)
 
 
 def t_interval(values: Sequence[float], alpha: float = 0.05) -> tuple[float, float, float]:

@@ -33,7 +33,7 @@ STUDY_FIGURES = [
     "F11_study_difficulty",
     "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
 ]
-CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused", "C4_selection", "C5_best_shot"]
+CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused", "C4_selection", "C5_best_shot", "C6_decomposition"]
 PER_RUN = ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
 
 
