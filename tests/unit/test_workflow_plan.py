@@ -167,9 +167,21 @@ def test_targets_of_all_follow_the_config(smoke):
     assert "results/claims/study/S10_token_q3.html" in claims and "results/claims/study/S5_tasks.tex" not in claims
     assert "figures/claims/F12_study_controls.png" in claims
     capacity = targets.study_outputs("capacity", "capacity")
-    assert len(capacity) == 5 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
+    assert len(capacity) == len(targets.CAPACITY_TABLES) * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
     opted_out = merge_config(smoke, {"inference": {"enabled": False}})
     assert workflow_plan(opted_out).inference_outputs() == []
+
+
+def test_training_logs_are_every_planned_run_s_in_a_full_run_and_the_committed_ones_otherwise(smoke):
+    """The idle figure and C3 read each run's train_log.jsonl: in a full run of the config, every run it plans (the
+    train rule makes them); for another study, or asked for `figures` alone, the ones under results/ (a glob)."""
+    listed = lambda pattern: [pattern.replace("*", "b"), pattern.replace("*", "a")]  # noqa: E731
+    wp = workflow_plan(smoke)
+    assert wp.study_logs("smoke", listed) == [f"results/smoke/runs/{r}/train_log.jsonl" for r in wp.runs]
+    assert wp.study_logs("claims", listed) == [f"results/claims/runs/{r}/train_log.jsonl" for r in "ab"]
+    assert (
+        workflow_plan(smoke, from_results=True).study_logs("smoke", listed)[0] == "results/smoke/runs/a/train_log.jsonl"
+    )
 
 
 def test_kernel_figure_only_with_a_gpu_measurement(tmp_path):

@@ -7,6 +7,7 @@ Snakemake's ``script:`` directive. Every figure must be a valid PNG and PDF, byt
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import random
 import re
@@ -747,6 +748,57 @@ def test_load_figure_draws_the_logged_load_and_leaves_out_runs_without_it(data, 
     curves.drop(columns=["expert_load", "unused_experts", "rank_flops"]).to_csv(bare, index=False)
     load("plot_load").main({"curves": bare}, out, {})
     assert placeholders == ["these runs' logs hold no load columns"]
+
+
+def idle_logs(d: Path) -> dict:
+    """Training logs of MoHGE (two seeds, 8 width classes) and a homogeneous MoE (one class) on two datasets, and the
+    runs.csv that names them, as the idle figure's rule gives them."""
+    runs = []
+    for ds in ("shakespeare", "graded"):
+        for fam, seeds in (("mohge", (0, 1)), ("moe", (0,)), ("dense", (0,))):
+            for seed in seeds:
+                run = f"{ds}-{fam}-s{seed}"
+                runs.append({"run": run, "dataset": ds, "family": fam, "seed": seed})
+                rows = []
+                for step in range(9, 400, 10):
+                    classes = [1 / 8] * 8 if fam == "mohge" else [1.0]
+                    if fam == "mohge" and step < 60:
+                        classes = [0.0] + [1 / 7] * 7
+                    if fam != "dense":
+                        idle = max(0, 12 - step // 20) if fam == "mohge" else int(step < 30)
+                        rows.append({"step": step, "unused_experts": [idle, idle // 2], "group_usage": [classes] * 2})
+                    else:
+                        rows.append({"step": step, "loss": 3.0})
+                (d / "runs" / run).mkdir(parents=True)
+                (d / "runs" / run / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pd.DataFrame(runs).to_csv(d / "runs.csv", index=False)
+    return {"runs": d / "runs.csv", "logs": sorted(str(p) for p in d.glob("runs/*/train_log.jsonl"))}
+
+
+def test_idle_figure_builds_from_training_logs_and_rebuilds_byte_identical(tmp_path, monkeypatch):
+    """F15 draws, per dataset, unused experts and (where a model has two width classes or more) unused classes for
+    each model whose logs count them; rebuilt, the same bytes; without logs, the placeholder that says so."""
+    inputs = idle_logs(tmp_path)
+    builds = []
+    for i in (1, 2):
+        out = {"png": tmp_path / f"f{i}.png", "pdf": tmp_path / f"f{i}.pdf"}
+        load("plot_idle").main(inputs, out, {})
+        assert_png_pdf(out["png"], out["pdf"])
+        builds.append(out)
+    for kind in ("png", "pdf"):
+        assert builds[0][kind].read_bytes() == builds[1][kind].read_bytes()
+    module = load("plot_idle")
+    drawn = []
+    real_plot = module.plt.Axes.plot
+    monkeypatch.setattr(module.plt.Axes, "plot", lambda ax, *a, **k: drawn.append(ax) or real_plot(ax, *a, **k))
+    module.main(inputs, {"png": tmp_path / "g.png"}, {})
+    # per dataset: mohge and moe in the experts panel, mohge alone in the classes panel; dense is named, not drawn
+    labels = [ax.get_ylabel() for ax in drawn]
+    assert sum("experts" in y for y in labels) == 4 and sum("classes" in y for y in labels) == 2
+    placeholders = []
+    monkeypatch.setattr(module.ps, "placeholder_figure", lambda o, title, msg: placeholders.append(msg))
+    module.main({"runs": inputs["runs"], "logs": []}, {"png": tmp_path / "h.png"}, {})
+    assert placeholders == ["these runs' logs hold no routing counts"]
 
 
 def test_inference_figure_draws_a_line_per_knob_with_intervals_over_runs(tmp_path):

@@ -129,6 +129,7 @@ SMOKE_OUTPUTS = [
             "F5_width",
             "F6_kernels",
             "F14_load",
+            "F15_idle",
         )
         for e in ("png", "pdf")
     ),

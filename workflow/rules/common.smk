@@ -118,6 +118,10 @@ def study_traces(wildcards):
     return PLAN.study_traces(wildcards.study, glob.glob)
 
 
+def study_logs(wildcards):
+    return PLAN.study_logs(wildcards.study, glob.glob)
+
+
 def study_param(study, key):
     return PLAN.study_param(study, key)
 

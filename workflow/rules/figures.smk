@@ -157,6 +157,27 @@ rule fig_load:
         "../scripts/plot_load.py"
 
 
+rule fig_idle:
+    # Read from every run's training log (its per-layer counts), not from curves.csv, which sums the layers.
+    input:
+        runs="results/{study}/runs.csv",
+        logs=study_logs,
+    output:
+        png=report(
+            "figures/{study}/F15_idle.png",
+            caption="../report/F15_idle.rst",
+            category="Routing",
+        ),
+        pdf="figures/{study}/F15_idle.pdf",
+    log:
+        "logs/{study}/figures/F15.log",
+    localrule: True
+    conda:
+        "../envs/plot.yaml"
+    script:
+        "../scripts/plot_idle.py"
+
+
 rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh). Part of a study's figures
     # only when that CSV holds a GPU measurement (mohge.workflow.checkout.measured_kernels); asked for without one, it is a

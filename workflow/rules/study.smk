@@ -201,6 +201,7 @@ rule capacity_analysis:
     input:
         runs="results/{study}/runs.csv",
         traces=study_traces,
+        logs=study_logs,  # C3's steps with an unused expert
     output:
         # the HTML tables go into `snakemake --report` (category Study tables), shown inline
         **{

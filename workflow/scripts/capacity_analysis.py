@@ -1,6 +1,7 @@
 """Snakemake glue: the capacity study's declared analysis (mohge.analysis.capacity) into its tables and figure.
 
-Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional). Params: settings (the study
+Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional), logs (the runs'
+train_log.jsonl; optional: C3's steps with an unused expert). Params: settings (the study
 config's analysis section; mohge.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
 C3_unused, C4_selection, C5_best_shot, C6_decomposition as csv/md/tex/html; the figure (png, pdf) of bits stored
 against total non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the
@@ -22,6 +23,12 @@ from mohge.analysis import capacity
 from mohge.core import stats
 
 BY = "capacity_analysis.py"
+
+
+def _paths(value) -> list[Path]:
+    """An input of the rule (one path, a list of them or none) as a list of paths."""
+    value = value or []
+    return [Path(value)] if isinstance(value, str) else [Path(v) for v in value]
 
 
 def _fmt(v: float, digits: int = 3) -> str:
@@ -53,9 +60,8 @@ def _tests_display(tests: pd.DataFrame) -> pd.DataFrame:
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:
     """The capacity study's tables and figure."""
-    traces = inputs.get("traces") or []
-    traces = [Path(traces)] if isinstance(traces, str) else [Path(t) for t in traces]
-    res = capacity.analyse(pd.read_csv(inputs["runs"]), traces, params)
+    traces, logs = _paths(inputs.get("traces")), _paths(inputs.get("logs"))
+    res = capacity.analyse(pd.read_csv(inputs["runs"]), traces, params, logs)
     models, tests, unused = res["models"], res["tests"], res["unused"]
     shown = models.assign(
         params_non_embedding=models["params_non_embedding"].map(ps.fmt_params),
@@ -69,8 +75,14 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
     caption = "Pre-declared tests, unpaired (Welch) on log B: seeds do not pair (docs/study.md); p is the p of h0."
     ps.write_table(tests, display, outputs, "c2", caption, notes=[note], by=BY)
     caption = f"Experts per MoE layer with under {res['settings']['unused_share']:.0%} of a uniform share of routed"
-    caption += " slots (mean over n seeds) and the expert parameters they hold."
-    ps.write_table(unused, unused.round(2), outputs, "c3", caption, left=2, by=BY)
+    caption += " slots in the trained model's routing (mean over n seeds) and the expert parameters they hold;"
+    caption += " over training, the logged steps at which the layer had any unused expert (mean over seeds), of"
+    caption += " logged_steps, and the last such step in any seed (—: the logs do not count unused experts, or,"
+    caption += " for the last step, no step had one)."
+    shown = unused.round(2).astype({"n": str, "unused": str, "unused_params": str})
+    for col in capacity.IDLE_COLUMNS:
+        shown[col] = unused[col].map(lambda v: "—" if v != v else f"{v:.2f}".rstrip("0").rstrip("."))
+    ps.write_table(unused, shown, outputs, "c3", caption, left=2, by=BY)
     sel = res["selection"]
     shown = sel.assign(bits_stored=sel["bits_stored"].map(lambda b: f"{b / 1e3:.1f} k"), kept=sel["kept"].map(
         {True: "kept", False: ""}))  # fmt: skip

@@ -7,6 +7,7 @@ Owns:
   `study`        the paired tests and the claims of docs/study.md (``mohge study``)
   `controls`     the tests of the arms declared after the claims study's results (S8-S10 of ``mohge.study``)
   `capacity`     the capacity study's declared tests, tables C1-C5 and its figure (rule capacity_analysis)
+  `idle`         unused experts and width classes per logged training step, from the training logs (F15, C3)
   `sizing`       per-GPU memory, whether it fits, days to finish of a cluster config before it runs (``mohge sizing``)
   `plotstyle`    the figures' and tables' shared style and writers (matplotlib, pandas; workflow/scripts use it)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from mohge.analysis import idle
 from mohge.config.runs import BEST_SHOT, SELECTION, AnalysisConfig
 from mohge.core.stats import (
     TEstimate,
@@ -66,6 +67,7 @@ MODEL_COLUMNS = ["dataset", "model", "n", "params_non_embedding", "params_total"
 MODEL_COLUMNS += ["bits_high", "bits_per_param", "fraction_of_data", "recall", "bits_per_seed"]
 PER_SEED_MAX = 4  # rows with at most this many seeds of a model also print each seed's value
 UNUSED_COLUMNS = ["model", "run", "layer", "unused", "unused_params"]
+IDLE_COLUMNS = ["steps_with_unused", "logged_steps", "last_unused_step"]  # C3's columns from the training logs
 
 
 def settings(params: dict) -> dict:
@@ -251,9 +253,11 @@ def model_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=MODEL_COLUMNS)
 
 
-def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float) -> pd.DataFrame:
+def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float, logs: Sequence[Path] = ()) -> pd.DataFrame:
     """Per model and MoE layer: mean number of experts (over seeds) whose share of routed slots is below
-    `share` of a uniform share, and the expert parameters they hold."""
+    `share` of a uniform share, and the expert parameters they hold; then, from the training logs ``logs``, how
+    many logged steps had any unused expert (mean over seeds), of how many, and the last such step in any seed
+    (:func:`mohge.analysis.idle.steps_with_unused`; NaN where the logs do not count unused experts)."""
     fam = runs.set_index("run")["family"].to_dict()
     rows = []
     for path in traces:
@@ -270,9 +274,11 @@ def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float) -> pd
                 {"model": fam[run], "run": run, "layer": i, "unused": int(unused.sum()), "unused_params": params}
             )
     df = pd.DataFrame(rows, columns=UNUSED_COLUMNS)
-    return df.groupby(["model", "layer"], as_index=False).agg(
+    table = df.groupby(["model", "layer"], as_index=False).agg(
         n=("run", "nunique"), unused=("unused", "mean"), unused_params=("unused_params", "mean")
     )
+    steps = idle.steps_with_unused(idle.idle_table(logs, runs, share))
+    return table.merge(steps[["model", "layer", *IDLE_COLUMNS]], on=["model", "layer"], how="left")
 
 
 # The best shot's selection (docs/study.md "Claim 1 with MoHGE given its best shot", item 2)
@@ -539,11 +545,11 @@ def decomposition(runs: pd.DataFrame, labels: dict[str, str], p: dict) -> pd.Dat
     return pd.DataFrame(rows, columns=DECOMPOSITION_COLUMNS).astype({"n_a": "Int64", "n_b": "Int64"})
 
 
-def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
-    """Every result of the study from runs.csv's rows and the runs' trace.json paths: ``models`` (C1), ``tests`` and
-    ``gate`` (C2), ``unused`` (C3), ``selection`` (C4: the selection runs ``params["selection"]`` names) and
-    ``best_shot`` (C5), ``decomposition`` (C6), the sweep ``fit``, the ``main`` dataset's runs, every run with a B
-    (``runs``) and the merged ``settings``."""
+def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict, logs: Sequence[Path] = ()) -> dict:
+    """Every result of the study from runs.csv's rows and the runs' trace.json and train_log.jsonl paths:
+    ``models`` (C1), ``tests`` and ``gate`` (C2), ``unused`` (C3), ``selection`` (C4: the selection runs
+    ``params["selection"]`` names), ``best_shot`` (C5) and ``decomposition`` (C6), the sweep ``fit``, the ``main``
+    dataset's runs, every run with a B (``runs``) and the merged ``settings``."""
     p = settings(params)
     runs = runs[runs["bits_stored"].notna()] if "bits_stored" in runs else runs.iloc[0:0]
     main, quarter = runs[runs["dataset"] == p["dataset"]], runs[runs["dataset"] == p["quarter"]]
@@ -565,5 +571,5 @@ def analyse(runs: pd.DataFrame, traces: Sequence[Path], params: dict) -> dict:
         "tests": tests,
         "gate": summary["gate"],
         "fit": summary["fit"],
-        "unused": unused_table(traces, runs, p["unused_share"]),
+        "unused": unused_table(traces, runs, p["unused_share"], logs),
     }

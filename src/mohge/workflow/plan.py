@@ -262,6 +262,13 @@ class WorkflowPlan:
             return [f"{self.res}/runs/{run}/trace.json" for run in self.traced]
         return sorted(listed(f"results/{study}/runs/*/trace.json"))
 
+    def study_logs(self, study: str, listed: Callable[[str], list[str]]) -> list[str]:
+        """Every run's training log of ``study``: the planned runs' in a full run of this config, the ones
+        ``listed`` (a glob) finds under its results otherwise."""
+        if study == self.study and not self.from_results:
+            return [f"{self.res}/runs/{run}/train_log.jsonl" for run in self.runs]
+        return sorted(listed(f"results/{study}/runs/*/train_log.jsonl"))
+
     # ------------------------------------------------------------ per run and dataset
 
     def train_section(self, run: str) -> dict:

@@ -1,5 +1,5 @@
-"""The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, the declared analysis's
-tables and figures (claims: S1-S11, F7-F12; capacity: C1-C5 and its figure), T4/F13 and a run's results."""
+"""The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, F14 and F15, the declared
+analysis's tables and figures (claims: S1-S11, F7-F12; capacity: C1-C5 and its figure), T4/F13 and a run's results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 
 TABLES = ["T1_main", "T2_params", "T3_balance"]
 TABLE_FORMATS = ["csv", "md", "tex", "html"]
-FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load"]
+FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load", "F15_idle"]
 FIGURE_FORMATS = ["png", "pdf"]
 STUDY_TABLES = [
     "S1_models",
@@ -51,7 +51,7 @@ def tables(study: str) -> list[str]:
 
 
 def figures(study: str, kernels: bool) -> list[str]:
-    """F1-F5 of ``study``, and F6 when its kernel benchmark holds a GPU measurement (``kernels``)."""
+    """F1-F5, F14 and F15 of ``study``, and F6 when its kernel benchmark holds a GPU measurement (``kernels``)."""
     figs = FIGURES + (["F6_kernels"] if kernels else [])
     return expand("figures/{study}/{fig}.{ext}", study=study, fig=figs, ext=FIGURE_FORMATS)
 
