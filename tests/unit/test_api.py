@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -116,7 +117,17 @@ def test_any_leading_shape_and_eval_mode():
         ({"expert_widths": [64, 0]}, "expert_widths[1]=0: must be > 0"),
         ({"expert_widths": []}, "expert_widths=[]: expected a list or tuple of widths, one per group"),
         ({"expert_widths": 64}, "expert_widths=64: expected a list or tuple"),
-        ({"expert_widths": [64, "wide"]}, "expert_widths[1]='wide': expected a number"),
+        ({"expert_widths": [64, "wide"]}, "expert_widths[1]='wide': expected an integer"),
+        ({"expert_widths": [16.0, 32.0]}, "expert_widths[0]=16.0: expected an integer"),
+        ({"expert_widths": [64, True]}, "expert_widths[1]=True: expected an integer"),
+        ({"topk": 2.5}, "topk=2.5: expected an integer"),
+        ({"topk": 4.0}, "topk=4.0: expected an integer"),
+        ({"topk": True}, "topk=True: expected an integer"),
+        ({"group_topk": 2.0}, "group_topk=2.0: expected an integer"),
+        ({"group_topk": True}, "group_topk=True: expected an integer"),
+        ({"shared_expert_width": 64.0}, "shared_expert_width=64.0: expected an integer"),
+        ({"experts_per_group": 2.0}, "experts_per_group=2.0: must be an integer > 0"),
+        ({"experts_per_group": True}, "experts_per_group=True: must be an integer > 0"),
         ({"experts_per_group": 0}, "experts_per_group=0: must be an integer > 0"),
         ({"shared_expert_width": -1}, "shared_expert_width=-1: must be >= 0"),
         ({"expert_aux_coeff": -1.0}, "expert_aux_coeff=-1.0: must be >= 0"),
@@ -134,6 +145,26 @@ def test_every_bad_argument_is_refused_at_construction_naming_it(kwargs, message
 def test_d_model_is_checked():
     with pytest.raises(ConfigError, match=r"^d_model=0: must be an integer > 0"):
         MoHGELayer(0)
+
+
+@pytest.mark.parametrize(
+    ("section", "kwargs", "message"),
+    [
+        (RouterConfig, {"topk": 2.0}, "topk=2.0: expected an integer"),
+        (FFNConfig, {"num_experts": 8.0}, "num_experts=8.0: expected an integer"),
+        (FFNConfig, {"expert_widths": (16, 32.5)}, "expert_widths[1]=32.5: expected an integer"),
+        (LossConfig, {"group_cost_min": 64.0}, "group_cost_min=64.0: expected an integer"),
+        (LossConfig, {"group_cost_interval": False}, "group_cost_interval=False: expected an integer"),
+    ],
+)
+def test_a_section_built_in_code_takes_no_float_or_bool_where_it_declares_an_integer(section, kwargs, message):
+    """An integer field (or a tuple of them) given a float, even an integral one, or a bool is refused when the
+    section is built, as from_dict refuses it, naming the key; a float field takes an int."""
+    with pytest.raises(ConfigError) as err:
+        section(**kwargs)
+    assert str(err.value) == message
+    assert RouterConfig(init_std=1).init_std == 1 and LossConfig(group_cost_weights=(1, 2)).group_cost_weights == (1, 2)
+    assert FFNConfig(num_experts=np.int64(8), expert_widths=(np.int64(16), 32), placement="contiguous").num_experts == 8
 
 
 def test_widths_as_a_list_or_a_tuple_give_the_same_layer():
@@ -166,5 +197,7 @@ def test_sections_built_in_code_take_lists_and_refuse_non_numbers():
     ffn = FFNConfig(expert_widths=[64, 128], num_experts=4, placement="contiguous")
     assert ffn == FFNConfig(expert_widths=(64, 128), num_experts=4, placement="contiguous") and hash(ffn)
     assert LossConfig(group_cost_weights=[1, 2.5]).group_cost_weights == (1, 2.5)
-    with pytest.raises(ConfigError, match=r"^num_experts='8': expected a number"):
+    with pytest.raises(ConfigError, match=r"^num_experts='8': expected an integer"):
         FFNConfig(num_experts="8")
+    with pytest.raises(ConfigError, match=r"^init_std='0.1': expected a number"):
+        RouterConfig(init_std="0.1")
