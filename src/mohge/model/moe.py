@@ -97,9 +97,29 @@ class MoELayer(nn.Module):
             return {"hmoe_penalty": switch_aux_loss(r.probs_TE, counts_E, rc.topk, self.size_weight_E)}
         return {"expert_aux": switch_aux_loss(r.probs_TE, counts_E, rc.topk)}
 
-    def forward(self, x_BSD: Tensor) -> tuple[Tensor, LayerStats]:
+    def forward(self, x_BSD: Tensor, mask_BS: Tensor | None = None) -> tuple[Tensor, LayerStats]:
+        """``mask_BS`` (bool, True: a real token) leaves padding out: only the real tokens are routed, computed and
+        counted, in the expert and group counts and in every aux loss, so the outputs of the real tokens, the losses
+        and the counts are the layer's on those tokens alone; a masked token's output is 0 (the shared expert skips
+        it too), and ``stats.routing`` holds the real tokens' rows, in order."""
         B, S, D = x_BSD.shape
         x_TD = x_BSD.reshape(B * S, D)
+        if mask_BS is None:
+            y_TD, stats = self._route(x_TD)
+            return y_TD.view(B, S, D), stats
+        if mask_BS.dtype != torch.bool or mask_BS.shape != (B, S):
+            raise ValueError(
+                f"mask of shape {tuple(mask_BS.shape)} and dtype {mask_BS.dtype}: expected a bool tensor of shape "
+                f"{(B, S)} (True: a real token)"
+            )
+        keep_T = mask_BS.reshape(B * S)
+        y_RD, stats = self._route(x_TD[keep_T])  # R real tokens, in order
+        y_TD = y_RD.new_zeros(B * S, D)
+        y_TD[keep_T] = y_RD
+        return y_TD.view(B, S, D), stats
+
+    def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
+        """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
         r = self.router(x_TD)
         y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
@@ -110,7 +130,7 @@ class MoELayer(nn.Module):
             routing=r if self.record else None,
             counts_G=None if r.group_map_TG is None else r.group_map_TG.sum(0).long().detach(),
         )
-        return y_TD.view(B, S, D), stats
+        return y_TD, stats
 
 
 class MoHGELayer(MoELayer):
@@ -173,13 +193,19 @@ class MoHGELayer(MoELayer):
         self.d_model = d_model
 
     def forward(  # type: ignore[override]
-        self, x: Tensor, step: int | None = None, total_steps: int | None = None
+        self, x: Tensor, mask: Tensor | None = None, step: int | None = None, total_steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         if (step is None) != (total_steps is None):
             raise ValueError("give both step and total_steps (L_G's schedule), or neither (L_G on)")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"input of shape {tuple(x.shape)}: its last dim is not d_model={self.d_model}")
-        y_1TD, stats = super().forward(x.reshape(1, -1, self.d_model))  # T = every token of x
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:-1]):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} and dtype {mask.dtype}: expected a bool tensor of shape "
+                f"{tuple(x.shape[:-1])} (True: a real token)"
+            )
+        mask_1T = None if mask is None else mask.reshape(1, -1)
+        y_1TD, stats = super().forward(x.reshape(1, -1, self.d_model), mask_1T)  # T = every token of x
         y = y_1TD.view(x.shape)
         if not stats.aux:  # eval mode: no aux losses
             return y, x.new_zeros(())
