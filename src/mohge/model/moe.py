@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
+from mohge.config.sizes import moe_layer_cost
 
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss, weighted_aux
@@ -65,7 +66,7 @@ class MoELayer(nn.Module):
             raise ConfigError(f"{ffn.key('kind')}='dense': a dense FFN has no experts (mohge.model.experts.SwiGLU)")
         router.check_against(ffn)
         loss.check_against(ffn)
-        self.ffn_cfg, self.router_cfg, self.loss_cfg = ffn, router, loss
+        self.ffn_cfg, self.router_cfg, self.loss_cfg, self.d_model = ffn, router, loss, d_model
         self.kind, self.E = ffn.kind, ffn.num_experts
         self.router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(d_model, ffn, router)
         self.experts = RoutedExperts(d_model, ffn.expert_widths, ffn.experts_per_group, std, out_std, ffn.backend)
@@ -80,6 +81,13 @@ class MoELayer(nn.Module):
         # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
         # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
         self.balance_counts: Tensor | None = None
+
+    def cost_per_token(self, slots_E: Sequence[float] | Tensor | None = None) -> dict[str, int | float]:
+        """Parameters, activated parameters and FLOPs per token of this layer (:func:`~mohge.config.sizes.
+        moe_layer_cost`): under uniform routing, or under the routed slots per expert ``slots_E`` (``counts_E``)."""
+        if isinstance(slots_E, Tensor):
+            slots_E = slots_E.tolist()
+        return moe_layer_cost(self.d_model, self.ffn_cfg, self.router_cfg.topk, slots_E)
 
     def aux_losses(self, r: Routing) -> dict[str, Tensor]:
         ffn, rc, lc = self.ffn_cfg, self.router_cfg, self.loss_cfg
@@ -134,15 +142,17 @@ class MoELayer(nn.Module):
 
 
 class MoHGELayer(MoELayer):
-    """MoHGE's feed-forward layer as a block of one's own model (docs/api.md): ``y, aux = layer(x)``.
+    """MoHGE's feed-forward layer as a block of one's own model (docs/api.md): ``y, aux = layer(x, mask)``.
 
-    ``x`` is [..., D]; ``y`` has its shape, and ``aux`` is the layer's weighted auxiliary loss in training mode,
-    L_G + L_E with their coefficients ``group_aux_coeff`` and ``expert_aux_coeff`` (docs/method.md §5.4: add it to
-    the LM loss), and 0 in eval mode. The defaults fit a small model (d_model 64 to 256): 4 groups of 4 experts,
-    widths 64..256 in arithmetic progression as the release's, each token picks 2 groups and 4 experts among
-    their 8, and a shared expert of width 256 (0: none). Every argument is checked here against the others; a bad
-    one is a :class:`~mohge.config.ConfigError` naming it and its value (``topk=9: exceeds the experts reachable
-    in the selected groups ...``). ``expert_widths`` is a list or a tuple.
+    ``x`` is [..., D]; ``y`` has its shape, and ``aux`` is the layer's weighted auxiliary loss in training mode, L_G +
+    L_E with their coefficients ``group_aux_coeff`` and ``expert_aux_coeff`` (docs/method.md §5.4: add it to the LM
+    loss), and 0 in eval mode. ``mask`` (optional, bool of x's shape without the last dim, True: a real token) keeps
+    padding out, as :meth:`MoELayer.forward` says: ``y`` and ``aux`` on the real tokens are those of ``layer(x[mask])``,
+    and a masked token's output is 0. The defaults fit a small model (d_model 64 to 256): 4 groups of 4 experts, widths
+    64..256 in arithmetic progression as the release's, each token picks 2 groups and 4 experts among their 8, and a
+    shared expert of width 256 (0: none). Every argument is checked here against the others; a bad one is a
+    :class:`~mohge.config.ConfigError` naming it and its value (``topk=9: exceeds the experts reachable in the selected
+    groups ...``). ``expert_widths`` is a list or a tuple.
 
     L_G is on at every forward unless ``forward`` gets ``step`` and ``total_steps``: then it follows the release's
     schedule, on once step > total_steps * ``group_aux_start_frac`` (docs/method.md §6). The parameters, their
@@ -190,7 +200,6 @@ class MoHGELayer(MoELayer):
             group_aux_start_frac=group_aux_start_frac,
         )
         super().__init__(d_model, ffn, router, loss, init_std, init_std if out_std is None else out_std)
-        self.d_model = d_model
 
     def forward(  # type: ignore[override]
         self, x: Tensor, mask: Tensor | None = None, step: int | None = None, total_steps: int | None = None
