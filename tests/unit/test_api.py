@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -19,14 +20,31 @@ ROOT = Path(__file__).resolve().parents[2]
 API_DOC = ROOT / "docs" / "api.md"
 
 
-def python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+def python_blocks(path: Path) -> dict[str, str]:
+    """The python block of each section of ``path`` that has one, by the section's heading."""
+    sections = re.split(r"^## (.*)$", path.read_text(), flags=re.M)
+    out = {}
+    for heading, body in zip(sections[1::2], sections[2::2], strict=True):
+        blocks = re.findall(r"```python\n(.*?)```", body, flags=re.S)
+        assert len(blocks) <= 1, heading
+        if blocks:
+            out[heading] = blocks[0]
+    return out
+
+
+BLOCK, TRAINING, CONFIG_ROUTE = (
+    "In a transformer block",
+    "Padding, in a training loop, and what a token costs",
+    "The config route: every family and every switch",
+)
 
 
 def test_the_docs_examples_run_as_written():
     """Every python block of docs/api.md runs as it stands: the transformer block with MoHGELayer trains a step
     (the weighted aux loss has a gradient that reaches the routers), and the config route gives its aux loss."""
-    first, second = python_blocks(API_DOC)
+    blocks = python_blocks(API_DOC)
+    assert blocks.keys() == {BLOCK, TRAINING, CONFIG_ROUTE}
+    first, second = blocks[BLOCK], blocks[CONFIG_ROUTE]
     ns: dict = {}
     exec(compile(first, str(API_DOC), "exec"), ns)
     assert ns["y"].shape == ns["x"].shape == (2, 16, 128)
@@ -36,6 +54,53 @@ def test_the_docs_examples_run_as_written():
     ns = {}
     exec(compile(second, str(API_DOC), "exec"), ns)
     assert ns["y"].shape == (2, 16, 128) and ns["aux"].item() > 0
+
+
+def test_the_docs_training_loop_with_padding_runs_learns_and_prints_the_cost_it_shows(capsys):
+    """The training loop of docs/api.md runs as written: its LM loss falls from about ln(VOCAB) to under a tenth of
+    it, and it prints the lines its comments show; those are the layer's parameter count, the activated parameters
+    of uniform routing and 2x / 6x them (moe_layer_cost against the model's own count, test_the_cost_per_token_...)."""
+    code = python_blocks(API_DOC)[TRAINING]
+    ns: dict = {}
+    exec(compile(code, str(API_DOC), "exec"), ns)
+    assert ns["losses"][0] > 3.0 and ns["losses"][-1] < ns["losses"][0] / 10, ns["losses"]
+    shown = [line.removeprefix("# ") for line in code.strip().splitlines() if line.startswith("# ")]
+    assert capsys.readouterr().out.splitlines() == shown
+    layer, cost = ns["model"].ffn, ns["cost"]
+    assert cost["params"] == sum(p.numel() for p in layer.parameters())
+    D, K, widths = 64, layer.router_cfg.topk, layer.ffn_cfg.expert_widths
+    activated = (16 + 4) * D + K * 3 * D * sum(widths) / len(widths) + 3 * D * 256  # routers, K mean slots, shared
+    assert (cost["activated_params"], cost["forward_flops"], cost["train_flops"]) == (
+        activated, 2 * activated, 6 * activated
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["mohge", "moe", "hmoe", "modse"])
+def test_the_cost_per_token_of_a_layer_is_that_of_the_model_it_is_a_layer_of(kind):
+    """A layer's parameters are its module's; its parameters, activated parameters (uniform or under measured
+    counts) and FLOPs per token are those of the MoE layer of a one-layer model in mohge.config.sizes.count_params and
+    mohge.train.distributed.flops.model_flops_per_token (less the attention, embedding and norms there)."""
+    from mohge.config import ModelConfig
+    from mohge.config.sizes import count_params
+    from mohge.train.distributed.flops import model_flops_per_token
+
+    widths = {"moe": (96,), "hmoe": (32, 160), "mohge": (32, 64, 128, 160), "modse": (32, 64, 128, 160)}[kind]
+    ffn = FFNConfig(kind=kind, num_experts=8, expert_widths=widths, shared_expert_width=48, dense_layers=0,
+                    placement="contiguous")  # fmt: skip
+    router = RouterConfig(topk=3, group_topk=2 if kind == "mohge" else 1)
+    layer = MoELayer(64, ffn, router, LossConfig(), 0.02, 0.02)
+    cfg = ModelConfig(d_model=64, n_layers=1, n_heads=4, vocab_size=50, tie_embeddings=True, ffn=ffn, router=router)
+    parts = ("routers", "routed_experts", "shared_experts")
+    counts = torch.tensor([5, 0, 1, 9, 2, 2, 7, 4])
+    for slots, hist in ((None, None), (counts, [counts.tolist()])):
+        cost, model = layer.cost_per_token(slots), count_params(cfg, hist)
+        assert cost["params"] == sum(model["total"][c] for c in parts) == sum(p.numel() for p in layer.parameters())
+        assert cost["activated_params"] == sum(model["activated"][c] for c in parts)
+        assert cost["mean_routed_width"] == pytest.approx(model["mean_activated_width"][0])
+    rest = count_params(cfg)["activated_sum"] - layer.cost_per_token()["activated_params"]
+    assert model_flops_per_token(cfg, 1) - 6 * rest - 6 * 2 * 4 * 16 == layer.cost_per_token()["train_flops"]
+    with pytest.raises(ConfigError, match=r"^slots_E has 2 entries; the model has 8 experts"):
+        layer.cost_per_token([1, 2])
 
 
 def test_import_mohge_imports_no_torch_and_exports_the_layer_api():
@@ -116,7 +181,17 @@ def test_any_leading_shape_and_eval_mode():
         ({"expert_widths": [64, 0]}, "expert_widths[1]=0: must be > 0"),
         ({"expert_widths": []}, "expert_widths=[]: expected a list or tuple of widths, one per group"),
         ({"expert_widths": 64}, "expert_widths=64: expected a list or tuple"),
-        ({"expert_widths": [64, "wide"]}, "expert_widths[1]='wide': expected a number"),
+        ({"expert_widths": [64, "wide"]}, "expert_widths[1]='wide': expected an integer"),
+        ({"expert_widths": [16.0, 32.0]}, "expert_widths[0]=16.0: expected an integer"),
+        ({"expert_widths": [64, True]}, "expert_widths[1]=True: expected an integer"),
+        ({"topk": 2.5}, "topk=2.5: expected an integer"),
+        ({"topk": 4.0}, "topk=4.0: expected an integer"),
+        ({"topk": True}, "topk=True: expected an integer"),
+        ({"group_topk": 2.0}, "group_topk=2.0: expected an integer"),
+        ({"group_topk": True}, "group_topk=True: expected an integer"),
+        ({"shared_expert_width": 64.0}, "shared_expert_width=64.0: expected an integer"),
+        ({"experts_per_group": 2.0}, "experts_per_group=2.0: must be an integer > 0"),
+        ({"experts_per_group": True}, "experts_per_group=True: must be an integer > 0"),
         ({"experts_per_group": 0}, "experts_per_group=0: must be an integer > 0"),
         ({"shared_expert_width": -1}, "shared_expert_width=-1: must be >= 0"),
         ({"expert_aux_coeff": -1.0}, "expert_aux_coeff=-1.0: must be >= 0"),
@@ -134,6 +209,26 @@ def test_every_bad_argument_is_refused_at_construction_naming_it(kwargs, message
 def test_d_model_is_checked():
     with pytest.raises(ConfigError, match=r"^d_model=0: must be an integer > 0"):
         MoHGELayer(0)
+
+
+@pytest.mark.parametrize(
+    ("section", "kwargs", "message"),
+    [
+        (RouterConfig, {"topk": 2.0}, "topk=2.0: expected an integer"),
+        (FFNConfig, {"num_experts": 8.0}, "num_experts=8.0: expected an integer"),
+        (FFNConfig, {"expert_widths": (16, 32.5)}, "expert_widths[1]=32.5: expected an integer"),
+        (LossConfig, {"group_cost_min": 64.0}, "group_cost_min=64.0: expected an integer"),
+        (LossConfig, {"group_cost_interval": False}, "group_cost_interval=False: expected an integer"),
+    ],
+)
+def test_a_section_built_in_code_takes_no_float_or_bool_where_it_declares_an_integer(section, kwargs, message):
+    """An integer field (or a tuple of them) given a float, even an integral one, or a bool is refused when the
+    section is built, as from_dict refuses it, naming the key; a float field takes an int."""
+    with pytest.raises(ConfigError) as err:
+        section(**kwargs)
+    assert str(err.value) == message
+    assert RouterConfig(init_std=1).init_std == 1 and LossConfig(group_cost_weights=(1, 2)).group_cost_weights == (1, 2)
+    assert FFNConfig(num_experts=np.int64(8), expert_widths=(np.int64(16), 32), placement="contiguous").num_experts == 8
 
 
 def test_widths_as_a_list_or_a_tuple_give_the_same_layer():
@@ -166,5 +261,7 @@ def test_sections_built_in_code_take_lists_and_refuse_non_numbers():
     ffn = FFNConfig(expert_widths=[64, 128], num_experts=4, placement="contiguous")
     assert ffn == FFNConfig(expert_widths=(64, 128), num_experts=4, placement="contiguous") and hash(ffn)
     assert LossConfig(group_cost_weights=[1, 2.5]).group_cost_weights == (1, 2.5)
-    with pytest.raises(ConfigError, match=r"^num_experts='8': expected a number"):
+    with pytest.raises(ConfigError, match=r"^num_experts='8': expected an integer"):
         FFNConfig(num_experts="8")
+    with pytest.raises(ConfigError, match=r"^init_std='0.1': expected a number"):
+        RouterConfig(init_std="0.1")

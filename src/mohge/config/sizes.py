@@ -2,14 +2,15 @@
 model; and the attention's head dims.
 
 The totals are closed forms of the modules :mod:`mohge.model` builds (embedding, RMSNorms, multi-head or latent
-attention, SwiGLU dense FFNs, routers, routed and shared SwiGLU experts, the LM head unless tied). The reference is
-the model itself: :func:`mohge.model.params.meta_totals` instantiates it on the ``meta`` device and classifies every
-parameter by its module path, and tests/unit/test_sizes.py checks the two agree, component by component, for every
-run of every committed config, the release's presets and the options a config may set. Activated parameters count
-the experts a token reaches: for each MoE layer, K x sum_e share_e x 3*D*h_e (:func:`swiglu_params`), where share_e
-is the fraction of routed slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing
-trace); docs/method.md §9. Torch is not imported: the workflow sizes its jobs while it plans, and `mohge params`
-answers in a fraction of a second.
+attention, SwiGLU dense FFNs, routers, routed and shared SwiGLU experts, the LM head unless tied). The reference is the
+model itself: :func:`mohge.model.params.meta_totals` instantiates it on the ``meta`` device and classifies every
+parameter by its module path, and tests/unit/test_sizes.py checks the two agree, component by component, for every run
+of every committed config, the release's presets and the options a config may set. Activated parameters count the
+experts a token reaches: for each MoE layer, K x sum_e share_e x 3*D*h_e (:func:`swiglu_params`), where share_e is the
+fraction of routed slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
+docs/method.md §9. :func:`moe_layer_cost` gives the same counts, and the FLOPs per token, for one MoE layer
+(``MoELayer.cost_per_token``, docs/api.md). Torch is not imported: the workflow sizes its jobs while it plans, and
+`mohge params` answers in a fraction of a second.
 
     mohge params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
         [--histogram trace.json] [--json out.json]
@@ -26,7 +27,7 @@ from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
 
-from .sections import ModelConfig, load_model_config
+from .sections import FFNConfig, ModelConfig, load_model_config
 
 COMPONENTS = (
     "embeddings",
@@ -68,6 +69,23 @@ def attention_params(cfg: ModelConfig) -> tuple[int, int]:
     return proj, rank  # the latent's RMSNorm
 
 
+def router_rows(ffn: FFNConfig) -> int:
+    """Rows of one MoE layer's router weights: one per expert, and for MoHGE one per group too (its group router)."""
+    return ffn.num_experts + (ffn.num_groups if ffn.kind == "mohge" else 0)
+
+
+def mean_routed_width(widths_E: Sequence[int], slots_E: Sequence[float] | None, what: str) -> float:
+    """The mean width of one routed slot: sum_e share_e * h_e, share_e = slots_e / sum(slots) (uniform: None).
+    ``what`` names ``slots_E`` in the ConfigError of a row of the wrong length or without a positive sum."""
+    row = [1.0] * len(widths_E) if slots_E is None else list(slots_E)
+    if len(row) != len(widths_E):
+        raise ConfigError(f"{what} has {len(row)} entries; the model has {len(widths_E)} experts")
+    s = sum(row)
+    if s <= 0:
+        raise ConfigError(f"{what} sums to {s}; it needs positive counts")
+    return sum(c / s * h for c, h in zip(row, widths_E, strict=True))
+
+
 def param_totals(cfg: ModelConfig) -> dict[str, int]:
     """Total parameters by component (:data:`COMPONENTS`)."""
     D, L, ffn = cfg.d_model, cfg.n_layers, cfg.ffn
@@ -80,8 +98,7 @@ def param_totals(cfg: ModelConfig) -> dict[str, int]:
     out["norms"] = L * (2 * D + attn_norm) + D
     out["dense_ffn"] = (L - n_moe) * swiglu_params(D, ffn.dense_width)
     if n_moe:
-        rows = ffn.num_experts + (ffn.num_groups if ffn.kind == "mohge" else 0)  # MoHGE: a group router too
-        out["routers"] = n_moe * rows * D
+        out["routers"] = n_moe * router_rows(ffn) * D
         out["routed_experts"] = n_moe * sum(swiglu_params(D, h) for h in ffn.per_expert_widths)
         out["shared_experts"] = n_moe * swiglu_params(D, ffn.shared_expert_width)
     return out
@@ -108,13 +125,8 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
         raise ConfigError(f"histogram has {len(histogram)} rows; need 1 or one per MoE layer ({n_moe})")
     mean_width = []
     for i in range(n_moe):
-        row = [1.0] * len(widths_E) if histogram is None else list(histogram[0 if len(histogram) == 1 else i])
-        if len(row) != len(widths_E):
-            raise ConfigError(f"histogram row {i} has {len(row)} entries; the model has {len(widths_E)} experts")
-        s = sum(row)
-        if s <= 0:
-            raise ConfigError(f"histogram row {i} sums to {s}; it needs positive counts")
-        w = sum(c / s * h for c, h in zip(row, widths_E, strict=True))
+        row = None if histogram is None else histogram[0 if len(histogram) == 1 else i]
+        w = mean_routed_width(widths_E, row, f"histogram row {i}")
         mean_width.append(w)
         activated["routed_experts"] += round(K * swiglu_params(D, w))
     # "non-embedding" leaves out the input embedding and the LM head, as docs/method.md §9 does
@@ -127,6 +139,30 @@ def count_params(cfg: ModelConfig, histogram: Sequence[Sequence[float]] | None =
         "total_non_embedding": sum(total.values()) - emb,
         "activated_non_embedding": sum(activated.values()) - emb,
         "mean_activated_width": mean_width,
+    }
+
+
+def moe_layer_cost(
+    d_model: int, ffn: FFNConfig, topk: int, slots_E: Sequence[float] | None = None
+) -> dict[str, int | float]:
+    """What one MoE layer costs: ``params``, every parameter of the layer; ``activated_params``, those one token
+    runs through (the router, ``topk`` routed slots of the mean width, the shared expert); ``forward_flops`` and
+    ``train_flops`` per token, 2 and 6 per activated parameter (a multiply-add each, forward; and the backward's two
+    more: the accounting of :func:`mohge.train.distributed.flops.model_flops_per_token`; the softmaxes, the top-k
+    and the SiLU are left out). The mean routed width is that of the routed slots per expert ``slots_E`` (router
+    order: a layer's ``LayerStats.counts_E``), uniform when None (docs/method.md §9)."""
+    widths_E = ffn.per_expert_widths
+    routers = router_rows(ffn) * d_model
+    routed = sum(swiglu_params(d_model, h) for h in widths_E)
+    shared = swiglu_params(d_model, ffn.shared_expert_width)
+    width = mean_routed_width(widths_E, slots_E, "slots_E")
+    activated = routers + round(topk * swiglu_params(d_model, width)) + shared
+    return {
+        "params": routers + routed + shared,
+        "activated_params": activated,
+        "mean_routed_width": width,
+        "forward_flops": 2 * activated,
+        "train_flops": 6 * activated,
     }
 
 

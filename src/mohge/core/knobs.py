@@ -4,7 +4,8 @@ A section is a frozen dataclass deriving from :class:`_Section`. Each field is d
 :func:`knob`: its default, a one-line description, and its allowed values (``choices``, ``ge``/``gt``/``le``/
 ``lt`` bounds, ``min_items``; on a tuple field the bounds and choices apply to every item, ``min_items`` to the
 tuple; ``aliases``: other names accepted for a choice, replaced by the choice when a section is built, so the code
-sees only the choices). The same declaration drives the check in ``__post_init__``, the JSON schema
+sees only the choices), and a field annotated ``int`` (or a tuple of them) holds integers, never a float (2.0
+included) or a bool. The same declaration drives the check in ``__post_init__``, the JSON schema
 (:func:`schema_of`: ``enum`` with the aliases, ``minimum``/``exclusiveMinimum``, ``minItems``, ``description``) and
 the documentation, so the package and Snakemake's ``validate`` give the same answer. Checks that involve several
 fields live in a section's ``check``.
@@ -84,9 +85,11 @@ def knob(
     return field(default=default, metadata=meta)
 
 
-def _check_value(key: str, value: Any, meta: dict) -> None:
+def _check_value(key: str, value: Any, meta: dict, integer: bool = False) -> None:
     if value is None:
         return
+    if integer and (isinstance(value, bool) or not isinstance(value, numbers.Integral)):  # 2.0 is not a count
+        _fail(key, value, "expected an integer")
     if "choices" in meta and value not in meta["choices"]:
         _fail(key, value, f"must be one of {tuple(meta['choices'])}")
     bounded = any(b in meta for b in ("ge", "gt", "le", "lt"))
@@ -102,15 +105,28 @@ def _check_value(key: str, value: Any, meta: dict) -> None:
             _fail(key, value, f"must be {word} {meta[bound]}")
 
 
+def _options(tp: Any) -> tuple:
+    """The types a field annotation allows (``int | None`` -> (int, NoneType))."""
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
 @functools.cache
 def _tuple_fields(cls: type) -> frozenset[str]:
     """The fields of a section annotated as a tuple (``tuple[int, ...]``, optional or not)."""
-    out = set()
-    for name, tp in typing.get_type_hints(cls).items():
-        args = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-        if any(typing.get_origin(a) is tuple for a in args):
-            out.add(name)
-    return frozenset(out)
+    hints = typing.get_type_hints(cls).items()
+    return frozenset(name for name, tp in hints if any(typing.get_origin(a) is tuple for a in _options(tp)))
+
+
+@functools.cache
+def _int_fields(cls: type) -> frozenset[str]:
+    """The fields of a section annotated as an integer or a tuple of integers (``int``, ``tuple[int, ...]``,
+    optional or not)."""
+    hints = typing.get_type_hints(cls).items()
+    return frozenset(
+        name
+        for name, tp in hints
+        if any(a is int or (typing.get_origin(a) is tuple and typing.get_args(a)[:1] == (int,)) for a in _options(tp))
+    )
 
 
 class _Section:
@@ -126,13 +142,14 @@ class _Section:
         return f"{self._path}.{name}" if self._path else name
 
     def __post_init__(self) -> None:
-        tuple_fields = _tuple_fields(type(self))
+        tuple_fields, int_fields = _tuple_fields(type(self)), _int_fields(type(self))
         for f in dataclasses.fields(self):
             meta, value = f.metadata, getattr(self, f.name)
             if f.name in tuple_fields and isinstance(value, list):  # a section built in code: lists as tuples
                 value = tuple(value)
                 object.__setattr__(self, f.name, value)
-            if not meta:
+            integer = f.name in int_fields
+            if not meta and not integer:
                 continue
             if isinstance(value, str) and value in meta.get("aliases", {}):  # the code sees only the choices
                 value = meta["aliases"][value]
@@ -141,9 +158,9 @@ class _Section:
                 if len(value) < meta.get("min_items", 0):
                     _fail(self.key(f.name), value, f"needs at least {meta['min_items']} item(s)")
                 for i, item in enumerate(value):
-                    _check_value(self.key(f"{f.name}[{i}]"), item, meta)
+                    _check_value(self.key(f"{f.name}[{i}]"), item, meta, integer)
             else:
-                _check_value(self.key(f.name), value, meta)
+                _check_value(self.key(f.name), value, meta, integer)
         self.check()
 
     def check(self) -> None:

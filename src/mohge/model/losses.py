@@ -20,6 +20,12 @@ from .routing import Routing
 Tensor = torch.Tensor
 
 
+def _squared(T: int) -> int:
+    """T^2 of a balance loss's normaliser, and 1 for an empty batch (T = 0, every token masked out): its sums P are
+    0, so its loss is 0 rather than 0/0."""
+    return max(T, 1) * max(T, 1)
+
+
 def group_cost_weights(ffn: FFNConfig, loss: LossConfig) -> list[float]:
     """omega_g of the Group-Wise Aux Loss: (h_g - h_min + interval) / interval (docs/method.md §5.1), unless given.
 
@@ -45,7 +51,7 @@ def group_aux_loss(
     T, G = group_logits_TG.shape
     P_G = torch.softmax(group_logits_TG.float(), dim=-1).sum(0)
     f_G = (group_map_TG.sum(0) if f_G is None else f_G).to(P_G.dtype)
-    return G / (T * T * group_topk) * (omega_G.to(P_G) * P_G * f_G).sum()
+    return G / (_squared(T) * group_topk) * (omega_G.to(P_G) * P_G * f_G).sum()
 
 
 def intra_group_aux_loss(
@@ -77,10 +83,12 @@ def intra_group_aux_loss(
     f_E = (routing.counts(num_experts) if f_E is None else f_E).to(Pt_E.dtype)
     if mode == "all_experts_sparse":
         n_eff = num_experts * group_topk / num_groups
-        return n_eff / (T * T * topk) * (Pt_E * f_E).sum()
+        return n_eff / (_squared(T) * topk) * (Pt_E * f_E).sum()
     n = num_experts // num_groups
     Pt_Gn, f_Gn = Pt_E.view(num_groups, n), f_E.view(num_groups, n)
     S_G, M_G = f_Gn.sum(1), Pt_Gn.sum(1)
+    if T == 0:  # no routed slot in any group: Pt = 0, so its sum is a 0 that keeps the graph
+        return Pt_E.sum()
     used = S_G > 0
     per_group = n * (Pt_Gn * f_Gn).sum(1)[used] / (S_G[used] * M_G[used])
     return per_group.mean()
@@ -99,7 +107,7 @@ def switch_aux_loss(probs_TE: Tensor, counts_E: Tensor, topk: int, size_weight_E
     terms_E = probs_TE.sum(0) * counts_E.to(probs_TE.dtype)
     if size_weight_E is not None:
         terms_E = terms_E * size_weight_E.to(terms_E)
-    return E / (T * T * topk) * terms_E.sum()
+    return E / (_squared(T) * topk) * terms_E.sum()
 
 
 def weighted_aux(aux: dict[str, Tensor], loss: LossConfig, step: int, total_steps: int) -> Tensor:

@@ -23,6 +23,7 @@ import torch
 import torch.nn as nn
 
 from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
+from mohge.config.sizes import moe_layer_cost
 
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss, weighted_aux
@@ -65,7 +66,7 @@ class MoELayer(nn.Module):
             raise ConfigError(f"{ffn.key('kind')}='dense': a dense FFN has no experts (mohge.model.experts.SwiGLU)")
         router.check_against(ffn)
         loss.check_against(ffn)
-        self.ffn_cfg, self.router_cfg, self.loss_cfg = ffn, router, loss
+        self.ffn_cfg, self.router_cfg, self.loss_cfg, self.d_model = ffn, router, loss, d_model
         self.kind, self.E = ffn.kind, ffn.num_experts
         self.router = (GroupedRouter if ffn.kind == "mohge" else TopKRouter)(d_model, ffn, router)
         self.experts = RoutedExperts(d_model, ffn.expert_widths, ffn.experts_per_group, std, out_std, ffn.backend)
@@ -80,6 +81,13 @@ class MoELayer(nn.Module):
         # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
         # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
         self.balance_counts: Tensor | None = None
+
+    def cost_per_token(self, slots_E: Sequence[float] | Tensor | None = None) -> dict[str, int | float]:
+        """Parameters, activated parameters and FLOPs per token of this layer (:func:`~mohge.config.sizes.
+        moe_layer_cost`): under uniform routing, or under the routed slots per expert ``slots_E`` (``counts_E``)."""
+        if isinstance(slots_E, Tensor):
+            slots_E = slots_E.tolist()
+        return moe_layer_cost(self.d_model, self.ffn_cfg, self.router_cfg.topk, slots_E)
 
     def aux_losses(self, r: Routing) -> dict[str, Tensor]:
         ffn, rc, lc = self.ffn_cfg, self.router_cfg, self.loss_cfg
@@ -97,9 +105,29 @@ class MoELayer(nn.Module):
             return {"hmoe_penalty": switch_aux_loss(r.probs_TE, counts_E, rc.topk, self.size_weight_E)}
         return {"expert_aux": switch_aux_loss(r.probs_TE, counts_E, rc.topk)}
 
-    def forward(self, x_BSD: Tensor) -> tuple[Tensor, LayerStats]:
+    def forward(self, x_BSD: Tensor, mask_BS: Tensor | None = None) -> tuple[Tensor, LayerStats]:
+        """``mask_BS`` (bool, True: a real token) leaves padding out: only the real tokens are routed, computed and
+        counted, in the expert and group counts and in every aux loss, so the outputs of the real tokens, the losses
+        and the counts are the layer's on those tokens alone; a masked token's output is 0 (the shared expert skips
+        it too), and ``stats.routing`` holds the real tokens' rows, in order."""
         B, S, D = x_BSD.shape
         x_TD = x_BSD.reshape(B * S, D)
+        if mask_BS is None:
+            y_TD, stats = self._route(x_TD)
+            return y_TD.view(B, S, D), stats
+        if mask_BS.dtype != torch.bool or mask_BS.shape != (B, S):
+            raise ValueError(
+                f"mask of shape {tuple(mask_BS.shape)} and dtype {mask_BS.dtype}: expected a bool tensor of shape "
+                f"{(B, S)} (True: a real token)"
+            )
+        keep_T = mask_BS.reshape(B * S)
+        y_RD, stats = self._route(x_TD[keep_T])  # R real tokens, in order
+        y_TD = y_RD.new_zeros(B * S, D)
+        y_TD[keep_T] = y_RD
+        return y_TD.view(B, S, D), stats
+
+    def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
+        """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
         r = self.router(x_TD)
         y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
@@ -110,19 +138,21 @@ class MoELayer(nn.Module):
             routing=r if self.record else None,
             counts_G=None if r.group_map_TG is None else r.group_map_TG.sum(0).long().detach(),
         )
-        return y_TD.view(B, S, D), stats
+        return y_TD, stats
 
 
 class MoHGELayer(MoELayer):
-    """MoHGE's feed-forward layer as a block of one's own model (docs/api.md): ``y, aux = layer(x)``.
+    """MoHGE's feed-forward layer as a block of one's own model (docs/api.md): ``y, aux = layer(x, mask)``.
 
-    ``x`` is [..., D]; ``y`` has its shape, and ``aux`` is the layer's weighted auxiliary loss in training mode,
-    L_G + L_E with their coefficients ``group_aux_coeff`` and ``expert_aux_coeff`` (docs/method.md §5.4: add it to
-    the LM loss), and 0 in eval mode. The defaults fit a small model (d_model 64 to 256): 4 groups of 4 experts,
-    widths 64..256 in arithmetic progression as the release's, each token picks 2 groups and 4 experts among
-    their 8, and a shared expert of width 256 (0: none). Every argument is checked here against the others; a bad
-    one is a :class:`~mohge.config.ConfigError` naming it and its value (``topk=9: exceeds the experts reachable
-    in the selected groups ...``). ``expert_widths`` is a list or a tuple.
+    ``x`` is [..., D]; ``y`` has its shape, and ``aux`` is the layer's weighted auxiliary loss in training mode, L_G +
+    L_E with their coefficients ``group_aux_coeff`` and ``expert_aux_coeff`` (docs/method.md §5.4: add it to the LM
+    loss), and 0 in eval mode. ``mask`` (optional, bool of x's shape without the last dim, True: a real token) keeps
+    padding out, as :meth:`MoELayer.forward` says: ``y`` and ``aux`` on the real tokens are those of ``layer(x[mask])``,
+    and a masked token's output is 0. The defaults fit a small model (d_model 64 to 256): 4 groups of 4 experts, widths
+    64..256 in arithmetic progression as the release's, each token picks 2 groups and 4 experts among their 8, and a
+    shared expert of width 256 (0: none). Every argument is checked here against the others; a bad one is a
+    :class:`~mohge.config.ConfigError` naming it and its value (``topk=9: exceeds the experts reachable in the selected
+    groups ...``). ``expert_widths`` is a list or a tuple.
 
     L_G is on at every forward unless ``forward`` gets ``step`` and ``total_steps``: then it follows the release's
     schedule, on once step > total_steps * ``group_aux_start_frac`` (docs/method.md §6). The parameters, their
@@ -170,16 +200,21 @@ class MoHGELayer(MoELayer):
             group_aux_start_frac=group_aux_start_frac,
         )
         super().__init__(d_model, ffn, router, loss, init_std, init_std if out_std is None else out_std)
-        self.d_model = d_model
 
     def forward(  # type: ignore[override]
-        self, x: Tensor, step: int | None = None, total_steps: int | None = None
+        self, x: Tensor, mask: Tensor | None = None, step: int | None = None, total_steps: int | None = None
     ) -> tuple[Tensor, Tensor]:
         if (step is None) != (total_steps is None):
             raise ValueError("give both step and total_steps (L_G's schedule), or neither (L_G on)")
         if x.shape[-1] != self.d_model:
             raise ValueError(f"input of shape {tuple(x.shape)}: its last dim is not d_model={self.d_model}")
-        y_1TD, stats = super().forward(x.reshape(1, -1, self.d_model))  # T = every token of x
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:-1]):
+            raise ValueError(
+                f"mask of shape {tuple(mask.shape)} and dtype {mask.dtype}: expected a bool tensor of shape "
+                f"{tuple(x.shape[:-1])} (True: a real token)"
+            )
+        mask_1T = None if mask is None else mask.reshape(1, -1)
+        y_1TD, stats = super().forward(x.reshape(1, -1, self.d_model), mask_1T)  # T = every token of x
         y = y_1TD.view(x.shape)
         if not stats.aux:  # eval mode: no aux losses
             return y, x.new_zeros(())
