@@ -34,6 +34,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "utilization": ("mohge.analysis.utilization", "per-GPU load of expert placements, from a routing trace"),
     "collect": ("mohge.analysis.collect", "the per-run summaries gathered into the study's tables"),
     "study": ("mohge.analysis.study", "the paired tests and claims of a study (docs/study.md)"),
+    "verdicts": ("mohge.analysis.verdicts", "each claim's verdict, estimate and interval, from the committed tables"),
     "bench": ("mohge.bench", "benchmarks: layer, kernels, train, data, eval, inference, peers, ..."),
     "provenance": ("mohge.config.provenance", "which code made the committed results"),
     "mtimes": ("mohge.mtimes", "date tracked files by their last commit (a fresh clone)"),

@@ -237,18 +237,13 @@ def _bias_inputs(planned: dict, balance: dict[str, list[float]], unused_per_laye
         for m, values in balance.items()
         for s, v in enumerate(values)
     ] + [{"source": "shakespeare-mohge-s0", "layer": "all", "strategy": "contiguous", "ep_size": 4, "max_over_mean": 9}]
+    arms = [m for m in balance if m != "mohge"] or ["mohge+biasfree"]
     unused = pd.DataFrame(
         [
-            {
-                "dataset": "shakespeare",
-                "model": "mohge+biasfree",
-                "layer": str(i),
-                "n": 4,
-                "num_experts": 32,
-                "unused": u,
-            }
+            {"dataset": "shakespeare", "model": m, "layer": str(i), "n": 4, "num_experts": 32, "unused": u}
+            for m in arms
             for i, u in enumerate(unused_per_layer)
-        ]  # fmt: skip
+        ]
     )
     return runs, pd.DataFrame(util), unused
 
@@ -259,7 +254,7 @@ BIAS_PPL = {"mohge": 1.0, "mohge+biasfree": 1.0, "mohge+ae2e1": 1.01}
 def test_bias_arm_goals_read_their_declared_rules_and_scipy_ps(config, planned):
     balance = {"mohge+biasfree": [1.05, 1.07, 1.06, 1.08], "mohge": [1.30, 1.35, 1.28, 1.33]}
     runs, util, unused = _bias_inputs(planned, balance, [0, 0, 0], BIAS_PPL)
-    t = controls.bias_balance(runs, util, unused, config, planned).set_index("question")
+    t = controls.bias_balance(runs, util, unused, config, planned).query("A == 'mohge+biasfree'").set_index("question")
     bal = t.loc["all-size max/mean at EP 4"]
     x = np.log(balance["mohge+biasfree"])
     half = stats.t.ppf(0.975, 3) * x.std(ddof=1) / 2
@@ -273,6 +268,8 @@ def test_bias_arm_goals_read_their_declared_rules_and_scipy_ps(config, planned):
     wide = runs.pivot_table(index="seed", columns="family", values="test_ppl")[["mohge+biasfree", "mohge"]].dropna()
     d = np.log(wide["mohge+biasfree"]) - np.log(wide["mohge"]) - math.log(1.02)
     assert ni["p"] == pytest.approx(stats.ttest_1samp(d, 0.0, alternative="less").pvalue) and ni["met"] == "met"
+    upper = math.exp(d.mean() + math.log(1.02) + stats.t.ppf(0.95, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d)))
+    assert ni["ci_high"] == pytest.approx(upper)  # the interval the test reads: its upper end the one-sided bound
     assert t.loc["against alpha_E 2e-1", "p"] == pytest.approx(_scipy_p(runs, "mohge+biasfree", "mohge+ae2e1"))
     verdict = t.loc["balance holds on trained routing without a loss?"]
     assert verdict["decision"] == "balance holds on trained routing without a loss" and verdict["met"] == "met"
@@ -288,7 +285,7 @@ def test_bias_arm_goals_read_their_declared_rules_and_scipy_ps(config, planned):
 )
 def test_bias_arm_verdict_is_not_supported_when_one_goal_fails(config, planned, balance, unused, ppl, failed):
     runs, util, s7 = _bias_inputs(planned, {"mohge+biasfree": balance}, unused, {**BIAS_PPL, "mohge+biasfree": ppl})
-    t = controls.bias_balance(runs, util, s7, config, planned).set_index("question")
+    t = controls.bias_balance(runs, util, s7, config, planned).query("A == 'mohge+biasfree'").set_index("question")
     verdict = t.loc["balance holds on trained routing without a loss?"]
     assert verdict["decision"] == "not supported" and failed in verdict["note"]
     assert verdict["note"].count(": met") == 2
@@ -303,3 +300,27 @@ def test_bias_arm_without_runs_is_declared_not_run_and_absent_where_not_planned(
 
     none = controls.bias_balance(runs, empty, empty, load_yaml_or_json(ROOT / "configs" / "config.yaml"))
     assert none.empty and list(none.columns) == controls.BIAS_COLUMNS
+
+
+def test_group_bias_arms_read_q2s_bar_and_holm_over_their_two_perplexity_tests(config, planned):
+    """docs/study.md, "Every group kept alive": balance is met only with the interval's upper end below Q2's bar
+    (1.10), a looser goal than S11's is not used; the two arms' perplexity tests are met on their Holm p."""
+    arms = ("mohge+groupbias", "mohge+biasfree_groups")
+    balance = {"mohge+groupbias": [1.05, 1.07, 1.06, 1.08], "mohge+biasfree_groups": [1.08, 1.12, 1.05, 1.11],
+               "mohge": [1.30, 1.35, 1.28, 1.33]}  # fmt: skip
+    ppl = {**BIAS_PPL, "mohge+groupbias": 1.0, "mohge+biasfree_groups": 1.0}
+    runs, util, unused = _bias_inputs(planned, balance, [0, 0, 0], ppl)
+    t = controls.bias_balance(runs, util, unused, config, planned)
+    bal = t[t["goal"] == "balance"].set_index("A")
+    assert bal.loc["mohge+groupbias", "ci_high"] < 1.10 and bal.loc["mohge+groupbias", "met"] == "met"
+    wide = bal.loc["mohge+biasfree_groups"]  # mean 1.09 <= 1.10 and upper end <= 1.20: S11's goal would be met
+    assert wide["estimate"] <= 1.10 and 1.10 <= wide["ci_high"] <= 1.20 and wide["met"] == "not met"
+    ni = t[t["goal"] == "perplexity"].set_index("A")
+    ps = [ni.loc[a, "p"] for a in arms]
+    adjusted = sorted(ps)[0] * 2, max(sorted(ps)[0] * 2, sorted(ps)[1])
+    for a, p in zip(arms, ps, strict=True):
+        holm = adjusted[0] if p == min(ps) else adjusted[1]
+        assert f"Holm p over the group-bias arms {min(holm, 1.0):.3g}" in ni.loc[a, "note"]
+    verdicts = t[t["goal"] == "verdict"].set_index("A")
+    assert verdicts.loc["mohge+biasfree_groups", "decision"] == "not supported"
+    assert "balance: not met" in verdicts.loc["mohge+biasfree_groups", "note"]

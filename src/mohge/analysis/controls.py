@@ -37,8 +37,10 @@ paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on
   ``balance_ep`` on the arm's trained routing (S3's geometric mean and interval; the goal: mean <= BIAS_GOAL and upper
   end <= BIAS_CEILING) and its paired log ratio to the release recipe (two-sided); its unused experts per layer (S7's
   count; the goal: none in any layer of any seed); its test perplexity against the release recipe (non-inferiority
-  at BIAS_PPL_MARGIN) and against alpha_E 2e-1 (two-sided, with its 80 % MDE); the verdict "balance holds on trained
-  routing without a loss" only where the three goals are met.
+  at BIAS_PPL_MARGIN, read on the 90 % interval's upper end) and against alpha_E 2e-1 (two-sided, with its 80 % MDE);
+  the verdict "balance holds on trained routing without a loss" only where the three goals are met. The same rows
+  for each arm of BIAS_ARMS that keeps every group alive with a group selection bias, by Q2's bar (the interval's
+  upper end below balance_bar), with unused groups beside unused experts and Holm over their perplexity tests.
 """
 
 from __future__ import annotations
@@ -93,6 +95,10 @@ LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/st
 # S11: the arm balanced by a selection bias, the release recipe, the alpha_E 2e-1 arm (configs/study.yaml), its goals
 BIAS_ARM = ("mohge+biasfree", "mohge", "mohge+ae2e1")
 BIAS_GOAL, BIAS_CEILING, BIAS_PPL_MARGIN = 1.10, 1.20, 0.02
+# every arm balanced by a selection bias, and its balance goal: S11's own (mean <= BIAS_GOAL, upper end <=
+# BIAS_CEILING) or Q2's declared bar (the interval's upper end below analysis.balance_bar); the arms of the Q2 goal
+# keep every group alive (docs/study.md "Every group kept alive"), their perplexity tests one family (Holm)
+BIAS_ARMS = {"mohge+biasfree": "s11", "mohge+groupbias": "q2", "mohge+biasfree_groups": "q2"}
 BIAS_COLUMNS = [
     "goal", "question", "metric", "A", "B", "test", "status", "n", "estimate", "ci_low", "ci_high", "p", "decision",
     "mde80_pct", "met", "note",
@@ -464,9 +470,12 @@ def _bias_row(goal: str, question: str, metric: str, a: str, b: str, test: str, 
 
 
 def _bias_paired(row: dict, d: pd.Series, test: str, alpha: float, margin: float) -> dict:
+    """The paired test's row; a non-inferiority test prints the interval it reads, the 90 % one (its upper end is
+    the one-sided 95 % bound)."""
     if len(d):
         c = compare(d, test, alpha, margin)
-        row.update(n=c["n"], estimate=c["ratio"], ci_low=c["ci_low"], ci_high=c["ci_high"], p=c["p"])
+        lo, hi = (c["ci90_low"], c["ci90_high"]) if test == "noninferiority" else (c["ci_low"], c["ci_high"])
+        row.update(n=c["n"], estimate=c["ratio"], ci_low=lo, ci_high=hi, p=c["p"])
         row.update(decision=c["decision"], mde80_pct=c["mde80_pct"], status=_status(len(d), row["declared"]))
     return row
 
@@ -482,17 +491,29 @@ def _max_over_mean_by_seed(util: pd.DataFrame, runs: pd.DataFrame, model: str, e
 def bias_balance(
     runs: pd.DataFrame, util: pd.DataFrame, unused: pd.DataFrame, config: dict, planned: dict | None = None
 ) -> pd.DataFrame:
-    """S11_bias_balance (module docstring), on the dataset the study config plans BIAS_ARM on; empty where it plans
-    none. ``util``: utilization_summary.csv; ``unused``: S7 (:func:`mohge.analysis.study.unused_experts`)."""
+    """S11_bias_balance (module docstring): the rows of every arm of :data:`BIAS_ARMS` the study config plans, on the
+    dataset it plans them on; empty where it plans none. ``util``: utilization_summary.csv; ``unused``: S7
+    (:func:`mohge.analysis.study.unused_experts`)."""
     a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
     planned = planned_models(config) if planned is None else planned
-    arm, release, loss_arm = BIAS_ARM
-    dataset = next((ds for ds, m in planned if m == arm), None)
-    if dataset is None:
+    arms = [(ds, m) for ds, m in planned if m in BIAS_ARMS]
+    if not arms:
         return pd.DataFrame(columns=BIAS_COLUMNS)
-    runs = runs[runs["dataset"] == dataset]
-    ep, metric, alpha = a.balance_ep, a.primary_metric, a.alpha
-    seeds = {m: set(planned.get((dataset, m), {})) for m in BIAS_ARM}
+    rows: list[dict] = []
+    for dataset, arm in sorted(arms, key=lambda k: list(BIAS_ARMS).index(k[1])):
+        rows += _bias_arm(runs[runs["dataset"] == dataset], util, unused, dataset, arm, a, planned)
+    _holm_over_group_arms(rows, a.alpha)
+    return pd.DataFrame(rows, columns=BIAS_COLUMNS)
+
+
+def _bias_arm(
+    runs: pd.DataFrame, util: pd.DataFrame, unused: pd.DataFrame, dataset: str, arm: str, a, planned: dict
+) -> list[dict]:
+    """One arm's rows: balance by its goal, against the release recipe, unused experts (and groups), perplexity
+    non-inferiority, S11's arm also against alpha_E 2e-1, and the arm's verdict."""
+    _, release, loss_arm = BIAS_ARM
+    ep, metric, alpha, goal = a.balance_ep, a.primary_metric, a.alpha, BIAS_ARMS[arm]
+    seeds = {m: set(planned.get((dataset, m), {})) for m in (arm, release, loss_arm)}
     rows = []
     # balance: S3's measure over the arm's seeds, and paired by seed with the release recipe
     bal = _max_over_mean_by_seed(util, runs, arm, ep)
@@ -500,15 +521,20 @@ def bias_balance(
     if len(bal):
         mean, lo, hi = ratio_interval(bal.to_numpy(), alpha)
         row.update(n=len(bal), estimate=mean, ci_low=lo, ci_high=hi, status=_status(len(bal), len(seeds[arm])))
-        row.update(decision=f"goal: mean <= {BIAS_GOAL}, upper end <= {BIAS_CEILING}", note="as S3 (log-t interval)")
-        row["met"] = "met" if mean <= BIAS_GOAL and hi <= BIAS_CEILING else "not met"
+        row["note"] = "as S3 (log-t interval)"
+        if goal == "s11":
+            row["decision"] = f"goal: mean <= {BIAS_GOAL}, upper end <= {BIAS_CEILING}"
+            row["met"] = "met" if mean <= BIAS_GOAL and hi <= BIAS_CEILING else "not met"
+        else:
+            row["decision"] = f"Q2's bar: upper end < {a.balance_bar}"
+            row["met"] = "met" if hi < a.balance_bar else "not met"
     rows.append(row)
     ref = _max_over_mean_by_seed(util, runs, release, ep)
     d = (np.log(bal) - np.log(ref)).dropna() if len(bal) and len(ref) else pd.Series(dtype=np.float64)
     row = _bias_row("", "max/mean against the release recipe", "max_over_mean", arm, release, "two-sided",
                     len(seeds[arm] & seeds[release]))  # fmt: skip
     rows.append(_bias_paired(row, d, "two-sided", alpha, 0.0))
-    # unused experts: S7's count per layer, over the arm's seeds
+    # unused experts: S7's count per layer, over the arm's seeds; groups beside them
     u = unused[(unused["dataset"] == dataset) & (unused["model"] == arm) & (unused["layer"].astype(str) != "all")]
     row = _bias_row("unused experts", "experts under 1 % of a uniform share", "unused", arm, "", "goal",
                     len(seeds[arm]))  # fmt: skip
@@ -517,30 +543,54 @@ def bias_balance(
         row.update(n=n, estimate=float(u["unused"].max()), status=_status(n, len(seeds[arm])))
         row.update(decision="goal: none in any layer of any seed", met="met" if (u["unused"] == 0).all() else "not met")
         row["note"] = "mean per layer: " + ", ".join(f"layer {r.layer}: {r.unused:.2f}" for r in u.itertuples())
+        if "unused_groups" in u and u["unused_groups"].notna().any():
+            row["note"] += "; groups under 1 % of an even share: " + ", ".join(
+                f"layer {r.layer}: {r.unused_groups:.2f}" for r in u.itertuples()
+            )
     rows.append(row)
-    # perplexity: not worse than the release recipe by the margin; against the loss that balances, two-sided
+    # perplexity: not worse than the release recipe by the margin; S11's arm against the loss that balances
     d = paired_log_diffs(runs, metric, arm, release)
     row = _bias_row("perplexity", "not worse than the release recipe", metric, arm, release, "noninferiority",
                     len(seeds[arm] & seeds[release]))  # fmt: skip
     row = _bias_paired(row, d, "noninferiority", alpha, BIAS_PPL_MARGIN)
     if len(d):
         row["met"] = "met" if row["p"] < alpha else "not met"
-        row["note"] = f"H0: ratio >= {1 + BIAS_PPL_MARGIN:.2f}, read on the one-sided 95 % bound"
+        row["note"] = f"H0: ratio >= {1 + BIAS_PPL_MARGIN:.2f}; 90 % interval, its upper end the one-sided 95 % bound"
     rows.append(row)
-    d = paired_log_diffs(runs, metric, arm, loss_arm)
-    row = _bias_row("", "against alpha_E 2e-1", metric, arm, loss_arm, "two-sided", len(seeds[arm] & seeds[loss_arm]))
-    rows.append(_bias_paired(row, d, "two-sided", alpha, BIAS_PPL_MARGIN))
-    rows.append(_bias_verdict(rows, metric))
-    return pd.DataFrame(rows, columns=BIAS_COLUMNS)
+    if goal == "s11":
+        d = paired_log_diffs(runs, metric, arm, loss_arm)
+        row = _bias_row("", "against alpha_E 2e-1", metric, arm, loss_arm, "two-sided",
+                        len(seeds[arm] & seeds[loss_arm]))  # fmt: skip
+        rows.append(_bias_paired(row, d, "two-sided", alpha, BIAS_PPL_MARGIN))
+    rows.append(_bias_verdict(rows, metric, arm))
+    return rows
 
 
-def _bias_verdict(rows: list[dict], metric: str) -> dict:
-    """The declared family of three goals: the verdict only where each is met or not met."""
-    goals = {r["goal"]: r["met"] or r["status"] for r in rows if r["goal"]}
-    row = _bias_row("verdict", "balance holds on trained routing without a loss?", metric, BIAS_ARM[0], "", "rule", 0)
+def _holm_over_group_arms(rows: list[dict], alpha: float) -> None:
+    """The perplexity tests of the Q2-goal arms are one family: each is met on its Holm-adjusted p."""
+    fam = [r for r in rows if r["goal"] == "perplexity" and BIAS_ARMS[r["A"]] == "q2" and r["p"] == r["p"]]
+    if not fam:
+        return
+    for r, adjusted in zip(fam, holm([r["p"] for r in fam]), strict=True):
+        r["met"] = "met" if adjusted < alpha else "not met"
+        r["note"] += f"; Holm p over the group-bias arms {adjusted:.3g}"
+    for v in (r for r in rows if r["goal"] == "verdict" and BIAS_ARMS[r["A"]] == "q2"):
+        arm_rows = [r for r in rows if r["A"] == v["A"] and r["goal"] not in ("", "verdict")]
+        v.update(_bias_verdict(arm_rows, v["metric"], v["A"]))
+
+
+def _bias_verdict(rows: list[dict], metric: str, arm: str = BIAS_ARM[0]) -> dict:
+    """An arm's declared family of three goals: the verdict only where each is met or not met."""
+    goals = {r["goal"]: r["met"] or r["status"] for r in rows if r["goal"] and r["goal"] != "verdict"}
+    groups = BIAS_ARMS.get(arm) == "q2"
+    question = "every group kept alive, balanced, at no perplexity cost shown?" if groups else (
+        "balance holds on trained routing without a loss?")  # fmt: skip
+    row = _bias_row("verdict", question, metric, arm, "", "rule", 0)
     if all(v in ("met", "not met") for v in goals.values()):
         held = all(v == "met" for v in goals.values())
         row.update(status="run", met="met" if held else "not met")
-        row["decision"] = "balance holds on trained routing without a loss" if held else "not supported"
+        claim = "every group kept alive with balance and no perplexity cost shown" if groups else (
+            "balance holds on trained routing without a loss")  # fmt: skip
+        row["decision"] = claim if held else "not supported"
     row["note"] = "; ".join(f"{k}: {v}" for k, v in goals.items())
     return row

@@ -132,6 +132,8 @@ def frontier_test(rows: pd.DataFrame, trained: str, served: str, alpha: float = 
         "flops_high": math.exp(f_high) if f_high == f_high else math.nan,
         "verdict": verdict(math.exp(low), math.exp(high)) if defined else "not decidable (fewer than 2 pairs)",
         "reads": "; ".join(f"s{int(s.seed)}: {s.read}" for s in seeds.itertuples()) if len(seeds) else "",
+        # each pair's ratio: its direction, whatever the test decides
+        "per_pair": "; ".join(f"s{int(s.seed)} {math.exp(s.d):.3f}" for s in seeds.itertuples() if s.d == s.d),
     }
     return pd.DataFrame([row])
 

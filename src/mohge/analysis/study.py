@@ -87,6 +87,7 @@ DECISION_COLUMNS = [
     "contiguous_low", "contiguous_high", "bar", "below_contiguous", "below_bar", "decision",
 ]  # fmt: skip
 UNUSED_COLUMNS = ["dataset", "model", "layer", "n", "num_experts", "unused", "unused_low", "unused_high"]
+UNUSED_COLUMNS += ["unused_groups"]
 TASK_COLUMNS = ["dataset", "task", "metric", "model", "n", "mean", "ci_low", "ci_high", "reported"]
 
 
@@ -301,7 +302,8 @@ def balance_decision(s3: pd.DataFrame, dataset: str, ep: int = 4, bar: float = 1
 def unused_experts(results: Path, runs: pd.DataFrame, share: float = 0.01, alpha: float = 0.05) -> pd.DataFrame:
     """Per model and MoE layer (and "all": the mean over its MoE layers), the experts that receive fewer than
     ``share`` of a uniform share (total routed slots / E) on the traced split: mean and t interval over seeds
-    (truncated at 0), from each run's trace.json."""
+    (truncated at 0), from each run's trace.json; beside them the mean number of groups (where a model has several)
+    whose routed slots are under ``share`` of an even share."""
     per = []
     for r in runs.itertuples(index=False):
         path = results / "runs" / str(r.run) / "trace.json"
@@ -311,10 +313,15 @@ def unused_experts(results: Path, runs: pd.DataFrame, share: float = 0.01, alpha
         counts = {str(lay.layer): np.asarray(lay.counts, dtype=np.float64) for lay in trace.layers}
         unused = {k: int((c < share * c.sum() / len(c)).sum()) for k, c in counts.items()}
         unused["all"] = float(np.mean(list(unused.values())))
+        n = trace.experts_per_group  # groups: n consecutive experts of router order (nan with a single group)
+        grouped = {k: c.reshape(-1, n).sum(1) for k, c in counts.items()} if len(trace.expert_widths) > 1 else {}
+        groups = {k: int((g < share * g.sum() / len(g)).sum()) for k, g in grouped.items()}
+        groups["all"] = float(np.mean(list(groups.values()))) if groups else math.nan
         per += [
-            {"dataset": r.dataset, "model": r.family, "layer": k, "num_experts": trace.num_experts, "unused": v}
+            {"dataset": r.dataset, "model": r.family, "layer": k, "num_experts": trace.num_experts, "unused": v,
+             "unused_groups": groups.get(k, math.nan)}
             for k, v in unused.items()
-        ]
+        ]  # fmt: skip
     rows = []
     if per:
         df = pd.DataFrame(per)
@@ -324,6 +331,7 @@ def unused_experts(results: Path, runs: pd.DataFrame, share: float = 0.01, alpha
                 {
                     "dataset": ds, "model": model, "layer": layer, "n": len(g), "num_experts": g["num_experts"].iloc[0],
                     "unused": mean, "unused_low": max(lo, 0.0) if lo == lo else lo, "unused_high": hi,
+                    "unused_groups": g["unused_groups"].mean(),
                 }
             )  # fmt: skip
     return pd.DataFrame(rows, columns=UNUSED_COLUMNS)
