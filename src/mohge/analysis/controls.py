@@ -580,8 +580,10 @@ def _holm_over_group_arms(rows: list[dict], alpha: float) -> None:
 
 
 def _bias_verdict(rows: list[dict], metric: str, arm: str = BIAS_ARM[0]) -> dict:
-    """An arm's declared family of three goals: the verdict only where each is met or not met."""
-    goals = {r["goal"]: r["met"] or r["status"] for r in rows if r["goal"] and r["goal"] != "verdict"}
+    """An arm's declared family of three goals: the verdict only where each is met or not met on all its declared
+    seeds (a goal read on some of them says how far it has run)."""
+    goals = {r["goal"]: (r["met"] if r["status"] == "run" else "") or r["status"]
+             for r in rows if r["goal"] and r["goal"] != "verdict"}  # fmt: skip
     groups = BIAS_ARMS.get(arm) == "q2"
     question = "every group kept alive, balanced, at no perplexity cost shown?" if groups else (
         "balance holds on trained routing without a loss?")  # fmt: skip
