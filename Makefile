@@ -1,8 +1,8 @@
 # The two commands of this repository, each setting up what is missing first:
 #   make run    the embedded default study (configs/config.yaml) on every core
 #   make test   the whole test suite, spread over every core (pytest-xdist)
-# Set-up is setup.sh (a .venv with the pinned stack and this package, editable); it runs again only when .venv is
-# missing or pyproject.toml or setup.sh is newer than the stamp it leaves.
+# Set-up is setup.sh (a .venv with this package, editable, and the stack of constraints.txt); it runs again only when
+# .venv is missing or pyproject.toml, constraints.txt or setup.sh is newer than the stamp it leaves.
 
 VENV := .venv
 STAMP := $(VENV)/.setup-done
@@ -21,6 +21,6 @@ test: $(STAMP)
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml setup.sh
+$(STAMP): pyproject.toml constraints.txt setup.sh
 	bash setup.sh
 	touch $@

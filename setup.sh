@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One-command set-up: a virtual environment in .venv with the pinned stack and this package (editable),
-# test tools included. Re-running it is safe. Usage: bash setup.sh   (PYTHON=python3.11 bash setup.sh)
+# One-command set-up: a virtual environment in .venv with this package (editable) and every extra the artifact uses
+# (".[all,test]"), each at the version of constraints.txt, the stack the committed results were made with.
+# Re-running it is safe. Usage: bash setup.sh   (PYTHON=python3.11 bash setup.sh)
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -10,7 +11,7 @@ sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PY
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch is pinned in pyproject.toml (2.13.0): on a machine without CUDA pip takes the CPU build.
-.venv/bin/python -m pip install --quiet -e ".[test]"
+# torch is pinned in constraints.txt (2.13.0): on a machine without CUDA pip takes the CPU build.
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[all,test]"
 .venv/bin/python -c "import mohge, mohge.kernels, torch, triton, snakemake, lm_eval; print('mohge', mohge.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
 echo "set-up done: activate with 'source .venv/bin/activate'"

@@ -1,5 +1,5 @@
 """`make test` runs the suite with pytest-xdist's --dist loadgroup: the tests of one xdist_group run on one worker
-(one smoke run, one trained model each), with the pytest that pyproject.toml's test extra pins."""
+(one smoke run, one trained model each), with the pytest that constraints.txt pins."""
 
 from __future__ import annotations
 

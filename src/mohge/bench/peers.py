@@ -54,7 +54,7 @@ from .timing import time_fwd_bwd
 
 Tensor = torch.Tensor
 
-# The versions measured and pinned in pyproject.toml's `peers` extra (spmd_types: torchtitan's own import).
+# The versions measured, pinned in constraints.txt (spmd_types: torchtitan's own import).
 PEER_PACKAGES = {"torchtitan": "0.3.0", "transformers": "5.24.0", "spmd_types": "0.2.3"}
 HF_IMPLS = ("eager", "grouped_mm", "batched_mm")
 SLOW_FACTOR = 10.0
