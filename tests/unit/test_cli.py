@@ -13,7 +13,7 @@ import pytest
 
 from mohge import cli, data
 from mohge.analysis import utilization
-from mohge.config import sizes as params
+from mohge.config import param_report as params
 from mohge.core.knobs import ConfigError
 from mohge.evaluate import suite as evaluate
 from mohge.evaluate import traces
