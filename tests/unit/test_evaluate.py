@@ -235,3 +235,26 @@ def test_the_printed_summary_is_a_table_of_every_reported_metric_not_the_json():
     assert lines[2].split() == ["mohge_ppl", "bits_per_byte", "2.4074", "—", "160"]
     assert [line.split()[:3] for line in lines[3:]] == [["val", "split", "loss"], ["val", "split", "ppl"]]
     assert not any("{" in line for line in lines)
+
+
+def test_an_unknown_task_is_refused_in_one_line_before_the_model_loads(tmp_path):
+    """Not "needs the HF hub": a name that is neither a local task nor a standard one is named, with the local tasks;
+    the refusal comes before the model folder is read (here it does not exist)."""
+    with pytest.raises(ev.ConfigError, match=r"^task 'mohge_nonsense': unknown \(local tasks: mohge_ppl, mohge_cloze"):
+        ev.evaluate(tmp_path / "no-model", tmp_path / "no-data", tasks=["mohge_nonsense"], device="cpu")
+    with pytest.raises(ev.ConfigError, match=r"^task 'hellaswag': .*--allow-hub"):
+        ev.evaluate(tmp_path / "no-model", tmp_path / "no-data", tasks=["hellaswag"], device="cpu")
+
+
+def test_an_unknown_task_with_the_hub_allowed_is_refused_by_lm_evals_index(tmp_path, monkeypatch):
+    """With --allow-hub any task lm-eval knows may run; one it does not know is refused in one line, before lm-eval
+    evaluates anything (lm=None would fail there)."""
+    import lm_eval.tasks
+
+    class Index:  # lm-eval's TaskManager as run_lm_eval reads it: the names it knows
+        def __init__(self, **kwargs):
+            self.all_tasks = ["hellaswag", "lambada_openai", *ev.LOCAL_TASKS]
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Index)
+    with pytest.raises(ev.ConfigError, match=r"^task 'mohge_nonsense': unknown to lm-eval .*local tasks: mohge_ppl"):
+        ev.run_lm_eval(None, ["lambada_openai", "mohge_nonsense"], tmp_path, allow_hub=True)

@@ -268,6 +268,23 @@ def standard_tasks(templates: Path = TASK_TEMPLATES) -> list[str]:
     return list(yaml.safe_load((templates / "standard.yaml").read_text())["standard_tasks"])
 
 
+def check_task_names(tasks: Sequence[str], allow_hub: bool, templates: Path = TASK_TEMPLATES) -> None:
+    """Every task named is a local task or, with ``allow_hub``, one of lm-eval's: a name that is neither a local nor
+    a standard task is refused here in one line; with the hub allowed, one that lm-eval does not know either is
+    refused by :func:`run_lm_eval` (lm-eval's index is read there, once)."""
+    standard = standard_tasks(templates)
+    for name in tasks:
+        if name in LOCAL_TASKS or (allow_hub and name not in standard):
+            continue
+        if name in standard:
+            why = "a standard lm-eval task downloads its data from the HF hub (--allow-hub)"
+            raise ConfigError(f"task {name!r}: {why}")
+        raise ConfigError(
+            f"task {name!r}: unknown (local tasks: {', '.join(LOCAL_TASKS)}; with --allow-hub also lm-eval's own, "
+            f"such as {', '.join(standard)})"
+        )
+
+
 def check_task_docs(tasks: Sequence[str], task_data: Path) -> None:
     """Every local task named must have its documents in ``task_data``."""
     for name in tasks:
@@ -304,13 +321,16 @@ def run_lm_eval(
     from lm_eval.tasks import TaskManager
 
     hub = [t for t in tasks if t not in LOCAL_TASKS]
-    if hub and not allow_hub:
-        raise ConfigError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
+    check_task_names(tasks, allow_hub, templates)
     check_task_docs(tasks, task_data)
     # the shipped YAMLs as lm-eval's CLI reads them (--include_path), told where the documents are
     manager = TaskManager(
         include_path=str(templates), include_defaults=bool(hub), metadata={"task_data": str(task_data.resolve())}
     )
+    for name in hub:
+        if name not in manager.all_tasks:
+            local = ", ".join(LOCAL_TASKS)
+            raise ConfigError(f"task {name!r}: unknown to lm-eval and not a local task (local tasks: {local})")
     res = simple_evaluate(
         model=lm,
         tasks=list(tasks),
@@ -343,6 +363,8 @@ def evaluate(
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
     defaults of tasks, limit and batch size. ``route_override`` serves the model with a cheaper routing
     (:mod:`.route_override`; every task and loss then sees it, and metrics.json records it)."""
+    if tasks is not None:
+        check_task_names(tasks, allow_hub, Path(templates))  # before the model loads
     if not allow_hub:
         go_offline()
     from .lm_eval_adapter import MoHGELM
