@@ -340,8 +340,9 @@ def _write_outputs(
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.train",
-        description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
+        prog="mohge train",
+        description="Train one run config; resumes from the newest valid checkpoint in the scratch folder. "
+        "python -m mohge.train is the same command: the module torchrun and the train rule launch.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
         "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "
