@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lm-eval": ("mohge.evaluate.harness", "lm-eval's own command line with --model mohge registered"),
     "traces": ("mohge.evaluate.traces", "the routing trace of a trained model on held-out data"),
     "export": ("mohge.evaluate.hf_export", "a trained model folder as a Hugging Face model"),
-    "params": ("mohge.config.sizes", "total and activated parameters of a model config"),
+    "params": ("mohge.config.param_report", "total and activated parameters of a model or of a run a config plans"),
     "runs": ("mohge.config.runs", "the runs a workflow config plans, and its JSON schema"),
     "sizing": ("mohge.analysis.sizing", "per-GPU memory, whether it fits, and days to finish of a cluster config"),
     "utilization": ("mohge.analysis.utilization", "per-GPU load of expert placements, from a routing trace"),

@@ -13,7 +13,7 @@ import pytest
 
 from mohge import cli, data
 from mohge.analysis import utilization
-from mohge.config import sizes as params
+from mohge.config import param_report as params
 from mohge.core.knobs import ConfigError
 from mohge.evaluate import suite as evaluate
 from mohge.evaluate import traces
@@ -165,3 +165,11 @@ def test_the_user_error_carries_its_key_and_value():
     with pytest.raises(ConfigError) as err:
         ModelConfig.from_dict({"d_model": 0})
     assert err.value.key == "d_model" and err.value.value == 0 and str(err.value).startswith("d_model=0")
+
+
+def test_train_help_names_the_mohge_command_and_the_module_still_runs(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["train", "--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: mohge train ")
+    module = subprocess.run([sys.executable, "-m", "mohge.train", "--help"], capture_output=True, text=True)
+    assert module.returncode == 0 and "python -m mohge.train" in module.stdout, module.stderr

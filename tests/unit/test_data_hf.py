@@ -180,3 +180,12 @@ def test_missing_column_and_unmatched_files_are_named(tmp_path):
         prepare(config(pattern, "json", hf_id_field="uid"), tmp_path / "o")
     with pytest.raises(ConfigError, match=r"data.hf_data_files='.*nothing-\*.jsonl': matches no file"):
         prepare(config(str(tmp_path / "nothing-*.jsonl"), "json"), tmp_path / "o")
+
+
+def test_a_data_job_whose_hf_local_path_is_gone_is_refused_in_one_line(tmp_path):
+    """A path that existed at plan time and is gone when the data job runs: the key, not load_from_disk's traceback."""
+    from mohge.config import ConfigError
+
+    cfg = DataConfig.from_dict({"source": "hf", "hf_local_path": str(tmp_path / "gone"), "vocab_size": 300})
+    with pytest.raises(ConfigError, match=r"^data\.hf_local_path='.*gone': no such folder"):
+        prepare(cfg, tmp_path / "o")

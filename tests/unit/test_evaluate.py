@@ -235,3 +235,82 @@ def test_the_printed_summary_is_a_table_of_every_reported_metric_not_the_json():
     assert lines[2].split() == ["mohge_ppl", "bits_per_byte", "2.4074", "—", "160"]
     assert [line.split()[:3] for line in lines[3:]] == [["val", "split", "loss"], ["val", "split", "ppl"]]
     assert not any("{" in line for line in lines)
+
+
+def test_an_unknown_task_is_refused_in_one_line_before_the_model_loads(tmp_path):
+    """Not "needs the HF hub": a name that is neither a local task nor a standard one is named, with the local tasks;
+    the refusal comes before the model folder is read (here it does not exist)."""
+    with pytest.raises(ev.ConfigError, match=r"^task 'mohge_nonsense': unknown \(local tasks: mohge_ppl, mohge_cloze"):
+        ev.evaluate(tmp_path / "no-model", tmp_path / "no-data", tasks=["mohge_nonsense"], device="cpu")
+    with pytest.raises(ev.ConfigError, match=r"^task 'hellaswag': .*--allow-hub"):
+        ev.evaluate(tmp_path / "no-model", tmp_path / "no-data", tasks=["hellaswag"], device="cpu")
+
+
+def test_an_unknown_task_with_the_hub_allowed_is_refused_by_lm_evals_index(tmp_path, monkeypatch):
+    """With --allow-hub any task lm-eval knows may run; one it does not know is refused in one line, before lm-eval
+    evaluates anything (lm=None would fail there)."""
+    import lm_eval.tasks
+
+    class Index:  # lm-eval's TaskManager as run_lm_eval reads it: the names it knows
+        def __init__(self, **kwargs):
+            self.all_tasks = ["hellaswag", "lambada_openai", *ev.LOCAL_TASKS]
+
+    monkeypatch.setattr(lm_eval.tasks, "TaskManager", Index)
+    with pytest.raises(ev.ConfigError, match=r"^task 'mohge_nonsense': unknown to lm-eval .*local tasks: mohge_ppl"):
+        ev.run_lm_eval(None, ["lambada_openai", "mohge_nonsense"], tmp_path, allow_hub=True)
+
+
+def _as_workflow_lays_it_out(model: Path, root: Path, eval_section: dict) -> Path:
+    """The model folder at work/<study>/runs/<run> and its run config, with ``eval_section``, at
+    results/<study>/runs/<run>/config.json: what the train rule and the run_config rule write."""
+    run_cfg = json.loads((model / "config.json").read_text())
+    folder = Path(shutil.copytree(model, root / "work" / "s" / "runs" / run_cfg["name"]))
+    study = root / "results" / "s" / "runs" / run_cfg["name"]
+    study.mkdir(parents=True)
+    (study / "config.json").write_text(json.dumps({**run_cfg, "eval": {**run_cfg["eval"], **eval_section}}))
+    return folder
+
+
+def test_a_workflow_model_folder_is_evaluated_with_its_studys_eval_section(run, tmp_path, caplog):
+    """Without --eval-config, work/<study>/runs/<run> is evaluated with results/<study>/runs/<run>/config.json's eval
+    section, as the workflow evaluates it (not the model folder's own); the log says which one."""
+    from mohge.config import load_run_config
+    from mohge.config.provenance import code_version
+    from mohge.core.knobs import to_dict
+
+    model, data = run
+    folder = _as_workflow_lays_it_out(model, tmp_path, {"limit": 2})
+    study = tmp_path / "results" / "s" / "runs" / folder.name / "config.json"
+    with caplog.at_level("INFO", logger="mohge.evaluate"):
+        metrics = ev.evaluate(folder, data, device="cpu", max_loss_batches=1)
+    assert metrics["lm_eval"]["limit"] == 2  # the model folder's own says 3
+    assert metrics["code"]["config_sha256"] == code_version(to_dict(load_run_config(study)))["config_sha256"]
+    assert f"eval section: {study} (the study's" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="mohge.evaluate"):
+        assert ev.evaluate(model, data, device="cpu", max_loss_batches=1)["lm_eval"]["limit"] == 3
+    assert "(the model folder's own" in caplog.text
+
+
+def test_a_route_override_prints_the_flops_per_token_it_serves(run, tmp_path, capsys):
+    model, data = run
+    out = tmp_path / "m.json"
+    argv = ["--ckpt", str(model), "--data", str(data), "--out", str(out), "--max-loss-batches", "1", "--limit", "1"]
+    assert ev.main([*argv, "--device", "cpu", "--route-override", "topk=1"]) == 0
+    text = capsys.readouterr().out
+    served = json.loads(out.read_text())["route_override"]
+    assert served["flops_per_token"] > 0 and 0 < served["params_per_token"] < served["flops_per_token"]
+    assert f"{served['flops_per_token']:.4g}" in text and "flops/token" in text
+    # the count of mohge bench inference on the same validation windows (the eval section's batch of 8, one batch)
+    from mohge.bench.inference import routed_pass
+    from mohge.evaluate.route_override import RouteOverride, apply_route_override
+    from mohge.train.checkpoint import load_trained
+
+    cfg, net = load_trained(model, "cpu")
+    apply_route_override(net, cfg.model, RouteOverride(topk=1))
+    tokens = routed_pass(net, cfg, data, "val", batch_size=8, max_batches=1)
+    assert served["tokens"] == len(tokens["flops"])
+    assert served["flops_per_token"] == pytest.approx(float(tokens["flops"].mean()), rel=1e-12)
+    assert ev.main([*argv, "--device", "cpu"]) == 0
+    trained = json.loads(out.read_text())
+    assert "route_override" not in trained

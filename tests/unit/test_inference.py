@@ -8,19 +8,13 @@ import pytest
 import torch
 from conftest import tiny_model_config, tiny_run, train_tiny
 
-from mohge.bench.inference import (
-    bench_inference,
-    greedy_cached,
-    greedy_uncached,
-    record_routing,
-    routed_pass,
-    token_cost,
-)
+from mohge.bench.inference import bench_inference, greedy_cached, greedy_uncached, routed_pass
 from mohge.bench.inference import main as inference_main
 from mohge.config import ConfigError, RunConfig
 from mohge.data.tokenizer import EOT_ID
 from mohge.evaluate.hf_export import to_hf_model
 from mohge.evaluate.route_override import RouteOverride, apply_route_override
+from mohge.evaluate.routed_cost import record_routing, token_cost
 from mohge.model import LanguageModel
 from mohge.train.checkpoint import load_trained
 from mohge.train.heldout import heldout_loss
@@ -175,10 +169,13 @@ def test_evaluate_records_the_route_override(trained, tmp_path):
         models["mohge"], data, tasks=[], device="cpu", max_loss_batches=1, route_override=RouteOverride(group_topk=1)
     )
     assert "route_override" not in plain
-    assert cheap["route_override"] == {
+    served = cheap["route_override"]
+    assert {k: served[k] for k in ("point", "routing", "cost_split")} == {
         "point": "group_topk=1",
         "routing": {"group_topk": 1, "topk": 2, "bar_widest": 0},
+        "cost_split": "val",
     }
+    assert served["tokens"] == cheap["val"]["tokens"] and served["flops_per_token"] > served["params_per_token"] > 0
     assert cheap["val"]["loss"] != plain["val"]["loss"]
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 from conftest import ROOT, tiny_model_config
 
-from mohge.config import load_model_config
+from mohge.config import ConfigError, load_model_config, param_report
 from mohge.config import sizes as params
 from mohge.model import LanguageModel
 
@@ -53,9 +53,80 @@ def test_activated_under_histogram():
 
 def test_cli_prints_and_writes_json(tmp_path, capsys):
     out = tmp_path / "p.json"
-    rc = params.main([str(PRESETS / "mohge-3b.yaml"), "--compare", str(PRESETS / "moe-3b.yaml"), "--json", str(out)])
+    argv = [str(PRESETS / "mohge-3b.yaml"), "--compare", str(PRESETS / "moe-3b.yaml"), "--json", str(out)]
+    rc = param_report.main(argv)
     assert rc == 0
     text = capsys.readouterr().out
     assert "-18.75%" in text
     data = json.loads(out.read_text())
     assert data["total"]["routed_experts"] == 14 * 8 * 3 * 1024 * sum(range(384, 1281, 128))
+
+
+def _planned(*names: str) -> dict:
+    """The runs of configs/<name>.yaml merged over configs/config.yaml, as the workflow plans an overlay."""
+    from mohge.config import load_yaml_or_json
+    from mohge.config.runs import merge_config, plan
+
+    config: dict = {}
+    for name in ("config", *names):
+        config = merge_config(config, load_yaml_or_json(ROOT / "configs" / f"{name}.yaml"))
+    return plan(config, preflight=False)
+
+
+def test_a_workflow_config_is_counted_with_its_datasets_vocabulary(tmp_path, capsys):
+    """configs/paper.yaml's MoHGE run has the dataset's 65,536-token vocabulary: 2.651 B, as docs/serving.md says."""
+    out = tmp_path / "p.json"
+    assert param_report.main([str(ROOT / "configs" / "paper.yaml"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["run"] == "web-mohge-s0"
+    assert data["total"]["embeddings"] == 65536 * 1024
+    assert data["total_sum"] == params.count_params(_planned("paper")["web-mohge-s0"].model)["total_sum"]
+    assert "2.651B" in text and "web-mohge-s0" in text
+
+
+@pytest.mark.parametrize("overlay", ["study", "ablations", "frontier", "capacity"])
+def test_an_overlay_config_is_counted_merged_over_the_default_config(overlay, tmp_path):
+    """An overlay (a config that extends configs/config.yaml) is counted as the workflow plans it."""
+    out = tmp_path / "p.json"
+    assert param_report.main([str(ROOT / "configs" / f"{overlay}.yaml"), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    runs = _planned(overlay)
+    assert data["run"] == next(name for name, cfg in runs.items() if cfg.family == "mohge")
+    assert data["total"] == params.param_totals(runs[data["run"]].model)
+
+
+def test_run_picks_one_planned_run_and_an_unknown_name_lists_the_runs(tmp_path):
+    out = tmp_path / "p.json"
+    paper = str(ROOT / "configs" / "paper.yaml")
+    assert param_report.main([paper, "--run", "web-moe-s0", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["run"] == "web-moe-s0"
+    assert data["total"] == params.param_totals(_planned("paper")["web-moe-s0"].model)
+    with pytest.raises(ConfigError, match=r"^--run 'web-nope-s0': not a run of .*paper\.yaml \(runs: web-mohge-s0, "):
+        param_report.main.__wrapped__([paper, "--run", "web-nope-s0"])
+
+
+def test_a_config_of_several_sizes_without_a_mohge_run_needs_run(tmp_path):
+    """No MoHGE run to count by default and runs of different sizes: the refusal lists the runs to pick from."""
+    config = tmp_path / "moe.yaml"
+    config.write_text(
+        "study: moe_only\nexperiments:\n  - dataset: graded\n    families: [moe, dense]\n    seeds: [0]\n"
+    )
+    with pytest.raises(ConfigError, match=r"^--run: .*moe\.yaml plans runs of 2 sizes and no MoHGE run.*graded-moe-s0"):
+        param_report.main.__wrapped__([str(config)])
+    assert param_report.main([str(config), "--run", "graded-dense-s0"]) == 0
+
+
+def test_a_model_preset_and_a_resolved_run_config_are_counted_as_they_are(tmp_path):
+    from mohge.config.runs import to_dict
+
+    run = _planned("paper")["web-mohge-s0"]
+    resolved = tmp_path / "config.json"
+    resolved.write_text(json.dumps(to_dict(run)))
+    preset = PRESETS / "mohge-3b.yaml"
+    for path, want in ((resolved, run.model), (preset, load_model_config(preset))):
+        out = tmp_path / "p.json"
+        assert param_report.main([str(path), "--json", str(out)]) == 0
+        data = json.loads(out.read_text())
+        assert data["total"] == params.param_totals(want) and "run" not in data

@@ -284,3 +284,19 @@ def test_every_hashed_spelling_is_an_alias_of_its_value():
         ("loss", "expert_aux_mode"): EXPERT_AUX_MODE_ALIASES,
     }
     assert {path: {v: k for k, v in a.items()} for path, a in aliases.items()} == prov.HASHED_AS
+
+
+def test_check_and_restamp_end_in_a_one_line_summary(tmp_path, capsys):
+    """Silence is no answer: a check that finds nothing says how many results it checked, and of which code."""
+    today = prov.sources_sha256()
+    _fake_run(tmp_path / "ok", {"sources_sha256": today})
+    assert prov.main(["check", str(tmp_path / "ok")]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"2 result files in 1 study roots, all made by today's code (sources {today[:12]})"
+    ]
+    _fake_run(tmp_path / "old", {"sources_sha256": "0" * 64})
+    assert prov.main(["check", str(tmp_path / "ok"), str(tmp_path / "old")]) == 1
+    assert capsys.readouterr().out.splitlines()[-1].startswith("2 of 4 result files in 2 study roots are stale")
+    assert prov.main(["restamp", "--from", "0" * 64, "--reason", "r", str(tmp_path / "old")]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"2 result files restamped from sources {'0' * 12} to {today[:12]}"

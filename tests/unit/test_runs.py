@@ -310,3 +310,20 @@ def test_an_experiment_may_set_its_own_moe_width():
     runs = plan({**BASE, "moe_width": 48, "experiments": [exp, {**exp, "seeds": [1], "moe_width": 64}]})
     assert runs["graded-moe-s0"].model.ffn.expert_widths == (48,)
     assert runs["graded-moe-s1"].model.ffn.expert_widths == (64,)
+
+
+def test_a_missing_hf_local_path_is_refused_at_plan_time_naming_the_key(tmp_path):
+    """Not a FileNotFoundError traceback from the data job: one line naming datasets.<name>.hf_local_path."""
+    cfg = copy.deepcopy(BASE)
+    missing = tmp_path / "no-such-dataset"
+    cfg["datasets"]["graded"] = {"source": "hf", "hf_local_path": str(missing), "vocab_size": 300, "seq_len": 32}
+    with pytest.raises(ConfigError, match=rf"^datasets\.graded\.hf_local_path='{re.escape(str(missing))}': no such"):
+        plan(cfg)
+    missing.mkdir()  # a folder, but not one save_to_disk wrote
+    with pytest.raises(ConfigError, match=r"^datasets\.graded\.hf_local_path=.*not a dataset saved with save_to_disk"):
+        plan(cfg)
+    (missing / "state.json").write_text("{}")
+    assert plan(cfg)
+    assert plan(
+        {**cfg, "datasets": {"graded": {**cfg["datasets"]["graded"], "hf_local_path": "gone"}}}, prepared={"graded"}
+    )

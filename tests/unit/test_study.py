@@ -211,12 +211,14 @@ def test_task_table_reports_only_tasks_off_chance_and_ceiling():
     assert t[t["task"] == "mohge_graded_medium"]["reported"].str.contains("ceiling").all()
 
 
-def test_run_analysis_on_the_committed_default_results(tmp_path):
-    from mohge.config import load_yaml_or_json
-
+def test_run_analysis_on_the_committed_default_results(tmp_path, capsys):
+    """`mohge study` on the committed default results: its tables, and one line that says what it wrote."""
     root = Path(__file__).resolve().parents[2]
-    config = load_yaml_or_json(root / "configs" / "config.yaml")
-    study.run_analysis(root / "results" / "default", config, tmp_path)
+    results, config = root / "results" / "default", root / "configs" / "config.yaml"
+    assert study.main(["--results", str(results), "--config", str(config), "--out", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"11 tables (S1_models ... S11_bias_balance) of {results} written to {tmp_path} (csv, md, html)"
+    ]
     s1 = pd.read_csv(tmp_path / "S1_models.csv")
     assert s1.set_index(["dataset", "model"]).loc[("shakespeare", "mohge"), "n"] == 3
     s3 = pd.read_csv(tmp_path / "S3_balance.csv")

@@ -197,3 +197,18 @@ def test_writer_refuses_what_the_reader_would(tmp_path):
     with pytest.raises(TraceError, match=re.escape("layers[0]: 'counts' has 2 entries")):
         write_trace(data, tmp_path / "t.json")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_a_workflow_model_folder_is_traced_with_its_studys_eval_section(run, tmp_path):
+    """Without --eval-config, work/<study>/runs/<run> keeps the raw routing of the study's eval.trace_batches
+    (results/<study>/runs/<run>/config.json), as the workflow traces it, not the model folder's own."""
+    import shutil
+
+    model, data = run
+    run_cfg = json.loads((model / "config.json").read_text())
+    folder = Path(shutil.copytree(model, tmp_path / "work" / "s" / "runs" / run_cfg["name"]))
+    study = tmp_path / "results" / "s" / "runs" / run_cfg["name"]
+    study.mkdir(parents=True)
+    (study / "config.json").write_text(json.dumps({**run_cfg, "eval": {**run_cfg["eval"], "trace_batches": 1}}))
+    traces.trace_checkpoint(folder, data, tmp_path / "t.json")
+    assert np.load(tmp_path / "t.npz")["idx_0"].shape[0] == 1 * 4 * 16  # the model folder's own says 2 batches

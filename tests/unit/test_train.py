@@ -322,3 +322,23 @@ def test_the_group_bias_trains_and_is_saved_with_the_weights(tmp_path, data_dir)
     bias = [k for k in final if k.endswith("router.group_bias_G")]
     assert len(bias) == 2 and all(final[k].abs().sum() > 0 for k in bias)
     assert not any(k.endswith("router.expert_bias_E") for k in final)
+
+
+def test_progress_off_a_terminal_is_whole_lines(monkeypatch):
+    """A SLURM log (stderr not a terminal) gets the progress as newline-separated lines, not one line of
+    carriage-return redraws; a terminal keeps tqdm's redrawn line."""
+    import io
+    from types import SimpleNamespace
+
+    log = io.StringIO()  # isatty() is False
+    monkeypatch.setattr(sys, "stderr", log)
+    cfg = RunConfig.from_dict(tiny_run(train={"steps": 4, "warmup_steps": 1}))
+    with train_mod._progress_bar(cfg, SimpleNamespace(main=True), 0) as bar:
+        for _ in range(4):
+            bar.update(1)
+        bar.set_postfix({"loss": 1.5}, refresh=False)  # as the trainer sets a log row's
+    text = log.getvalue()
+    assert "\r" not in text and text.endswith("\n"), repr(text)
+    lines = text.splitlines()  # the start and the end: the steps between fall inside one 30 s interval
+    assert len(lines) == 2 and lines[0].startswith(f"{cfg.name}:") and "0/4" in lines[0]
+    assert "4/4" in lines[1] and "loss=1.5" in lines[1]

@@ -301,3 +301,25 @@ def test_run_and_dataset_sections_hash_what_they_depend_on(smoke):
     assert wp.dataset_section(wp.runs[run].dataset) == {"data": wp.runs[run].data}
     assert wp.data_dir(run) == f"work/smoke/data/{wp.runs[run].dataset}"
     assert wp.inference_args()[-2:] == ["--eval-batches", str(smoke["inference"].get("eval_batches", 8))]
+
+
+def test_only_a_config_mistake_is_a_one_line_config_error_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
+    """The Snakefile's plan (workflow/rules/common.smk calls plan_or_refuse): a ConfigError is `config error: ...` on
+    stderr and exit 2; any other exception, ValueError included, propagates with its traceback."""
+    from mohge.workflow import plan as plan_module
+
+    def mistake(*args, **kwargs):
+        raise ConfigError("train.steps=0: must be > 0")
+
+    monkeypatch.setattr(plan_module, "from_snakemake", mistake)
+    with pytest.raises(SystemExit) as done:
+        plan_module.plan_or_refuse({}, configfiles=[], cli_config={}, schema={}, checkout=".", from_results=False)
+    assert done.value.code == 2 and capsys.readouterr().err == "config error: train.steps=0: must be > 0\n"
+
+    def bug(*args, **kwargs):
+        raise ValueError("operands could not be broadcast together")
+
+    monkeypatch.setattr(plan_module, "from_snakemake", bug)
+    with pytest.raises(ValueError, match="broadcast"):
+        plan_module.plan_or_refuse({}, configfiles=[], cli_config={}, schema={}, checkout=".", from_results=False)
+    assert (ROOT / "workflow" / "rules" / "common.smk").read_text().count("plan_or_refuse(") == 1

@@ -9,15 +9,8 @@ import sys
 
 from mohge.config import to_dict
 from mohge.workflow.checkout import asked_targets
-from mohge.workflow.plan import digest, from_snakemake
+from mohge.workflow.plan import digest, plan_or_refuse
 from mohge.workflow.targets import CAPACITY_TABLES, STUDY_TABLES, TEX_TABLES
-
-
-def refuse(message):
-    """A config mistake: one line naming the key on stderr, no stack frames, no schema dump."""
-    print(f"config error: {message}", file=sys.stderr)
-    sys.exit(2)
-
 
 # Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
 # sources, so no training, evaluation or collect job can enter the plan.
@@ -32,18 +25,16 @@ CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
 os.environ.update(MOHGE_CHECKOUT=os.path.abspath(CHECKOUT))
 with open(workflow.source_path("../schemas/config.schema.json")) as fh:
     SCHEMA = json.load(fh)
-try:
-    PLAN = from_snakemake(
-        config,
-        configfiles=workflow.overwrite_configfiles,
-        cli_config=workflow.config_settings.config,
-        schema=SCHEMA,
-        checkout=CHECKOUT,
-        from_results=FROM_RESULTS,
-    )
-    COMMITTED = PLAN.committed
-except ValueError as err:  # ConfigError included
-    refuse(str(err))
+# a config mistake is one line naming the key (exit 2); any other exception is a bug and keeps its traceback
+PLAN = plan_or_refuse(
+    config,
+    configfiles=workflow.overwrite_configfiles,
+    cli_config=workflow.config_settings.config,
+    schema=SCHEMA,
+    checkout=CHECKOUT,
+    from_results=FROM_RESULTS,
+)
+COMMITTED = PLAN.committed
 
 RUNS, STUDY, RES, WORK, LOGS = PLAN.runs, PLAN.study, PLAN.res, PLAN.work, PLAN.logs
 CLUSTER = PLAN.cluster

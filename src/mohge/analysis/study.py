@@ -416,8 +416,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_analysis(results: Path, config: dict, out: Path) -> None:
-    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S11)."""
+def run_analysis(results: Path, config: dict, out: Path) -> list[str]:
+    """Every table of the study whose merged workflow ``config`` and collected CSVs are given (S1-S11); returns the
+    tables' names, in the order written."""
+    written: list[str] = []
+
+    def table(df: pd.DataFrame, name: str) -> None:
+        write_table(df, out / name)
+        written.append(name)
+
     analysis = config.get("analysis") or {}
     declared = AnalysisConfig.from_dict(analysis, "analysis")
     alpha = declared.alpha
@@ -426,9 +433,9 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
     s1 = model_summary(runs, alpha)
     every = unused[unused["layer"] == "all"].set_index(["dataset", "model"])["unused"]
     s1["unused_experts"] = [every.get((ds, m), math.nan) for ds, m in zip(s1["dataset"], s1["model"], strict=True)]
-    write_table(s1, out / "S1_models")
+    table(s1, "S1_models")
     main_dataset = config["experiments"][0]["dataset"]  # Q1 runs on the first experiment's dataset
-    write_table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), out / "S2_tests")
+    table(quality_tests(runs[runs["dataset"] == main_dataset], analysis), "S2_tests")
     util = pd.read_csv(results / "utilization_summary.csv")
     trained = balance(util, runs, alpha)
     u = UtilizationConfig.from_dict(config.get("utilization") or {}, "utilization")
@@ -439,21 +446,22 @@ def run_analysis(results: Path, config: dict, out: Path) -> None:
         even_table.loc[even_table["strategy"] == "all_size", "note"] = IDENTITY
         tables.append(even_table)
     s3 = pd.concat(tables, ignore_index=True)
-    write_table(s3, out / "S3_balance")
+    table(s3, "S3_balance")
     ep, bar = declared.balance_ep, declared.balance_bar
     decision = balance_decision(s3, main_dataset, ep, bar)
-    write_table(decision, out / "S6_balance_decision")
-    write_table(unused, out / "S7_unused_experts")
+    table(decision, "S6_balance_decision")
+    table(unused, "S7_unused_experts")
     groups = pd.read_csv(results / "groups_by_level.csv")
-    write_table(difficulty(groups, runs, alpha), out / "S4_difficulty")
-    write_table(task_table(runs, alpha), out / "S5_tasks")
+    table(difficulty(groups, runs, alpha), "S4_difficulty")
+    table(task_table(runs, alpha), "S5_tasks")
     # the arms declared after the results: reported where they ran, "declared, not run" where not
     planned = planned_models(config)
-    write_table(control_tests(runs, config, planned), out / "S8_controls")
-    write_table(q3_dose(mean_width_by_level(groups), runs, config, planned), out / "S9_q3_dose")
+    table(control_tests(runs, config, planned), "S8_controls")
+    table(q3_dose(mean_width_by_level(groups), runs, config, planned), "S9_q3_dose")
     graded = graded_datasets(planned) | set(groups.loc[groups["level"].isin(LEVELS), "dataset"])
-    write_table(token_q3(results, runs, graded, alpha, planned), out / "S10_token_q3")
-    write_table(bias_balance(runs, util, unused, config, planned), out / "S11_bias_balance")
+    table(token_q3(results, runs, graded, alpha, planned), "S10_token_q3")
+    table(bias_balance(runs, util, unused, config, planned), "S11_bias_balance")
+    return written
 
 
 @user_errors
@@ -468,5 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("runs.csv", "utilization_summary.csv", "groups_by_level.csv"):
         if not (args.results / name).is_file():
             raise ConfigError(f"--results {args.results}: {name} is missing (run the study's collect step first)")
-    run_analysis(args.results, config, args.out)
+    tables = run_analysis(args.results, config, args.out)
+    named = f"{tables[0]} ... {tables[-1]}"
+    print(f"{len(tables)} tables ({named}) of {args.results} written to {args.out} (csv, md, html)")
     return 0

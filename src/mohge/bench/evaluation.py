@@ -99,7 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="mohge bench eval", description=__doc__.split("\n\n")[0])
     ap.add_argument("--ckpt", required=True, help="a trained model folder (what mohge.train writes)")
     ap.add_argument("--data", required=True, help="its prepared data folder")
-    ap.add_argument("--eval-config", help="the run's config.json, whose eval section gives tasks, limit, batch size")
+    ap.add_argument(
+        "--eval-config",
+        help="the run's config.json, whose eval section gives tasks, limit, batch size (default: as mohge evaluate "
+        "reads it, the study's for work/<study>/runs/<run>)",
+    )
     ap.add_argument("--tasks", nargs="+", help="lm-eval tasks (default: the run's eval.tasks that this data builds)")
     ap.add_argument("--limit", type=int, help="documents per task (default: the run's eval.limit)")
     ap.add_argument("--reps", type=int, default=2)
@@ -108,13 +112,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    from mohge.config import load_run_config
+    from mohge.evaluate.eval_section import eval_run_config
     from mohge.evaluate.lm_eval_adapter import MoHGELM
     from mohge.evaluate.suite import LOCAL_TASKS, build_tasks, go_offline, run_lm_eval
 
     go_offline()
     lm = MoHGELM(args.ckpt, device="cpu", batch_size=16)
-    ec = (load_run_config(args.eval_config) if args.eval_config else lm.cfg).eval
+    ec = eval_run_config(args.ckpt, args.eval_config, lm.cfg)[0].eval
     lm.batch_size = ec.batch_size
     limit = ec.limit if args.limit is None else args.limit
     times: dict[str, list[float]] = {"whole": [], "shared": []}

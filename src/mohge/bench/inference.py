@@ -22,14 +22,8 @@ time by default; the median of ``--reps``):
   group_topk, alone and with the experts per group kept, and bar_widest for MoHGE; topk for every routed model;
   points at or above the trained value are left out).
 
-Forward FLOPs of a token at position t (0-based) of its window (PaLM's accounting, as
-:mod:`mohge.train.distributed.flops` for training, forward only and causal):
-
-    2 * N_t + 2 * L * H * (d_qk + d_v) * (t + 1)
-
-N_t is the matmul parameters the token activates: every non-routed matmul weight (attention, routers, shared and
-dense FFNs, the LM head; the input embedding is a lookup) plus, per MoE layer, 3 * D * h_e for each of the K
-experts e it was routed to (:func:`mohge.model.experts.swiglu_params`). ``params`` is N_t.
+Forward FLOPs of a token and the matmul parameters N_t it activates (``params``) are those of
+:mod:`mohge.evaluate.routed_cost`: 2 * N_t + 2 * L * H * (d_qk + d_v) * (t + 1) at position t of its window.
 
 ``ratios`` divide MoHGE's figures by the homogeneous MoE's and the dense model's of the same run (mean over seeds
 of a family). The JSON records the CPU, threads and clock. Legend: B batch, S sequence, T tokens, K top-k, L
@@ -43,7 +37,6 @@ import os
 import platform
 import statistics
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +45,13 @@ import torch
 import torch.nn.functional as F
 
 from mohge.config import LEVEL_NAMES, ModelConfig, RunConfig
-from mohge.config.sizes import attention_dims, count_params, swiglu_params
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.data import TokenStream
 from mohge.data.tokenizer import EOT_ID
 from mohge.evaluate.hf_export import context_length, to_hf_model
 from mohge.evaluate.route_override import RouteOverride, apply_route_override
+from mohge.evaluate.routed_cost import record_routing, token_cost
 from mohge.kernels.cpu_gemm import clock
 from mohge.train.checkpoint import load_trained
 
@@ -67,45 +60,6 @@ QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 # --------------------------------------------------------------------------------------------------------------
 # Cost per token, as routed
-
-
-@contextmanager
-def record_routing(model: torch.nn.Module):
-    """Yield a list that collects, per router call in depth order, the selected experts idx_TK (int64 [T, K]);
-    works on mohge's model (a router returns ``Routing``) and on the export (it returns ``(idx, gates)``)."""
-    calls: list[torch.Tensor] = []
-    routers = [m for m in model.modules() if type(m).__name__ in ("GroupedRouter", "TopKRouter")]
-
-    def hook(_mod, _inp, out):
-        calls.append((out.idx_TK if hasattr(out, "idx_TK") else out[0]).detach().cpu())
-
-    handles = [r.register_forward_hook(hook) for r in routers]
-    try:
-        yield calls
-    finally:
-        for h in handles:
-            h.remove()
-
-
-def fixed_matmul_params(cfg: ModelConfig) -> int:
-    """Matmul weights every token uses whatever its route: all activated parameters but the routed experts and the
-    input-embedding lookup (the tied embedding is the LM head's matmul)."""
-    p = count_params(cfg)
-    n = p["activated_sum"] - p["activated"]["routed_experts"] - p["activated"]["embeddings"]
-    return n + (p["activated"]["embeddings"] if cfg.tie_embeddings else 0)
-
-
-def token_cost(cfg: ModelConfig, idx_per_layer: Sequence[torch.Tensor], pos_T: torch.Tensor) -> dict[str, np.ndarray]:
-    """Per token: ``params`` N_t and forward ``flops`` (module docstring) from the routing of each MoE layer
-    (idx_TK, router order) and the token's position in its window."""
-    widths_E = torch.tensor(cfg.ffn.per_expert_widths if idx_per_layer else (), dtype=torch.float64)
-    routed_T = torch.zeros(len(pos_T), dtype=torch.float64)
-    for idx_TK in idx_per_layer:
-        routed_T += swiglu_params(cfg.d_model, widths_E[idx_TK].sum(1))
-    params_T = fixed_matmul_params(cfg) + routed_T
-    d_qk, d_v = attention_dims(cfg)
-    attn_T = 2.0 * cfg.n_layers * cfg.n_heads * (d_qk + d_v) * (pos_T.double() + 1)
-    return {"params": params_T.numpy(), "flops": (2.0 * params_T + attn_T).numpy()}
 
 
 def summary(x: np.ndarray) -> dict[str, float]:

@@ -25,15 +25,14 @@ import statistics
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
-from mohge.config import BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, TrainConfig
+from mohge.config import BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, RunConfig, TrainConfig
 from mohge.config.matched import derive
 from mohge.core.atomic import write_json_atomic
 from mohge.kernels.cpu_gemm import clock, cpu_bf16_support, gemm_rate
 from mohge.model import LanguageModel
 from mohge.train.distributed.flops import model_flops_per_token
-from mohge.train.step import build_optimizer
+from mohge.train.step import build_optimizer, compute_loss
 
 
 def bench_config(d_model: int = 256, n_layers: int = 4, groups: int = 8, per_group: int = 4) -> ModelConfig:
@@ -58,7 +57,8 @@ def bench_config(d_model: int = 256, n_layers: int = 4, groups: int = 8, per_gro
 
 class Trainer:
     """One model, its optimizer and a fixed random batch; ``step()`` returns the step's loss (detached), ``run(n)``
-    the seconds of n steps.
+    the seconds of n steps. The loss is the trainer's (:func:`mohge.train.step.compute_loss`: the language-model loss
+    and each aux term at its own coefficient) at the last step of ``run_cfg``'s schedule, where every term is on.
 
     ``bf16``: the step runs under bf16 autocast (fp32 weights, gradients and optimizer state; fp32 loss), as
     ``train.precision: bf16`` does. ``compiled``: the forward runs through ``torch.compile(model)`` (the optimizer
@@ -67,22 +67,23 @@ class Trainer:
     def __init__(
         self, cfg: ModelConfig, batch: int, seq: int, seed: int = 0, bf16: bool = False, compiled: bool = False
     ) -> None:
+        train = TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4)
+        data = {"vocab_size": cfg.vocab_size, "seq_len": min(seq, cfg.max_seq_len)}
+        self.run_cfg = RunConfig(name="bench", model=cfg, loss=LossConfig(), train=train, data=data)
+        # the trainer's loss at the schedule's last step, where every aux term is on (group_aux from its start_frac)
+        self.loss_step = train.steps - 1
         torch.manual_seed(seed)
-        self.model = LanguageModel(cfg, LossConfig()).train()
+        self.model = LanguageModel(cfg, self.run_cfg.loss).train()
         self.net = torch.compile(self.model) if compiled else self.model
-        self.opt = build_optimizer(self.model, TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4))
+        self.opt = build_optimizer(self.model, train)
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
         self.x, self.y = tokens[:, :-1], tokens[:, 1:]
-        self.loss_cfg = LossConfig()
         self.bf16 = bf16
 
     def step(self) -> torch.Tensor:
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.net(self.x)
-            loss = F.cross_entropy(out.logits.float().flatten(0, 1), self.y.flatten())
-            for stats in out.layers:
-                loss = loss + sum(self.loss_cfg.expert_aux_coeff * v.float() for v in stats.aux.values())
+            loss = compute_loss(self.net, self.x, self.y, self.run_cfg, self.loss_step)[0]
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         self.opt.step()

@@ -8,6 +8,7 @@
   ``mohge/tasks/standard.yaml`` when ``eval.allow_hub`` is on (the list is read, lm-eval is not imported);
 * the expert backend: ``triton`` needs a GPU, decided from ``train.device`` and the workflow's ``cluster``
   section (``gpus_per_node`` 0 or absent and no CUDA on this machine: the run would train on a CPU);
+* the ``hf`` source's ``hf_local_path``: a folder that ``save_to_disk`` wrote;
 * the ``hf`` source without ``hf_local_path``: refused while ``HF_HUB_OFFLINE``/``HF_DATASETS_OFFLINE`` is set.
   Whether the hub answers is asked when the data is prepared (:func:`hub_reachable`, one 3 s connect, no
   retries), not at plan time: a dry run of a cluster config must plan on an offline login node.
@@ -107,6 +108,20 @@ def check_text_files(patterns: tuple[str, ...]) -> list[Path]:
     return files
 
 
+def check_hf_local_path(data: DataConfig, key: str = "data.hf_local_path") -> None:
+    """The hf source's ``hf_local_path`` is a folder that ``save_to_disk`` wrote (a Dataset's state.json or a
+    DatasetDict's dataset_dict.json in it); ``~`` expands, as ``datasets.load_from_disk`` expands it."""
+    if data.source != "hf" or data.hf_local_path is None:
+        return
+    folder = Path(os.path.expanduser(data.hf_local_path))
+    if not folder.is_dir():
+        raise ConfigError(f"{key}={data.hf_local_path!r}: no such folder (a dataset saved with save_to_disk)")
+    if not any((folder / name).is_file() for name in ("state.json", "dataset_dict.json")):
+        raise ConfigError(
+            f"{key}={data.hf_local_path!r}: not a dataset saved with save_to_disk (no state.json or dataset_dict.json)"
+        )
+
+
 def offline_variable() -> str | None:
     """The HF offline variable that is set (to anything but 0/false/empty), if any."""
     for var in OFFLINE_VARS:
@@ -174,6 +189,7 @@ def check_run(cfg: RunConfig, cluster: dict[str, Any] | None = None, inputs: boo
     if inputs and data.source == "text":
         check_text_files(data.text_files)
     if inputs:
+        check_hf_local_path(data, f"datasets.{cfg.dataset}.hf_local_path")
         check_hub_allowed(data)
     check_tasks(cfg)
     check_backend(cfg, cluster)

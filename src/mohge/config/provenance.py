@@ -278,27 +278,34 @@ def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def result_files(roots: Sequence[Path]) -> list[Path]:
+    """Every ``ROOT/runs/*/{summary,metrics}.json``: the results whose code :func:`stale` checks."""
+    return [
+        run_dir / name
+        for root in roots
+        for run_dir in sorted(Path(root).glob("runs/*"))
+        for name in ("summary.json", "metrics.json")
+        if (run_dir / name).is_file()
+    ]
+
+
 def stale(roots: Sequence[Path]) -> dict[str, str]:
-    """``{result file: why}`` for every ``ROOT/runs/*/{summary,metrics}.json`` not made by today's code from its
-    run's config.json."""
+    """``{result file: why}`` for every result of :func:`result_files` not made by today's code from its run's
+    config.json."""
     out: dict[str, str] = {}
     today = sources_sha256()
-    for root in roots:
-        for run_dir in sorted(Path(root).glob("runs/*")):
-            configs = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
-            for name in ("summary.json", "metrics.json"):
-                path = run_dir / name
-                if not path.is_file():
-                    continue
-                code = json.loads(path.read_text()).get("code")
-                if not isinstance(code, dict):
-                    out[str(path)] = "no code record (made before results recorded their code)"
-                elif code.get("sources_sha256") != today:
-                    out[str(path)] = (
-                        f"made by other code: sources {str(code.get('sources_sha256'))[:12]}, today {today[:12]}"
-                    )
-                elif name in configs and code.get("config_sha256") not in configs[name]:
-                    out[str(path)] = "made from another config than its run's config.json"
+    configs: dict[Path, dict[str, tuple[str, ...]]] = {}
+    for path in result_files(roots):
+        run_dir = path.parent
+        if run_dir not in configs:
+            configs[run_dir] = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
+        code = json.loads(path.read_text()).get("code")
+        if not isinstance(code, dict):
+            out[str(path)] = "no code record (made before results recorded their code)"
+        elif code.get("sources_sha256") != today:
+            out[str(path)] = f"made by other code: sources {str(code.get('sources_sha256'))[:12]}, today {today[:12]}"
+        elif path.name in configs[run_dir] and code.get("config_sha256") not in configs[run_dir][path.name]:
+            out[str(path)] = "made from another config than its run's config.json"
     return out
 
 
@@ -359,10 +366,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "restamp":
         if not args.old:
             ap.error("restamp needs --from OLD_DIGEST")
-        for path in restamp(_roots(args.roots), args.old, args.reason):
+        done = restamp(_roots(args.roots), args.old, args.reason)
+        for path in done:
             print(path)
+        print(f"{len(done)} result files restamped from sources {args.old[:12]} to {sources_sha256()[:12]}")
         return 0
-    found = stale(_roots(args.roots))
+    roots = _roots(args.roots)
+    found = stale(roots)
     for path, why in found.items():
         print(f"{path}: {why}")
-    return 1 if found else 0
+    checked, today = len(result_files(roots)), sources_sha256()[:12]
+    if found:
+        print(f"{len(found)} of {checked} result files in {len(roots)} study roots are stale, as listed (today's "
+              f"sources {today})")  # fmt: skip
+        return 1
+    print(f"{checked} result files in {len(roots)} study roots, all made by today's code (sources {today})")
+    return 0

@@ -10,24 +10,16 @@ experts a token reaches: for each MoE layer, K x sum_e share_e x 3*D*h_e (:func:
 fraction of routed slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
 docs/method.md §9. :func:`moe_layer_cost` gives the same counts, and the FLOPs per token, for one MoE layer
 (``MoELayer.cost_per_token``, docs/api.md). Torch is not imported: the workflow sizes its jobs while it plans, and
-`mohge params` answers in a fraction of a second.
-
-    mohge params configs/models/mohge-3b.yaml [--compare configs/models/moe-3b.yaml]
-        [--histogram trace.json] [--json out.json]
+`mohge params` (:mod:`mohge.config.param_report`) answers in a fraction of a second.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from collections.abc import Sequence
-from pathlib import Path
 
-from mohge.core.atomic import write_json_atomic
-from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
 
-from .sections import FFNConfig, ModelConfig, load_model_config
+from .sections import FFNConfig, ModelConfig
 
 COMPONENTS = (
     "embeddings",
@@ -164,63 +156,3 @@ def moe_layer_cost(
         "forward_flops": 2 * activated,
         "train_flops": 6 * activated,
     }
-
-
-def _fmt(n: float) -> str:
-    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:.3f}{unit}"
-    return str(int(n))
-
-
-def report(name: str, counts: dict, other: dict | None = None) -> str:
-    lines = [
-        f"{name}",
-        f"  {'component':<16}{'total':>12}{'activated':>12}" + ("   vs compare" if other else ""),
-    ]
-    for c in COMPONENTS:
-        t, a = counts["total"][c], counts["activated"][c]
-        if t == 0 and not (other and other["total"][c]):
-            continue
-        rel = ""
-        if other and other["total"][c]:
-            rel = f"   {100 * (t / other['total'][c] - 1):+.2f}%"
-        lines.append(f"  {c:<16}{_fmt(t):>12}{_fmt(a):>12}{rel}")
-    for label, tkey, akey in (
-        ("sum", "total_sum", "activated_sum"),
-        ("non-embedding", "total_non_embedding", "activated_non_embedding"),
-    ):
-        rel = ""
-        if other:
-            rel = f"   {100 * (counts[tkey] / other[tkey] - 1):+.2f}% / {100 * (counts[akey] / other[akey] - 1):+.2f}%"
-        lines.append(f"  {label:<16}{_fmt(counts[tkey]):>12}{_fmt(counts[akey]):>12}{rel}")
-    return "\n".join(lines)
-
-
-@user_errors
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="mohge params",
-        description="Total and activated parameters by component for a model preset or run config.",
-    )
-    ap.add_argument("config", help="model preset (configs/models/*.yaml) or run config with a 'model' section")
-    ap.add_argument("--compare", help="a second config to compare against (e.g. the homogeneous MoE)")
-    ap.add_argument(
-        "--histogram",
-        help="JSON file: a list (one per MoE layer, or one for all) of per-expert token counts, router order",
-    )
-    ap.add_argument("--json", help="also write the counts as JSON here")
-    args = ap.parse_args(argv)
-    cfg = load_model_config(args.config)
-    hist = json.loads(Path(args.histogram).read_text()) if args.histogram else None
-    counts = count_params(cfg, hist)
-    other = count_params(load_model_config(args.compare)) if args.compare else None
-    print(report(args.config, counts, other))
-    if other:
-        print(report(args.compare, other))
-    if args.json:
-        out = {"config": args.config, **counts}
-        if other:
-            out["compare"] = {"config": args.compare, **other}
-        write_json_atomic(args.json, out)
-    return 0

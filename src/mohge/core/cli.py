@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from .atomic import LockedError
 from .knobs import ConfigError
@@ -58,6 +59,29 @@ def setup_logging(level: str | int = "INFO") -> None:
     rank = os.environ.get("RANK")
     fmt = LOG_FORMAT if rank is None else LOG_FORMAT.replace("%(name)s", f"%(name)s[{rank}]")
     logging.basicConfig(level=level if rank in (None, "0") else logging.WARNING, format=fmt, stream=sys.stderr)
+
+
+class ProgressLines:
+    """Where a progress bar writes off a terminal (a SLURM log, a pipe): tqdm redraws its one line after a carriage
+    return, which a log file keeps as one ever longer line; here every redraw is a line of its own, without the
+    padding that blanked the previous one."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        line = text.replace("\r", "").rstrip()
+        if line:
+            self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_stream() -> TextIO | ProgressLines:
+    """The stream of a command's progress bar: stderr on a terminal, else stderr a whole line per update."""
+    return sys.stderr if sys.stderr.isatty() else ProgressLines(sys.stderr)
 
 
 def exit_code(err: BaseException) -> int | None:

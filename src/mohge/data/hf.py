@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mohge.config import SPLITS, ConfigError, DataConfig
-from mohge.config.preflight import check_hub, resolve_text_files
+from mohge.config.preflight import check_hf_local_path, check_hub, resolve_text_files
 
 from .document import CANDIDATE, Doc
 
@@ -115,6 +115,7 @@ def _open_split(cfg: DataConfig, theirs: str, ours: str) -> Any:
     import datasets  # slow to import; only this source needs it
 
     if cfg.hf_local_path is not None:
+        check_hf_local_path(cfg)  # gone since the plan: one line, not load_from_disk's traceback
         local = datasets.load_from_disk(cfg.hf_local_path)
         if isinstance(local, datasets.DatasetDict):
             if theirs not in local:

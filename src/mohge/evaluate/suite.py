@@ -28,8 +28,14 @@ a choice document is kept only when every choice, as the tokens lm-eval scores (
 them (an assert) and any truncation would score a different quantity, so a document that no route can score
 whole is no test. Both routes then give the same answer on every built document.
 
-Tasks named with ``--tasks`` must have documents; of the run config's ``eval.tasks`` (the default), those the
-data folder cannot build (graded tasks on Shakespeare) are skipped with a warning and listed in metrics.json.
+The eval section (tasks, limit, batch size) is that of ``--eval-config``, else, for a model folder
+``work/<study>/runs/<run>``, the study's ``results/<study>/runs/<run>/config.json`` (as the workflow evaluates the
+run), else the model folder's own (:mod:`.eval_section`); the log names it. Tasks named with ``--tasks`` must have
+documents; of the eval section's ``eval.tasks`` (the default), those the data folder cannot build (graded tasks on
+Shakespeare) are skipped with a warning and listed in metrics.json. A name that is no task is refused in one line.
+With ``--route-override``, metrics.json's ``route_override`` also holds what a validation token costs at the served
+routing, as routed (:mod:`.routed_cost`: forward FLOPs and activated matmul parameters, mean per token), and the
+command prints it.
 
 ``--allow-hub`` lets lm-eval's standard tasks (``mohge/tasks/standard.yaml``) download their data; without it
 HF_DATASETS_OFFLINE=1 and HF_HUB_OFFLINE=1 are set and only local tasks run. metrics.json holds, per task,
@@ -50,6 +56,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +75,9 @@ from mohge.data.tokenizer import encode, load_tokenizer
 from mohge.train.checkpoint import check_trained_on
 from mohge.train.heldout import heldout_loss
 
+from .eval_section import eval_run_config
 from .route_override import RouteOverride, apply_route_override
+from .routed_cost import mean_cost
 
 log = logging.getLogger("mohge.evaluate")
 
@@ -268,6 +277,23 @@ def standard_tasks(templates: Path = TASK_TEMPLATES) -> list[str]:
     return list(yaml.safe_load((templates / "standard.yaml").read_text())["standard_tasks"])
 
 
+def check_task_names(tasks: Sequence[str], allow_hub: bool, templates: Path = TASK_TEMPLATES) -> None:
+    """Every task named is a local task or, with ``allow_hub``, one of lm-eval's: a name that is neither a local nor
+    a standard task is refused here in one line; with the hub allowed, one that lm-eval does not know either is
+    refused by :func:`run_lm_eval` (lm-eval's index is read there, once)."""
+    standard = standard_tasks(templates)
+    for name in tasks:
+        if name in LOCAL_TASKS or (allow_hub and name not in standard):
+            continue
+        if name in standard:
+            why = "a standard lm-eval task downloads its data from the HF hub (--allow-hub)"
+            raise ConfigError(f"task {name!r}: {why}")
+        raise ConfigError(
+            f"task {name!r}: unknown (local tasks: {', '.join(LOCAL_TASKS)}; with --allow-hub also lm-eval's own, "
+            f"such as {', '.join(standard)})"
+        )
+
+
 def check_task_docs(tasks: Sequence[str], task_data: Path) -> None:
     """Every local task named must have its documents in ``task_data``."""
     for name in tasks:
@@ -304,13 +330,16 @@ def run_lm_eval(
     from lm_eval.tasks import TaskManager
 
     hub = [t for t in tasks if t not in LOCAL_TASKS]
-    if hub and not allow_hub:
-        raise ConfigError(f"tasks {hub} are not local tasks {LOCAL_TASKS}; they need the HF hub (--allow-hub)")
+    check_task_names(tasks, allow_hub, templates)
     check_task_docs(tasks, task_data)
     # the shipped YAMLs as lm-eval's CLI reads them (--include_path), told where the documents are
     manager = TaskManager(
         include_path=str(templates), include_defaults=bool(hub), metadata={"task_data": str(task_data.resolve())}
     )
+    for name in hub:
+        if name not in manager.all_tasks:
+            local = ", ".join(LOCAL_TASKS)
+            raise ConfigError(f"task {name!r}: unknown to lm-eval and not a local task (local tasks: {local})")
     res = simple_evaluate(
         model=lm,
         tasks=list(tasks),
@@ -343,6 +372,8 @@ def evaluate(
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
     defaults of tasks, limit and batch size. ``route_override`` serves the model with a cheaper routing
     (:mod:`.route_override`; every task and loss then sees it, and metrics.json records it)."""
+    if tasks is not None:
+        check_task_names(tasks, allow_hub, Path(templates))  # before the model loads
     if not allow_hub:
         go_offline()
     from .lm_eval_adapter import MoHGELM
@@ -351,7 +382,8 @@ def evaluate(
     check_trained_on(ckpt, lm.cfg, data_dir)  # another tokenizer or data config: refused, naming both
     served = apply_route_override(lm.model, lm.cfg.model, route_override) if route_override else None
     # the workflow passes the run's current config: an eval-only change re-evaluates without retraining
-    run_cfg = load_run_config(eval_config) if eval_config else lm.cfg
+    run_cfg, source = eval_run_config(ckpt, eval_config, lm.cfg)
+    log.info("eval section: %s", source)
     ec = run_cfg.eval
     limit = ec.limit if limit is None else limit
     lm.batch_size = batch_size or ec.batch_size
@@ -373,13 +405,14 @@ def evaluate(
         from .capacity import from_lm_eval
 
         metrics["facts"] = from_lm_eval(results[FACTS_TASK], DataConfig.from_dict(load_meta(data_dir)["config"]))
-    for split in ("val", "test"):
-        metrics[split] = heldout_loss(
-            lm.model, data_dir, split, lm.batch_size, lm.max_length, max_loss_batches, lm.autocast
-        )
+    # a served routing: what a validation token costs under it, counted on the loss pass (mohge.evaluate.routed_cost)
+    loss_args = (lm.batch_size, lm.max_length, max_loss_batches, lm.autocast)
+    with mean_cost(lm.model, lm.cfg.model) if route_override else nullcontext({}) as cost:
+        metrics["val"] = heldout_loss(lm.model, data_dir, "val", *loss_args)
+    metrics["test"] = heldout_loss(lm.model, data_dir, "test", *loss_args)
     metrics["lm_eval"] = {"limit": limit, "seconds": lm_eval_s, "task_docs": built, "skipped": skipped}
     if route_override:
-        metrics["route_override"] = {"point": route_override.label(), "routing": served}
+        metrics["route_override"] = {"point": route_override.label(), "routing": served, "cost_split": "val", **cost}
     metrics["code"] = code_version(to_dict(run_cfg))  # which code made it, from which config (mohge.provenance)
     return metrics
 
@@ -411,7 +444,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
-    ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
+    ap.add_argument(
+        "--eval-config",
+        help="run config whose eval section is read (default: for work/<study>/runs/<run>, the study's "
+        "results/<study>/runs/<run>/config.json, as the workflow evaluates it; else the model folder's own)",
+    )
     ap.add_argument(
         "--route-override",
         nargs="+",
@@ -478,4 +515,11 @@ def summary_table(metrics: dict) -> str:
         for key in ("loss", "ppl") if split in metrics else ():
             lines.append(f"{split + ' split':<24} {key:<18} {metrics[split][key]:>12.4f} {'—':>10} "
                          f"{metrics[split]['tokens']:>7}")  # fmt: skip
+    if "flops_per_token" in metrics.get("route_override", {}):
+        served = metrics["route_override"]
+        lines.append(
+            f"route override {served['point']}: flops/token {served['flops_per_token']:.4g} (forward, as routed on "
+            f"the {served['cost_split']} split's {served['tokens']} tokens), activated params/token "
+            f"{served['params_per_token']:.4g}"
+        )
     return "\n".join(lines)

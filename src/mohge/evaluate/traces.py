@@ -52,13 +52,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from mohge.config import LEVEL_NAMES, load_run_config
+from mohge.config import LEVEL_NAMES
 from mohge.core.atomic import write_bytes_atomic, write_json_atomic
 from mohge.core.cli import setup_logging, user_errors
 from mohge.core.knobs import ConfigError
 from mohge.data import TokenStream
 from mohge.train.checkpoint import check_trained_on, load_trained
 
+from .eval_section import eval_run_config
 from .token_width import routed_width, token_summary
 
 log = logging.getLogger("mohge.evaluate.traces")
@@ -431,7 +432,9 @@ def trace_checkpoint(
     the per-token arrays ``<stem>_tokens.npz``); returns the trace."""
     cfg, model = load_trained(ckpt, device)
     check_trained_on(ckpt, cfg, data_dir)  # another tokenizer or data config: refused, naming both
-    ec = load_run_config(eval_config).eval if eval_config else cfg.eval  # the workflow's current eval section
+    run_cfg, source = eval_run_config(ckpt, eval_config, cfg)  # the workflow passes the study's current one
+    log.info("eval section: %s", source)
+    ec = run_cfg.eval
     tokens: dict[str, np.ndarray] = {}
     trace, raw = collect_trace(
         model,
@@ -464,7 +467,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default eval.batch_size)")
     ap.add_argument("--max-batches", type=int, default=0, help="trace at most this many batches (0 = all)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    ap.add_argument("--eval-config", help="run config whose eval section replaces the checkpoint's")
+    ap.add_argument(
+        "--eval-config",
+        help="run config whose eval section is read (default: for work/<study>/runs/<run>, the study's "
+        "results/<study>/runs/<run>/config.json, as the workflow traces it; else the model folder's own)",
+    )
     args = ap.parse_args(argv)
     setup_logging()
     trace = trace_checkpoint(

@@ -75,7 +75,7 @@ from tqdm import tqdm
 
 from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight
 from mohge.core.atomic import append_line, output_lock, write_json_atomic, write_text_atomic
-from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, setup_logging, user_errors
+from mohge.core.cli import EXIT_NONFINITE, EXIT_OK, EXIT_PEER, EXIT_USER, progress_stream, setup_logging, user_errors
 from mohge.data import TokenStream
 from mohge.data.stream import TrainBatches
 from mohge.model.moe import MoELayer
@@ -224,7 +224,7 @@ def _train(
                 meter = WindowMeter()
                 if rt.main:
                     _log_row(log_path, rows, row)
-                    bar.set_postfix(progress(row))
+                    bar.set_postfix(progress(row), refresh=False)
             if tc.eval_every and (s + 1) % tc.eval_every == 0:
                 val = par.heldout(data_dir, micro_B)
                 if rt.main:
@@ -303,10 +303,18 @@ def _step(
 
 
 def _progress_bar(cfg: RunConfig, rt: Runtime, start: int) -> tqdm:
-    """Rank 0's progress line: ten updates a second on a terminal, one per 30 s in a log file."""
+    """Rank 0's progress: a line redrawn ten times a second on a terminal; in a log file (stderr not a terminal) a
+    whole line at most every 30 s (:func:`mohge.core.cli.progress_stream`). The log rows' postfix waits for the
+    next update."""
     every = 0.1 if sys.stderr.isatty() else 30
     return tqdm(
-        total=cfg.train.steps, initial=start, disable=not rt.main, desc=cfg.name, unit="step", mininterval=every
+        total=cfg.train.steps,
+        initial=start,
+        disable=not rt.main,
+        desc=cfg.name,
+        unit="step",
+        mininterval=every,
+        file=progress_stream(),
     )
 
 
@@ -340,8 +348,9 @@ def _write_outputs(
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m mohge.train",
-        description="Train one run config; resumes from the newest valid checkpoint in the scratch folder.",
+        prog="mohge train",
+        description="Train one run config; resumes from the newest valid checkpoint in the scratch folder. "
+        "python -m mohge.train is the same command: the module torchrun and the train rule launch.",
         epilog="Several GPUs: torchrun --standalone --nproc_per_node=N -m mohge.train ... --gpus N. "
         "Exit status: 0 done, 2 config/checkpoint/data error, 3 non-finite loss, 4 disk full / permission "
         "denied / I/O error (the previous checkpoint is kept), 5 another process writes OUT or SCRATCH, "

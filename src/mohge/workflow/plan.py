@@ -3,7 +3,8 @@ generated from the same sections), its output roots, the runs a growing study ha
 the targets of `all`, and per job its resolved config and sizes.
 
 Every refusal is a :class:`mohge.config.ConfigError` naming the key and value, raised while the workflow is
-parsed, before any job runs; workflow/rules/common.smk prints it as one line and exits 2.
+parsed, before any job runs; :func:`plan_or_refuse`, which workflow/rules/common.smk calls, prints it as one line and
+exits 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import reprlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -354,3 +356,14 @@ def from_snakemake(
     if not from_results:
         wp.guard_committed_study()
     return wp
+
+
+def plan_or_refuse(config: dict, **kwargs: Any) -> WorkflowPlan:
+    """:func:`from_snakemake` for the Snakefile: a config mistake (a :class:`ConfigError`) is one line
+    ``config error: ...`` on stderr and exit 2, with no stack frames and no schema dump; any other exception,
+    ``ValueError`` included, is a bug and keeps its traceback."""
+    try:
+        return from_snakemake(config, **kwargs)
+    except ConfigError as err:
+        print(f"config error: {err}", file=sys.stderr)
+        sys.exit(2)
