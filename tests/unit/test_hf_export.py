@@ -41,26 +41,18 @@ def test_hf_model_gives_mohge_logits(family):
     assert (ref - got).abs().max().item() <= 1e-5
 
 
-def test_hf_model_selects_with_the_trained_selection_bias():  # docs/method.md §5.6
-    model = LanguageModel(tiny_model_config(router={"expert_bias_rate": 1e-2})).eval()
+@pytest.mark.parametrize(
+    ("knob", "buffer", "span"),
+    [("expert_bias_rate", "expert_bias_E", 0.3), ("group_bias_rate", "group_bias_G", 3.0)],  # §5.6, §5.7
+)
+def test_hf_model_selects_with_the_trained_selection_bias(knob, buffer, span):  # docs/method.md §5.6-5.7
+    model = LanguageModel(tiny_model_config(router={knob: 1e-2})).eval()
     x_BS = torch.randint(0, 97, (3, 16))
     with torch.no_grad():
         unbiased = model(x_BS).logits
         for layer in model.moe_layers():
-            layer.router.expert_bias_E.copy_(torch.linspace(-0.3, 0.3, layer.E))
-        ref = model(x_BS).logits
-        got = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)(x_BS).logits
-    assert (ref - unbiased).abs().max().item() > 1e-4  # the bias changes the routing (10x the tolerance below)
-    assert (ref - got).abs().max().item() <= 1e-5
-
-
-def test_hf_model_selects_groups_with_the_trained_group_bias():  # docs/method.md §5.7
-    model = LanguageModel(tiny_model_config(router={"group_bias_rate": 1e-2})).eval()
-    x_BS = torch.randint(0, 97, (3, 16))
-    with torch.no_grad():
-        unbiased = model(x_BS).logits
-        for layer in model.moe_layers():
-            layer.router.group_bias_G.copy_(torch.linspace(-3.0, 3.0, layer.router.G))
+            bias = getattr(layer.router, buffer)
+            bias.copy_(torch.linspace(-span, span, len(bias)))
         ref = model(x_BS).logits
         got = hf_export.to_hf_model(model, 16, eot_id=EOT_ID)(x_BS).logits
     assert (ref - unbiased).abs().max().item() > 1e-4  # the bias changes the routing (10x the tolerance below)

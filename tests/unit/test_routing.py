@@ -107,12 +107,12 @@ def test_flat_router_probs_gate_is_a_softmax_over_the_topk_probabilities():  # d
     assert probs_gate.router.weight.grad.abs().sum() > 0
 
 
-def biased_router(rate: float = 1e-2):
+def biased_router(rate: float = 1e-2, group_rate: float = 0.0):
     torch.manual_seed(0)
     return GroupedRouter(
         64,
         FFNConfig(kind="mohge", num_experts=16, expert_widths=(16, 24, 32, 40)),
-        RouterConfig(topk=3, group_topk=2, expert_bias_rate=rate),
+        RouterConfig(topk=3, group_topk=2, expert_bias_rate=rate, group_bias_rate=group_rate),
     )
 
 
@@ -155,12 +155,7 @@ def test_a_selection_bias_outside_mohge_is_refused():
 
 
 def group_biased_router(group_rate: float = 1e-2, expert_rate: float = 0.0):
-    torch.manual_seed(0)
-    return GroupedRouter(
-        64,
-        FFNConfig(kind="mohge", num_experts=16, expert_widths=(16, 24, 32, 40)),
-        RouterConfig(topk=3, group_topk=2, expert_bias_rate=expert_rate, group_bias_rate=group_rate),
-    )
+    return biased_router(expert_rate, group_rate)
 
 
 def test_a_zero_group_bias_routes_as_no_bias():  # docs/method.md §5.7
