@@ -17,8 +17,8 @@
 #   study        the one-GPU study's whole DAG (configs/gpu.yaml: train, evaluate, trace, measured load, tables,
 #                figures), STUDY_GPU_JOBS (3) GPU jobs at once
 #   ladder       the next LADDER_AT_ONCE (2) runs of the GPU capacity ladder (configs/gpu_capacity.yaml; mohge slot
-#                picks them, seed by seed, skipping the committed ones), only with LADDER_MIN_S (480 s) left; with
-#                every run in, the ladder's analysis (C1-C6) instead
+#                picks them, seed by seed, skipping those whose results are in the checkout), only with LADDER_MIN_S
+#                (480 s) left; with every run in, nothing (the analysis runs on a CPU from the committed runs)
 #
 # Caps (seconds; each step gets its cap or the time left, whichever is less): install 120, env 30, kernels 100,
 # bench 100, profile 45, train_check 120, study 360, ladder the rest. On an H200 the first six took 108 s in all
@@ -39,16 +39,17 @@ set -uo pipefail
 usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 DRY=${DRY_RUN:-0}
 STEPS="install env kernels bench profile train_check study ladder"
+OUT=
 while [ $# -gt 0 ]; do
     case $1 in
     --dry-run) DRY=1 && shift ;;
     --steps) STEPS=${2:?--steps needs a list} && shift 2 ;;
     -h | --help) usage && exit 0 ;;
     -*) echo "gpu_all: unknown option $1" >&2 && exit 2 ;;
-    *) break ;;
+    *) [ -z "$OUT" ] || { echo "gpu_all: one OUTDIR, not $OUT and $1" >&2 && exit 2; } && OUT=$1 && shift ;;
     esac
 done
-OUT=${1:?usage: kernels/gpu_all.sh [--dry-run] [--steps "STEP ..."] OUTDIR}
+[ -n "$OUT" ] || { echo 'usage: kernels/gpu_all.sh [--dry-run] [--steps "STEP ..."] OUTDIR' >&2 && exit 2; }
 for s in $STEPS; do
     case " install env kernels bench profile train_check study ladder " in
     *" $s "*) ;;
@@ -84,7 +85,9 @@ snake="$PY -m snakemake --cores $CORES --keep-going --rerun-incomplete --printsh
 # targets come first on a snakemake line: --configfile takes every word after it
 declare -A CMD CAP
 # the checkout first (the kernel steps need only it, torch, triton, numpy and pytest), then the workflow's wheels
-CMD[install]="mkdir -p '$SITE/bin' && ln -sf \"\$(command -v '$PY')\" '$SITE/bin/python'"
+# `python` a wrapper, not a link: a linked interpreter outside its venv would not find the venv's packages
+CMD[install]="mkdir -p '$SITE/bin' && printf '#!/bin/sh\\nexec %s \"\$@\"\\n' \"\$(command -v '$PY')\" >'$SITE/bin/python'"
+CMD[install]+=" && chmod +x '$SITE/bin/python'"
 CMD[install]+=" && (cd / && $PY -c 'import mohge.kernels' 2>/dev/null || $PY -m pip install --quiet --no-deps --no-build-isolation --no-index -e '$ROOT')"
 CMD[install]+=" && $PY -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target '$SITE' '$WHEELS'/*.whl"
 CMD[install]+=" && $PY -c 'import snakemake, lm_eval, datasets, mohge.workflow; print(\"install: snakemake\", snakemake.__version__)'"
@@ -97,7 +100,9 @@ CMD[train_check]+=" && cp '$REC/train_check/train_check.json' '$OUT/'"
 CMD[study]="$snake --resources gpu=$STUDY_GPU_JOBS --configfile ${STUDY[1]}"
 ladder_targets="\$($PY -m mohge slot ${LADDER[*]} --runs $LADDER_AT_ONCE)"
 ladder_opts="--resources gpu=$LADDER_AT_ONCE --set-threads data_shard=1 --configfile ${LADDER[1]}"
-CMD[ladder]="t=$ladder_targets; ${snake/snakemake/snakemake \$t} $ladder_opts"
+CMD[ladder]="t=$ladder_targets; if [ -z \"\$t\" ]; then echo 'ladder: every run is in; its analysis needs no GPU:"
+CMD[ladder]+=" snakemake --cores 1 --configfile ${LADDER[1]} on a CPU, from the committed runs'; exit 0; fi;"
+CMD[ladder]+=" ${snake/snakemake/snakemake \$t} $ladder_opts"
 CAP=([install]=120 [env]=30 [kernels]=100 [bench]=100 [profile]=45 [train_check]=120 [study]=360 [ladder]=100000)
 
 left() { echo $((BUDGET - ($(date +%s) - T0) - RESERVE)); }

@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from test_study_roots import job_resources, planned
 from test_workflow import BIN, ROOT, copy_workflow, smk
+
+from mohge.config.runs import merge_config
 
 HERE = Path(__file__).resolve().parent
 GPU = ("--configfile", "configs/gpu.yaml")
@@ -79,6 +82,18 @@ def test_the_gpu_capacity_ladder_runs_end_to_end_made_tiny_and_is_gated_by_g1_al
     assert tests.loc["Claim 1 non-inferiority", "a"] == "mohge" and tests.loc["Claim 1 non-inferiority", "b"] == "moe"
     models = pd.read_csv(study / "C1_models.csv")
     assert set(models["dataset"]) == {"facts_d128"} and set(models["n"]) == {2}
+    # the complete ladder's analysis needs no GPU: its committed runs are sources, never made again
+    merged = merge_config(*(yaml.safe_load(f.read_text()) for f in (work / LADDER[1], work / "gpu_capacity_tiny.yaml")))
+    (work / "configs" / "gpu_capacity_tiny.yaml").write_text(yaml.safe_dump(merged, sort_keys=False))
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    for cmd in (["init", "-q"], ["add", "configs", "results"], ["commit", "-qm", "the ladder's runs"]):
+        subprocess.run([*git, *cmd], cwd=work, check=True, capture_output=True)
+    shutil.rmtree(work / "work")
+    shutil.rmtree(study)
+    out = smk("-n", "--cores", "1", "--configfile", "configs/gpu_capacity_tiny.yaml", cwd=work)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = planned(out.stdout + out.stderr)
+    assert jobs["capacity_analysis"] == 1 and not {"train", "evaluate", "trace", "data_shard"} & set(jobs), jobs
 
 
 # ------------------------------------------------------------------------------------- kernels/gpu_all.sh --dry-run
