@@ -199,4 +199,5 @@ for s in $STEPS; do run_step "$s"; done
 "$PY" "$HERE/device_record.py" --out "$OUT/env.json" --label end || status=1
 cp "$OUT/env.json" "$OUT/steps.tsv" "$REC/" && pack
 echo "gpu_all: exit status $status after $(($(date +%s) - T0)) s (everything in $OUT)"
+sleep 1 # the log's tee drains before the command returns
 exit $status
