@@ -15,13 +15,16 @@ and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
 * ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
 * ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`;
 * ``grouped_mm`` - one ``F.grouped_mm`` per width class (:mod:`mohge.kernels.torch_grouped_mm`);
-* ``hom_grouped_mm`` - the same call over experts of one width (the mean routed), the homogeneous reference.
+* ``hom_grouped_mm`` - the same call over experts of one width (the mean routed), the homogeneous reference;
+* ``mm`` - the roofline of plain ``torch.mm`` at the layer's own M, N, K: the T K routed rows through one [D, 2 h]
+  and one [h, D] weight (h the mean routed width), forward and its four backward products, no routing at all.
 
 FLOPs = 2 T K D 3 h_mean forward (h_mean the routed slots' mean width), twice that for the backward.
 Prints a table (ratios last: triton/dense and triton/loop are throughput ratios, > 1 means triton is
 faster) and writes a CSV with columns device, date, T, path, pass, ms, tflops and, from :mod:`mohge.kernels.roofline`,
 the share of the device's dense bf16 peak, the bar it meets (15 / 25 / 40 %), the ratio to ``hom_grouped_mm`` (a
-homogeneous grouped_mm layer of equal FLOPs: experts of the mean routed width, goal >= 0.8), and for a decode-shaped
+homogeneous grouped_mm layer of equal FLOPs: experts of the mean routed width, goal >= 0.8), the TFLOP/s of the
+``mm`` roofline measured in the same run at the same T and pass and each row's share of it, and for a decode-shaped
 batch (``pass`` decode, 64 tokens) the bytes of expert weights read, GB/s and the share of HBM bandwidth.
 
     python -m mohge.kernels.bench --out results/kernels_bench.csv
@@ -43,7 +46,7 @@ from .roofline import HOMOGENEOUS, annotate, summary
 
 D_MODEL, GROUPS, PER_GROUP, GROUP_TOPK, TOPK = 1024, 8, 8, 4, 6
 WIDTHS = [384 + 128 * g for g in range(GROUPS)]
-PATHS = ("triton", "grouped_mm", "hom_grouped_mm", "dense", "loop", "torch")
+PATHS = ("triton", "grouped_mm", "hom_grouped_mm", "dense", "loop", "torch", "mm")
 DECODE_T = 64  # tokens of one decode step of a batch: the weights read dominate, so bandwidth is the measure
 CPU_PATHS = ("grouped_mm", "torch", "loop", "dense")
 SIZE_KEYS = ("name", "d_model", "widths", "per_width", "topk", "T")
@@ -72,6 +75,27 @@ def release_problem(T: int, dtype: torch.dtype, seed: int = 0, dev: str = "cuda"
 def _dense_swiglu(x_TD, w1_2FD, w2_DF):
     a_TF, u_TF = F.linear(x_TD, w1_2FD).chunk(2, dim=-1)
     return F.linear(F.silu(a_TF) * u_TF, w2_DF)
+
+
+def mm_roofline(A: int, D: int, h: int, dtype: torch.dtype, dev: str = "cuda", seed: int = 0):
+    """(forward thunk, forward+backward thunk, FLOPs of the forward) of plain ``torch.mm`` at an expert layer's M, N, K:
+    A routed rows [A, D] x [D, 2h] (gate and up) and [A, h] x [h, D] (down); the backward is the four products of
+    their input and weight gradients, 2x the forward's FLOPs, as the layer's."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+
+    def leaf(*shape, std=1.0):
+        return (std * torch.randn(*shape, generator=g, device=dev)).to(dtype).requires_grad_()
+
+    x_AD, h_AH, w1_D2H, w2_HD = leaf(A, D), leaf(A, h), leaf(D, 2 * h, std=0.02), leaf(h, D, std=0.02)
+    dy = (
+        torch.randn(A, 2 * h, generator=g, device=dev).to(dtype),
+        torch.randn(A, D, generator=g, device=dev).to(dtype),
+    )
+
+    def fwd():
+        return torch.mm(x_AD, w1_D2H), torch.mm(h_AH, w2_HD)
+
+    return fwd, lambda: torch.autograd.grad(fwd(), [x_AD, h_AH, w1_D2H, w2_HD], dy), 2 * A * D * 3 * h
 
 
 def _runners(T: int, dtype: torch.dtype, seed: int):
@@ -109,11 +133,12 @@ def _runners(T: int, dtype: torch.dtype, seed: int):
         "dense": timed(lambda: _dense_swiglu(x, w1d, w2d), [x, w1d, w2d], 2 * T * D_MODEL * 3 * F_dense),
         "loop": moe(swiglu_loop),
         "torch": moe(swiglu_grouped_torch),
+        "mm": mm_roofline(T * TOPK, D_MODEL, h, dtype, "cuda", seed),
     }
 
 
 CSV_COLUMNS = ["device", "date", "T", "path", "pass", "ms", "tflops", "peak_tflops", "share_of_peak", "bar",
-               "ratio_to_homogeneous", "bytes", "gbps", "share_of_hbm"]  # fmt: skip
+               "ratio_to_homogeneous", "mm_tflops", "share_of_mm", "bytes", "gbps", "share_of_hbm"]  # fmt: skip
 
 
 def decode_bytes(idx_TK: torch.Tensor, itemsize: int) -> int:
@@ -132,6 +157,12 @@ def decode_rows(device: str, date: str, dtype: torch.dtype, args, do_bench) -> l
     h_mean = torch.tensor(WIDTHS, device=idx.device)[idx // PER_GROUP].float().mean().item()
     flops, nbytes = 2 * DECODE_T * TOPK * D_MODEL * 3 * h_mean, decode_bytes(idx, x.element_size())
     out = []
+    if "mm" in args.paths:  # the roofline of the same routed rows as plain torch.mm (forward only, as decode)
+        mm_fwd, _, mm_flops = mm_roofline(DECODE_T * TOPK, D_MODEL, round(h_mean), dtype, "cuda", args.seed)
+        with torch.no_grad():
+            ms = do_bench(mm_fwd, warmup=args.warmup_ms, rep=args.rep_ms, return_mode="median")
+        out.append({"device": device, "date": date, "T": DECODE_T, "path": "mm", "pass": "decode", "ms": ms,
+                    "tflops": mm_flops / ms / 1e9})  # fmt: skip
     with torch.no_grad():
         for path, fn in (("triton", swiglu_grouped_triton), ("grouped_mm", swiglu_grouped_mm)):
             if path not in args.paths:

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "study": ("mohge.analysis.study", "the paired tests and claims of a study (docs/study.md)"),
     "verdicts": ("mohge.analysis.verdicts", "each claim's verdict, estimate and interval, from the committed tables"),
     "bench": ("mohge.bench", "benchmarks: layer, kernels, train, data, eval, inference, peers, ..."),
+    "slot": ("mohge.workflow.slot", "the next runs of a study for one GPU slot, and the files that make them"),
     "provenance": ("mohge.config.provenance", "which code made the committed results"),
     "mtimes": ("mohge.mtimes", "date tracked files by their last commit (a fresh clone)"),
 }

@@ -94,6 +94,24 @@ def test_a_blind_setup_fails_the_gate_and_says_so():
     ] in ("undecided",)
 
 
+def test_a_study_that_declares_only_g1_is_gated_by_g1_alone():
+    """The GPU capacity ladder (configs/gpu_capacity.yaml) declares G1 only: no sweep, no quarter set; G2 and G3 are
+    printed as not declared and leave the gate to G1."""
+    df = synthetic(noise=0.004)
+    main = df[(df.dataset == "facts") & df.family.isin(["mohge", "moe", "moe_equal"])]
+    tests, summary = ca.decide(main, df.iloc[0:0], {**ca.DEFAULTS, "gates": ["G1"], "sweep": []})
+    t = tests.set_index("test")
+    assert summary["gate"] and t.loc["G1 reference > equal", "verdict"] == "pass"
+    assert (
+        t.loc["G2 sweep slope", "verdict"]
+        == t.loc["G3 saturation (quarter set)", "verdict"]
+        == ("not declared for this study")
+    )
+    assert t.loc["Claim 1 non-inferiority", "verdict"] == "supported"
+    blind, _ = ca.decide(main, df.iloc[0:0], {**ca.DEFAULTS, "sweep": []})  # all three declared: no sweep, no gate
+    assert blind.set_index("test").loc["G2 sweep slope", "verdict"] == "needs 4 widths"
+
+
 def test_tables_figure_and_unused_experts(tmp_path):
     df = synthetic()
     df.to_csv(tmp_path / "runs.csv", index=False)

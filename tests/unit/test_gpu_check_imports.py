@@ -9,7 +9,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKER = Path(__file__).with_name("import_blocker.py")
-SCRIPTS = ["gpu_env.sh", "gpu_check.sh", "gpu_train_check.sh", "gpu_all.sh"]
+SCRIPTS = ["gpu_env.sh", "gpu_check.sh", "gpu_train_check.sh", "gpu_all.sh", "gpu_wheels.sh"]
 
 
 def blocked(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
@@ -27,6 +27,7 @@ def test_the_blocker_blocks_what_is_installed_but_not_allowed():
 def test_kernels_import_with_only_torch_triton_numpy(tmp_path):
     code = (
         "import sys, mohge.kernels, mohge.kernels.bench, mohge.kernels.gpu_profile, mohge.kernels.swiglu\n"
+        "import mohge.kernels.device_record\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('mohge'))))"
     )
     r = blocked("--report", str(tmp_path / "blocked.txt"), "-c", code)
@@ -75,3 +76,28 @@ def test_gpu_scripts_parse_and_stop_at_the_missing_gpu(tmp_path):
         cwd=tmp_path,
     )
     assert r.returncode == 1 and "gpu_check: missing pytest; set WHEELS=DIR" in r.stderr, r.stderr[-2000:]
+
+
+def test_the_device_record_holds_the_gpus_clocks_driver_and_versions_before_and_after(tmp_path):
+    """kernels/device_record.py (stdlib only, run before the install) reads nvidia-smi's query, one mapping per GPU,
+    and appends a snapshot per call; without nvidia-smi it says why and records the versions alone."""
+    smi = tmp_path / "nvidia-smi"
+    row = "NVIDIA H100 80GB HBM3, 00000000:18:00.0, 580.159.04, 81559, 0, 1980, 2619, 1980, 2619, 71.2, 700.00"
+    smi.write_text(f"#!/bin/sh\necho '{row}, 33, P0, Default, Enabled'\n")
+    smi.chmod(0o755)
+    out = tmp_path / "env.json"
+    for label in ("start", "end"):
+        cmd = [sys.executable, str(ROOT / "kernels" / "device_record.py"), "--out", str(out), "--label", label]
+        subprocess.run([*cmd, "--nvidia-smi", str(smi)], check=True, capture_output=True, timeout=60)
+    import json
+
+    snaps = json.loads(out.read_text())
+    assert [s["label"] for s in snaps] == ["start", "end"] and snaps[0]["nvidia_smi"] == "ok"
+    (gpu,) = snaps[0]["gpus"]
+    assert gpu["name"] == "NVIDIA H100 80GB HBM3" and gpu["driver_version"] == "580.159.04"
+    assert gpu["clocks.sm"] == "1980" and gpu["clocks.max.mem"] == "2619" and gpu["compute_mode"] == "Default"
+    assert snaps[0]["versions"]["torch"] and snaps[0]["versions"]["python"]
+    cmd = [sys.executable, str(ROOT / "kernels" / "device_record.py"), "--out", str(tmp_path / "none.json")]
+    subprocess.run([*cmd, "--nvidia-smi", str(tmp_path / "absent")], check=True, capture_output=True, timeout=60)
+    (none,) = json.loads((tmp_path / "none.json").read_text())
+    assert none["gpus"] == [] and "absent" in none["nvidia_smi"]

@@ -46,3 +46,32 @@ def test_a_decode_step_reads_the_weights_of_every_expert_routed_once():
     idx = torch.tensor([[0, 1], [1, 63]])  # experts 0 and 1 (widths[0]) and 63 (widths[-1])
     want = (2 * 3 * bench.WIDTHS[0] + 3 * bench.WIDTHS[-1]) * bench.D_MODEL * 2
     assert bench.decode_bytes(idx, itemsize=2) == want
+
+
+def test_every_row_reports_its_share_of_the_torch_mm_roofline_of_the_same_T_and_pass():
+    dev = "NVIDIA H100 80GB HBM3"
+    rows = [
+        {"device": dev, "T": 4096, "path": "triton", "pass": "fwd+bwd", "ms": 1.0, "tflops": 200.0},
+        {"device": dev, "T": 4096, "path": "mm", "pass": "fwd+bwd", "ms": 1.0, "tflops": 500.0},
+        {"device": dev, "T": 4096, "path": "triton", "pass": "fwd", "ms": 1.0, "tflops": 100.0},
+        {"device": dev, "T": 64, "path": "triton", "pass": "decode", "ms": 0.01, "tflops": 5.0, "bytes": 24_000_000},
+        {"device": dev, "T": 64, "path": "mm", "pass": "decode", "ms": 0.01, "tflops": 10.0},
+    ]
+    out = {(r["path"], r["pass"]): r for r in annotate(rows)}
+    assert out[("triton", "fwd+bwd")]["share_of_mm"] == pytest.approx(0.4)
+    assert out[("triton", "fwd+bwd")]["mm_tflops"] == 500.0 and out[("mm", "fwd+bwd")]["share_of_mm"] == 1.0
+    assert out[("triton", "fwd")]["share_of_mm"] is None  # no roofline measured for that pass
+    assert out[("triton", "decode")]["share_of_mm"] == pytest.approx(0.5)
+    assert {"mm_tflops", "share_of_mm"} <= set(bench.CSV_COLUMNS)
+    lines = summary(annotate(rows))
+    assert any(line.startswith("T=4096 triton fwd+bwd") and "40% of the torch.mm roofline" in line for line in lines)
+    assert any("decode T=64 mm: 10.0 TFLOP/s" in line for line in lines), lines
+
+
+def test_the_mm_roofline_runs_the_layers_m_n_k_forward_and_its_four_backward_products():
+    A, D, h = 24, 16, 8
+    fwd, fwd_bwd, flops = bench.mm_roofline(A, D, h, torch.float32, "cpu")
+    up, down = fwd()
+    assert up.shape == (A, 2 * h) and down.shape == (A, D) and flops == 2 * A * D * 3 * h
+    grads = fwd_bwd()
+    assert [tuple(g.shape) for g in grads] == [(A, D), (A, h), (D, 2 * h), (h, D)]

@@ -180,6 +180,8 @@ def test_plan_and_schema_refuse_the_same_configs(case):
         ["paper.yaml"],
         ["config.yaml", "ablations.yaml"],
         ["config.yaml", "capacity.yaml"],
+        ["config.yaml", "gpu.yaml"],
+        ["config.yaml", "gpu_capacity.yaml"],
     ],
 )
 def test_shipped_configs_pass_plan_and_schema(names):

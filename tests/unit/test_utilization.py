@@ -133,3 +133,38 @@ def test_cli_errors_name_the_trace(tmp_path, caplog):
     assert "missing.json" in caplog.text and "does not exist" in caplog.text
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path)])  # neither --trace nor --synthetic
+
+
+def test_one_device_times_every_rank_on_exactly_the_rows_its_placement_receives(tmp_path):
+    """`--measure --one-device`: the ranks timed in turns in one process (no torchrun), each on the routed slots of
+    its own experts, so the measured rows equal the analytic ones rank by rank."""
+    out = tmp_path / "u"
+    args = ["--synthetic", "--out", str(out), "--widths", "16", "24", "32", "40", "--experts-per-group", "2"]
+    args += ["--tokens", "64", "--topk", "2", "--d-model", "16", "--popularity", "4", "3", "2", "1", "--ep", "2"]
+    assert main([*args, "--measure", "--nproc", "2", "--repeats", "2", "--one-device"]) == 0
+    measured, analytic = read(out / "measured.csv"), read(out / "analytic.csv")
+    tokens = {(r["strategy"], r["rank"]): r["tokens"] for r in analytic if r["ep_size"] == "2"}
+    assert {(r["strategy"], r["rank"]): r["tokens"] for r in measured} == tokens
+    assert {r["timing"] for r in measured} == {"one_device"} and {r["device"] for r in measured} == {"cpu"}
+    assert all(float(r["seconds"]) > 0 and r["repeats"] == "2" and r["gpu_util_pct"] == "" for r in measured)
+    assert {r["strategy"] for r in read(out / "comparison.csv")} == {s for s, _ in tokens}
+
+
+def test_local_rows_are_the_slots_of_the_ranks_own_experts():
+    import torch
+
+    from mohge.analysis.ep_timing import local_rows
+    from mohge.train.distributed.ep_layer import ExpertParallelExperts
+
+    widths_E = [8, 8, 12, 12, 16, 16, 20, 20]
+    ranks = place("all_size", widths_E, 2)
+    x_TD, idx_TK = torch.randn(10, 4), torch.randint(0, 8, (10, 3))
+    seen = 0
+    for rank in (0, 1):
+        mod = ExpertParallelExperts(widths_E, ranks, rank, 4)
+        xs_RD, le_R = local_rows(mod, x_TD, idx_TK)
+        mine = [(t, k) for t in range(10) for k in range(3) if ranks[int(idx_TK[t, k])] == rank]
+        assert torch.equal(xs_RD, torch.stack([x_TD[t] for t, _ in mine]))
+        assert le_R.tolist() == [mod.local_experts.index(int(idx_TK[t, k])) for t, k in mine]
+        seen += len(mine)
+    assert seen == 30  # every routed slot on exactly one rank

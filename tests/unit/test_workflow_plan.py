@@ -323,3 +323,20 @@ def test_only_a_config_mistake_is_a_one_line_config_error_and_a_bug_keeps_its_tr
     with pytest.raises(ValueError, match="broadcast"):
         plan_module.plan_or_refuse({}, configfiles=[], cli_config={}, schema={}, checkout=".", from_results=False)
     assert (ROOT / "workflow" / "rules" / "common.smk").read_text().count("plan_or_refuse(") == 1
+
+
+def test_a_one_gpu_node_times_the_measured_ranks_in_turns_on_its_gpu(smoke):
+    """Fewer GPUs on the node than measured ranks: one process on the GPU (`--one-device`), one thread, one GPU; a CPU
+    config and a node with a GPU per rank launch the ranks."""
+    nproc = smoke["utilization"]["measure_nproc"]
+    one = workflow_plan(merge_config(smoke, {"cluster": {"gpus_per_node": 1}}))
+    cpu, full = workflow_plan(smoke), workflow_plan(merge_config(smoke, {"cluster": {"gpus_per_node": nproc}}))
+    for run, cfg in one.runs.items():
+        if cfg.family != "mohge":
+            assert one.utilization_measure(run) == [] and one.utilization_gpus(run) == 0
+            continue
+        assert one.utilization_measure(run) == ["--measure", "--nproc", nproc, "--one-device"]
+        assert one.utilization_threads(run) == 1 and one.utilization_gpus(run) == 1
+        assert cpu.utilization_measure(run) == full.utilization_measure(run) == ["--measure", "--nproc", nproc]
+        assert cpu.utilization_threads(run) == full.utilization_threads(run) == nproc
+        assert cpu.utilization_gpus(run) == full.utilization_gpus(run) == 0

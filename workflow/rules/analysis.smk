@@ -46,10 +46,12 @@ rule utilization:
     priority: 1
     conda:
         "../envs/train.yaml"
-    # the measurement (measure_nproc > 0, MoHGE only) runs torch.distributed ranks as processes; the analytic
-    # placement alone is one thread, so it runs beside a training
-    threads: lambda wc: PLAN.utilization_nproc(wc.run) or 1
+    # the measurement (measure_nproc > 0, MoHGE only) runs torch.distributed ranks as processes, or every rank in
+    # turns in one process on the one GPU of a GPU node with fewer GPUs than ranks; the analytic placement alone is
+    # one thread, so it runs beside a training
+    threads: lambda wc: PLAN.utilization_threads(wc.run)
     resources:
+        gpu=lambda wc: PLAN.utilization_gpus(wc.run),
         mem_mb=lambda wc, attempt: 4000 * attempt,
         runtime=lambda wc, attempt: 20 * attempt,
     params:

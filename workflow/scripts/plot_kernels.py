@@ -10,8 +10,9 @@ Rows from a CPU are not throughput numbers for the paper: without GPU rows the f
 import mohge.analysis.plotstyle as ps
 
 PASSES = ("fwd", "fwd+bwd")
-LABELS = ps.PATH_LABELS | {"hom_grouped_mm": "homogeneous MoE (equal FLOPs)"}
-COLORS = ps.PATH_COLORS | {"hom_grouped_mm": ps.OTHER_COLOR}
+LABELS = ps.PATH_LABELS | {"hom_grouped_mm": "homogeneous MoE (equal FLOPs)", "mm": "torch.mm roofline (same M, N, K)"}
+COLORS = ps.PATH_COLORS | {"hom_grouped_mm": ps.OTHER_COLOR, "mm": "#999999"}
+REFERENCES = ("dense", "hom_grouped_mm", "mm")  # dashed: the references of equal FLOPs and the roofline
 BARS = ((0.15, "floor"), (0.25, "good"), (0.40, "state of the art"))  # shares of peak (kernels/roofline.py)
 
 
@@ -28,12 +29,12 @@ def tokens_label(t: int) -> str:
 
 def throughput_panel(ax, df, p: str, peak: float | None) -> None:
     ends = []
-    for path in ps.ordered(df["path"], (*ps.PATHS, "hom_grouped_mm")):
+    for path in ps.ordered(df["path"], (*ps.PATHS, "hom_grouped_mm", "mm")):
         d = df[(df["pass"] == p) & (df["path"] == path)].groupby("T", as_index=False)["tflops"].median()
         if d.empty:
             continue
         color = COLORS.get(path, ps.OTHER_COLOR)
-        dashed = path in ("dense", "hom_grouped_mm")  # the references of equal FLOPs
+        dashed = path in REFERENCES
         ax.plot(d["T"], d["tflops"], marker="o", ms=3.5, color=color, ls="--" if dashed else "-")
         ends.append((d["T"].iloc[-1], d["tflops"].iloc[-1], LABELS.get(path, path), color))
     ax.set_xscale("log", base=2)

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from mohge.analysis import idle
-from mohge.config.runs import BEST_SHOT, SELECTION, AnalysisConfig
+from mohge.config.runs import BEST_SHOT, CAPACITY_GATES, SELECTION, AnalysisConfig
 from mohge.core.stats import (
     TEstimate,
     delta_interval,
@@ -60,6 +60,7 @@ DEFAULTS = {
     "gate_ratio": _DECLARED.gate_ratio,
     "gate_slope": _DECLARED.gate_slope,
     "unused_share": _DECLARED.unused_share,
+    "gates": list(_DECLARED.gates),
 }
 TEST_COLUMNS = ["test", "a", "b", "n_a", "n_b", "estimate", "ci_low", "ci_high", "h0", "p", "threshold", "verdict"]
 TEST_COLUMNS += ["per_seed"]
@@ -200,11 +201,17 @@ def _gate_g3(quarter: pd.DataFrame, p: dict) -> dict:
 
 
 def decide(main: pd.DataFrame, quarter: pd.DataFrame, p: dict) -> tuple[pd.DataFrame, dict]:
-    """The tests of docs/study.md, in order: the gate's three parts, claim 1, the equivalent sizes, heterogeneity."""
+    """The tests of docs/study.md, in order: the gate's three parts, claim 1, the equivalent sizes, heterogeneity. The
+    gate is the parts the study declares (``gates``); a part it does not declare is printed as such and does not
+    enter the gate."""
     alpha, floor = p["alpha"], 1 - p["margin"]
     fit = sweep_fit(main, p["sweep"])
     gates = [_gate_g1(main, p), _gate_g2(fit, p), _gate_g3(quarter, p)]
-    gate = all(g["verdict"] == "pass" for g in gates)
+    declared = set(p["gates"])
+    for name, g in zip(CAPACITY_GATES, gates, strict=True):
+        if name not in declared:
+            g["verdict"] = "not declared for this study"
+    gate = all(g["verdict"] == "pass" for name, g in zip(CAPACITY_GATES, gates, strict=True) if name in declared)
     c1, est = ratio_row(main, p["mohge"][0], p["reference"], alpha)
     c1 = claim_verdict({**c1, "test": "Claim 1 non-inferiority"}, est, floor, True, "")
     if not gate and c1["verdict"] in ("supported", "refuted"):

@@ -24,6 +24,14 @@ max over ranks is what a concurrent step on one device per rank would wait for. 
 default): all ranks time at once after one barrier, one GPU per rank, and NVML utilization (``pynvml``,
 optional: the columns stay empty without it) is sampled on each rank's GPU during its timed loop.
 
+ONE DEVICE (``python -m mohge.analysis.ep_timing measure-one --ranks N --trace TRACE --out DIR``; launched by
+``mohge utilization --measure --one-device``): the same per-rank compute on one process and one device, for a machine
+with fewer GPUs than ranks (one GPU, or a CPU). No process group: each rank's rows are the routed slots whose expert
+the placement puts on that rank (exactly what ``dispatch`` would deliver it, every token of the layer being this
+process's), and its local experts are timed on them in turns, repeat-major over strategies and ranks as in
+``sequential``. ``timing`` is ``one_device``; on a GPU, NVML's utilization of the device is sampled over one further
+block of at least ``--nvml-min-s`` seconds of each rank's compute (the busy share of that rank's kernels).
+
 ``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
 seconds, seconds_min, times_ms, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
 the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
@@ -394,6 +402,125 @@ def measure(args: argparse.Namespace) -> int:
     return 0
 
 
+def local_rows(mod: ExpertParallelExperts, x_TD: Tensor, idx_TK: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows [R, D], local expert ids [R]) that rank ``mod.rank`` receives under its placement when every token of the
+    layer is this process's: the routed slots whose expert lives on that rank, in slot order (what ``dispatch``
+    delivers on one rank, without the all_to_all)."""
+    T, K = idx_TK.shape
+    flat_A = idx_TK.reshape(-1)
+    mine_A = mod.rank_of_expert[flat_A] == mod.rank
+    x_AD = x_TD[:, None].expand(T, K, x_TD.shape[1]).reshape(T * K, -1)
+    return x_AD[mine_A], mod.local_id_of_expert[flat_A[mine_A]]
+
+
+def _turns(entries: list[dict], repeats: int, warmup: int, train: bool) -> None:
+    """``entry["times"]`` of every entry, repeat-major (repeat 0: every entry once, then repeat 1, ...)."""
+    for entry in entries:
+        entry["times"] = []
+    for i in range(warmup + repeats):
+        for entry in entries:
+            dt = time_once(entry["mod"], entry["xs_RD"], entry["le_R"], entry["weights"], train)
+            if i >= warmup:
+                entry["times"].append(dt)
+
+
+def _nvml_block(entry: dict, device, train: bool, min_s: float) -> tuple[float | str, float | str]:
+    """NVML's mean GPU and memory utilization over at least ``min_s`` seconds of one entry's compute ("" off a GPU)."""
+    if device.type != "cuda":
+        return "", ""
+    sampler = _NvmlSampler(device)
+    with sampler:
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < min_s:
+            time_once(entry["mod"], entry["xs_RD"], entry["le_R"], entry["weights"], train)
+    return sampler.means()
+
+
+def measure_one_device(args: argparse.Namespace) -> int:
+    """Every rank's local expert compute at EP = ``args.ranks``, in one process on one device (module docstring)."""
+    setup_logging()
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if not cuda:
+        torch.set_num_threads(1)
+        torch.set_flush_denormal(True)
+    if args.routing == "live":
+        raise SystemExit("--routing live draws each rank's tokens under torchrun: use `measure`")
+    try:
+        trace = load_trace(args.trace)
+        replay = load_replay(trace) if args.routing in ("auto", "replay") else None
+    except TraceError as err:
+        raise SystemExit(str(err)) from err
+    if replay is None and args.routing == "replay":
+        raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
+    routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cuda else torch.float32)
+    D, widths_E, world = args.d_model or trace.d_model, trace.widths_E, args.ranks
+    layers = [i for i, lay in enumerate(trace.layers) if not args.layers or lay.layer in args.layers]
+    if not layers:
+        raise SystemExit(f"none of --layers {args.layers} is in the trace ({[lay.layer for lay in trace.layers]})")
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    log.info("EP=%d on one device (%s), routing %s, d_model %d, %s, %d repeats", world, name, routing_kind, D, dtype,
+             args.repeats)  # fmt: skip
+    rows = []
+    for pos in layers:
+        x_TD, idx_TK, _, counts = _layer_routing(args, trace, replay, pos, 0, 1, device)
+        x_TD, layer_id, entries = x_TD.to(dtype), trace.layers[pos].layer, []
+        for strategy in args.strategies:
+            try:
+                ranks = place(strategy, widths_E, world, counts, trace.experts_per_group)
+            except ValueError as err:
+                log.warning("skipping: %s", err)
+                continue
+            analytic = rank_loads(counts, widths_E, ranks, world, D, args.flop_mult)
+            for rank in range(world):
+                mine = [e for e in range(len(widths_E)) if ranks[e] == rank]
+                weights = {
+                    e: tuple(w.to(device, dtype) for w in expert_weights(e, widths_E[e], D, args.seed)) for e in mine
+                }
+                mod = ExpertParallelExperts(widths_E, ranks, rank, D, weights, backend=args.backend).to(device)
+                xs_RD, le_R = local_rows(mod, x_TD, idx_TK)
+                assert analytic[rank]["tokens"] == xs_RD.shape[0], (analytic[rank]["tokens"], xs_RD.shape[0])
+                weights = _stacked(mod, args.train)
+                entries.append({"strategy": strategy, "rank": rank, "mod": mod, "xs_RD": xs_RD, "le_R": le_R,
+                                "weights": weights, "analytic": analytic[rank]})  # fmt: skip
+        _turns(entries, args.repeats, args.warmup, args.train)
+        for entry in entries:
+            times, a = entry["times"], entry["analytic"]
+            util = _nvml_block(entry, device, args.train, args.nvml_min_s)
+            rows.append({"model": trace.model, "layer": layer_id, "strategy": entry["strategy"], "ep_size": world,
+                         "rank": entry["rank"], "experts": a["experts"], "tokens": a["tokens"], "flops": a["flops"],
+                         "seconds": statistics.median(times), "seconds_min": min(times),
+                         "times_ms": ";".join(f"{1e3 * t:.3f}" for t in times), "repeats": len(times),
+                         "timing": "one_device", "device": name, "routing": routing_kind, "gpu_util_pct": util[0],
+                         "gpu_mem_util_pct": util[1]})  # fmt: skip
+            log.info("layer %s %-12s rank %d: %d rows, median %.3f ms", layer_id, entry["strategy"], entry["rank"],
+                     a["tokens"], 1e3 * statistics.median(times))  # fmt: skip
+        del entries
+    rows.sort(key=lambda r: (r["layer"], r["strategy"], r["rank"]))
+    path = write_csv(rows, Path(args.out) / "measured.csv", MEASURED_COLUMNS)
+    log.info("wrote %s (%d rows)", path, len(rows))
+    return 0
+
+
+def _common_args(m: argparse.ArgumentParser) -> None:
+    """The options `measure` and `measure-one` share."""
+    m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.evaluate.traces)")
+    m.add_argument("--out", type=Path, required=True, help="folder for measured.csv")
+    m.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
+    m.add_argument("--layers", nargs="+", type=int, help="layer ids to measure (default: all)")
+    m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--warmup", type=int, default=1)
+    m.add_argument("--d-model", type=int, help="override the trace's d_model for the timed experts")
+    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default fp32 on CPU, bf16 on GPU")
+    m.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
+    m.add_argument("--train", action="store_true", help="time forward + backward")
+    m.add_argument("--flop-mult", type=float, default=6.0)
+    m.add_argument("--max-tokens", type=int, help="replay only the first N tokens of each layer")
+    m.add_argument("--topk", type=int, default=6, help="experts per token when the trace has no 'topk'")
+    m.add_argument("--seed", type=int, default=0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="torchrun ... -m mohge.analysis.ep_timing",
@@ -401,36 +528,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     m = sub.add_parser("measure", help="time each rank's expert compute for every strategy (measured.csv)")
-    m.add_argument("--trace", type=Path, required=True, help="routing trace JSON (format: mohge.evaluate.traces)")
-    m.add_argument("--out", type=Path, required=True, help="folder for measured.csv")
-    m.add_argument("--strategies", nargs="+", default=list(PLACEMENTS), choices=PLACEMENTS, metavar="STRATEGY")
-    m.add_argument("--layers", nargs="+", type=int, help="layer ids to measure (default: all)")
+    _common_args(m)
     m.add_argument("--routing", choices=("auto", "replay", "counts", "live"), default="auto")
-    m.add_argument("--repeats", type=int, default=5)
-    m.add_argument("--warmup", type=int, default=1)
     m.add_argument("--timing", choices=("auto", "sequential", "concurrent"), default="auto")
     m.add_argument(
         "--pin-cpu",
         default="auto",
         help="sequential CPU timing: pin every rank to this CPU ('auto': the last allowed one; 'none': no pinning)",
     )
-    m.add_argument("--d-model", type=int, help="override the trace's d_model for the timed experts")
-    m.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="default fp32 on CPU, bf16 on GPU")
-    m.add_argument("--backend", default="torch", choices=kernels.BACKENDS)
-    m.add_argument("--train", action="store_true", help="time forward + backward")
-    m.add_argument("--flop-mult", type=float, default=6.0)
-    m.add_argument("--max-tokens", type=int, help="replay only the first N tokens of each layer")
     m.add_argument("--tokens", type=int, default=4096, help="live routing: tokens when the trace has none")
-    m.add_argument("--topk", type=int, default=6, help="experts per token when the trace has no 'topk'")
     m.add_argument("--group-topk", type=int, default=4, help="live routing: groups per token")
     m.add_argument("--config", type=Path, help="live routing: the run config whose router to use (widths checked)")
-    m.add_argument("--seed", type=int, default=0)
+    one = sub.add_parser(
+        "measure-one", help="the same per-rank timing for --ranks ranks on one device, one process (no torchrun)"
+    )
+    _common_args(one)
+    one.add_argument("--ranks", type=int, required=True, help="EP size whose ranks are timed in turns")
+    one.add_argument("--routing", choices=("auto", "replay", "counts"), default="auto")
+    one.add_argument("--device", choices=("auto", "cpu"), default="auto", help="auto: the first GPU when there is one")
+    one.add_argument("--nvml-min-s", type=float, default=0.5, help="GPU: seconds of each rank's NVML-sampled block")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return measure(args)
+    return measure_one_device(args) if args.command == "measure-one" else measure(args)
 
 
 if __name__ == "__main__":

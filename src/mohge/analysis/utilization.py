@@ -31,7 +31,9 @@ OUTPUTS (``--out DIR``):
   model, layer, strategy, ep_size, analytic_max_over_mean, measured_max_over_mean, rel_diff, analytic_cv,
   measured_cv, measured_min_max_over_mean, rel_diff_min (analytic from the FLOPs of exactly the replayed
   routing; measured from the per-rank median seconds, the ``_min`` pair from the per-rank fastest repeat, which
-  is robust to other load on a shared machine; rel_diff = measured / analytic - 1).
+  is robust to other load on a shared machine; rel_diff = measured / analytic - 1). With ``--one-device`` the ranks
+  are timed in turns in one process on one device (:func:`mohge.analysis.ep_timing.measure_one_device`): a machine
+  with one GPU measures every rank's compute on it, with NVML's busy share of each rank's kernels.
 
 Example::
 
@@ -320,22 +322,26 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="ranks take turns (CPU default) or time at once (GPU default); see mohge.analysis.ep_timing",
     )
+    m.add_argument(
+        "--one-device",
+        action="store_true",
+        help="time the --nproc ranks in turns in one process on one device (a machine with fewer GPUs than ranks)",
+    )
     m.add_argument("--backend", default="torch", help="expert compute backend (mohge.kernels), default torch")
     m.add_argument("--train", action="store_true", help="time forward + backward of the local experts")
     return p
 
 
 def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
-    """Launch ``torchrun --standalone -m mohge.analysis.ep_timing measure`` and return measured.csv."""
+    """Launch ``torchrun --standalone -m mohge.analysis.ep_timing measure`` (or, with ``--one-device``, one process of
+    ``ep_timing measure-one``) and return measured.csv."""
+    if args.one_device:
+        launch = [sys.executable, "-m", "mohge.analysis.ep_timing", "measure-one", "--ranks", str(args.nproc)]
+    else:
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
+        launch += ["-m", "mohge.analysis.ep_timing", "measure", "--timing", args.timing]
     cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={args.nproc}",
-        "-m",
-        "mohge.analysis.ep_timing",
-        "measure",
+        *launch,
         "--trace",
         str(trace_path),
         "--out",
@@ -344,8 +350,6 @@ def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
         *args.strategies,
         "--repeats",
         str(args.repeats),
-        "--timing",
-        args.timing,
         "--backend",
         args.backend,
         "--flop-mult",
@@ -362,7 +366,7 @@ def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
     log.info("launching: %s", " ".join(cmd))
     done = subprocess.run(cmd, check=False)
     if done.returncode:
-        raise RuntimeError(f"the torchrun measurement failed with exit status {done.returncode}")
+        raise RuntimeError(f"the measurement ({launch[2]}) failed with exit status {done.returncode}")
     return args.out / "measured.csv"
 
 

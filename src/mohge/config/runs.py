@@ -145,6 +145,9 @@ SELECTION = "sel_"
 BEST_SHOT = "best_"
 
 
+CAPACITY_GATES = ("G1", "G2", "G3")  # the capacity study's gate (docs/study.md "The capacity study")
+
+
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
     """A study's pre-declared statistical analysis (docs/study.md): the claims study's (mohge.analysis.study) or the
@@ -169,14 +172,20 @@ class AnalysisConfig(_Section):
     unused_share: float = knob(0.01, "capacity: an expert is unused below this share of a uniform share", gt=0, lt=1)
     sweep: tuple[str, ...] = knob((), "capacity: the width sweep's models as runs.csv names them (family+variant)")
     quarter_dataset: str | None = knob(None, "capacity gate G3: the dataset of the saturation control")
+    gates: tuple[str, ...] = knob(
+        CAPACITY_GATES,
+        "capacity: the gate's declared parts (G1 reference > equal, G2 the sweep's slope, G3 saturation)",
+        choices=CAPACITY_GATES,
+        min_items=1,
+    )
     _path: str = field(default="analysis", repr=False, compare=False)
 
     def check(self) -> None:
         if (self.design == "capacity") != (self.primary_metric == "bits_stored"):
             why = "bits_stored goes with design: capacity, and only with it"
             _fail(self.key("primary_metric"), self.primary_metric, why)
-        if self.design == "capacity" and len(self.sweep) < 4:
-            _fail(self.key("sweep"), list(self.sweep), "the capacity gate needs a sweep of at least four widths")
+        if self.design == "capacity" and "G2" in self.gates and len(self.sweep) < 4:
+            _fail(self.key("sweep"), list(self.sweep), "the capacity gate G2 needs a sweep of at least four widths")
 
 
 # Top-level keys of the workflow config (besides the sections above): see configs/README.md.

@@ -7,6 +7,7 @@ Owns:
   `settings`   what a study's tables and figures take from its config (read through the typed sections)
   `resources`  SLURM sizes and launchers of the jobs, functions of the config's `cluster` section and the run
   `plan`       :class:`WorkflowPlan`: the validated runs of a config, its committed runs, what the rules make
+  `slot`       the next runs of a study for one GPU slot (`mohge slot`; kernels/gpu_all.sh's ladder step)
 
 workflow/rules/common.smk builds one :class:`WorkflowPlan` and keeps only validation messages, wildcard
 constraints and thin input functions that call it.

@@ -306,9 +306,23 @@ class WorkflowPlan:
 
     def utilization_measure(self, run: str) -> list:
         """The measurement flags of a run's utilization job ([] for the analytic placement alone): every token of
-        the trace, timed on utilization.measure_nproc ranks."""
+        the trace, timed on utilization.measure_nproc ranks (in turns on one GPU where the node has fewer GPUs)."""
         nproc = self.utilization_nproc(run)
-        return ["--measure", "--nproc", nproc] if nproc else []
+        if not nproc:
+            return []
+        return ["--measure", "--nproc", nproc] + (["--one-device"] if self.utilization_on_one_gpu(run) else [])
+
+    def utilization_on_one_gpu(self, run: str) -> bool:
+        return resources.utilization_one_device(self.cluster, self.utilization_nproc(run))
+
+    def utilization_threads(self, run: str) -> int:
+        """Threads of a run's utilization job: its measured ranks as processes, else one (the analytic placement, or
+        every rank in turns in one process on one GPU)."""
+        return 1 if self.utilization_on_one_gpu(run) else (self.utilization_nproc(run) or 1)
+
+    def utilization_gpus(self, run: str) -> int:
+        """GPUs of a run's utilization job: one where it times the ranks on a GPU, else none."""
+        return 1 if self.utilization_on_one_gpu(run) else 0
 
     def train_launcher(self) -> str:
         return resources.train_launcher(self.cluster)

@@ -58,3 +58,9 @@ def utilization_nproc(run: RunConfig, util: UtilizationConfig) -> int:
     """Ranks of the measured per-rank expert time of a run (utilization.measure_nproc, MoHGE runs only; 0: the
     analytic placement alone)."""
     return util.measure_nproc if util.measure_nproc > 0 and run.family == "mohge" else 0
+
+
+def utilization_one_device(cluster: ClusterConfig, nproc: int) -> bool:
+    """A config that trains on GPUs, fewer of them on a node than the measurement's ranks, times the ranks in turns on
+    one GPU (``mohge utilization --one-device``); CPU configs and nodes with a GPU per rank launch the ranks."""
+    return 0 < cluster.gpus_per_node < nproc

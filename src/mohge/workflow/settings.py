@@ -122,6 +122,7 @@ def capacity_settings(config: dict) -> dict[str, Any]:
         "gate_ratio": a.gate_ratio,
         "gate_slope": a.gate_slope,
         "unused_share": a.unused_share,
+        "gates": list(a.gates),
     }
 
 
