@@ -10,7 +10,9 @@ what the trainer's loop uses (``setup_runtime``, ``set_deterministic``, the ``Re
 
 Protocol, one JSON object a line: the worker answers ``{"ready": ...}`` once built, then reads ``{"steps": n}``
 and answers with the thread CPU seconds of each of the n steps and their losses; ``{"finish": true}`` answers the
-sha256 of the weights and of the optimizer state, and ends it. A step is what the trainer's loop does per step:
+sha256 of the weights and of the optimizer state; ``{"phases": n}`` the median milliseconds of each part of a step
+over n repetitions (:func:`phase_times`; it moves the optimizer state, so it comes after ``finish``); ``{"exit":
+true}`` or the end of its input ends it. A step is what the trainer's loop does per step:
 the forward, backward, clipping and AdamW step of ``mohge.train.trainer._step`` and the log window's bookkeeping,
 with a log row every ``train.log_every`` steps. The batches are uniform random tokens of the run's shape
 (``train.batch_size`` windows of ``data.seq_len`` + 1 tokens), seeded, so both processes read the same ones.
@@ -116,9 +118,15 @@ def main() -> int:
     say({"ready": True, "mohge": where, "threads": torch.get_num_threads()})
     for line in sys.stdin:
         req = json.loads(line)
+        if req.get("exit"):
+            return 0
         if req.get("finish"):
             say({"weights_sha256": _digest(model.state_dict().values()), "optimizer_sha256": _opt_digest(opt, _digest)})
-            return 0
+            continue
+        if "phases" in req:
+            b = batches[0]
+            say(phase_times(model, opt, cfg, b[:, :-1], b[:, 1:], int(req["phases"])))
+            continue
         times, losses = [], []
         for _ in range(int(req["steps"])):
             b = batches[s % len(batches)]
@@ -132,7 +140,72 @@ def main() -> int:
             losses.append(vals["loss"])
             s += 1
         say({"times": times, "losses": losses})
-    return 1
+    return 0
+
+
+def phase_times(model, opt, cfg, x_BS, y_BS, reps: int) -> dict[str, float]:
+    """Median thread CPU milliseconds of each part of a step, timed alone (forward and backward) on the inputs it
+    sees in a forward of the batch: per block its attention (norm, QKV, RoPE, attention, output projection) and
+    its MoE layer (norm, router with the aux losses, experts), the router alone, the attention kernel alone, the
+    embedding, the head (final norm, LM head, cross-entropy), clipping with AdamW. Run after the timed steps: it
+    moves the optimizer's state."""
+    import statistics
+
+    import torch
+    import torch.nn.functional as F
+
+    from mohge.model.losses import weighted_aux
+
+    inputs = []
+    hooks = [b.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach())) for b in model.blocks]
+    with torch.no_grad():
+        final = model.hidden(x_BS)[0].detach()
+    for h in hooks:
+        h.remove()
+    cos, sin = model.rope_cos, model.rope_sin
+    B, S, D = final.shape
+    H = model.blocks[0].attn.H
+    parts = {"embedding": lambda: model.embed(x_BS).sum().backward()}
+    for i, block in enumerate(model.blocks):
+        x = inputs[i].clone().requires_grad_(True)
+
+        def attention(block=block, x=x):
+            block.attn(block.attn_norm(x), cos, sin).sum().backward()
+
+        def moe(block=block, x=x):
+            y, st = block.ffn(block.ffn_norm(x))
+            (y.sum() + weighted_aux(st.aux, cfg.loss, 0, cfg.train.steps)).backward()
+
+        def router(block=block, x=x):
+            h = block.ffn_norm(x).detach().reshape(B * S, D)
+            r = block.ffn.router(h)
+            (r.gates_TK.sum() + weighted_aux(block.ffn.aux_losses(r), cfg.loss, 0, cfg.train.steps)).backward()
+
+        parts[f"attention.{i}"], parts[f"moe.{i}"], parts[f"router.{i}"] = attention, moe, router
+    qkv = [torch.randn(B, H, S, D // H, requires_grad=True) for _ in range(3)]
+    parts["attention_kernel"] = lambda: F.scaled_dot_product_attention(*qkv, is_causal=True).sum().backward()
+    h = final.clone().requires_grad_(True)
+
+    def head():
+        F.cross_entropy(model.logits(model.norm(h)).float().flatten(0, 1), y_BS.flatten()).backward()
+
+    def optimizer():
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
+        opt.step()
+
+    parts["head"], parts["optimizer"] = head, optimizer
+    times: dict[str, list[float]] = {k: [] for k in parts}
+    for r in range(reps + 1):
+        for name, fn in parts.items():
+            if name == "optimizer":
+                for p in model.parameters():
+                    p.grad = torch.full_like(p, 1e-3)
+            t0 = time.thread_time()
+            fn()
+            if r:
+                times[name].append(time.thread_time() - t0)
+            model.zero_grad(set_to_none=True)
+    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
 
 
 def _opt_digest(opt, digest) -> str:
