@@ -112,6 +112,7 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
         phases = {
             name: {k: statistics.median(p[k] for p in got) for k in got[0]} for name, got in rounds.items() if got
         }
+        ops = {name: w.ask(ops=True) for name, w in workers.items()} if phase_rounds else {}
     finally:
         for w in workers.values():
             w.close()
@@ -130,6 +131,7 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
         "identical": losses["baseline"] == losses["new"] and final["baseline"] == final["new"],
         "digests": final,
         "phases_ms": phases,
+        "ops": ops,
         "setup": {
             "n_layers": model.n_layers,
             "batch": cfg.train.batch_size,

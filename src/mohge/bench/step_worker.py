@@ -11,8 +11,9 @@ what the trainer's loop uses (``setup_runtime``, ``set_deterministic``, the ``Re
 Protocol, one JSON object a line: the worker answers ``{"ready": ...}`` once built, then reads ``{"steps": n}``
 and answers with the thread CPU seconds of each of the n steps and their losses; ``{"finish": true}`` answers the
 sha256 of the weights and of the optimizer state; ``{"phases": n}`` the median milliseconds of each part of a step
-over n repetitions (:func:`phase_times`; it moves the optimizer state, so it comes after ``finish``); ``{"exit":
-true}`` or the end of its input ends it. A step is what the trainer's loop does per step:
+over n repetitions (:func:`phase_times`; it moves the optimizer state, so it comes after ``finish``); ``{"ops":
+true}`` the milliseconds of each aten op in one more step (:func:`op_times`); ``{"exit": true}`` or the end of its
+input ends it. A step is what the trainer's loop does per step:
 the forward, backward, clipping and AdamW step of ``mohge.train.trainer._step`` and the log window's bookkeeping,
 with a log row every ``train.log_every`` steps. The batches are uniform random tokens of the run's shape
 (``train.batch_size`` windows of ``data.seq_len`` + 1 tokens), seeded, so both processes read the same ones.
@@ -123,6 +124,11 @@ def main() -> int:
         if req.get("finish"):
             say({"weights_sha256": _digest(model.state_dict().values()), "optimizer_sha256": _opt_digest(opt, _digest)})
             continue
+        if req.get("ops"):
+            b = batches[s % len(batches)]
+            say(op_times(lambda: trainer._step(s, par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None)))
+            s += 1
+            continue
         if "phases" in req:
             b = batches[0]
             say(phase_times(model, opt, cfg, b[:, :-1], b[:, 1:], int(req["phases"])))
@@ -141,6 +147,32 @@ def main() -> int:
             s += 1
         say({"times": times, "losses": losses})
     return 0
+
+
+def op_times(step) -> dict:
+    """The thread CPU milliseconds and calls of each aten op in one call of ``step`` (a training step; on a CPU the
+    backward runs on this thread), and the step's own milliseconds with the timer on."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ms: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+
+    class Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            t0 = time.thread_time_ns()
+            out = func(*args, **(kwargs or {}))
+            key = func.overloadpacket.__name__
+            ms[key] += (time.thread_time_ns() - t0) / 1e6
+            calls[key] += 1
+            return out
+
+    t0 = time.thread_time()
+    with Timer():
+        step()
+    return {"step_ms": 1e3 * (time.thread_time() - t0), "ops_ms": dict(ms), "calls": dict(calls)}
 
 
 def phase_times(model, opt, cfg, x_BS, y_BS, reps: int) -> dict[str, float]:
