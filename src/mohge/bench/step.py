@@ -118,8 +118,9 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
             w.close()
     step_s = {name: statistics.median(ts) for name, ts in times.items()}
     model = cfg.model
+    where = Path(config).resolve()
     return {
-        "config": str(config),
+        "config": str(where.relative_to(ROOT)) if where.is_relative_to(ROOT) else str(config),
         "family": cfg.family,
         "d_model": model.d_model,
         "tokens_per_step": tokens,

@@ -126,7 +126,7 @@ def main() -> int:
             continue
         if req.get("ops"):
             b = batches[s % len(batches)]
-            say(op_times(lambda: trainer._step(s, par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None)))
+            say(op_times(trainer._step, s, par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None))
             s += 1
             continue
         if "phases" in req:
@@ -149,12 +149,11 @@ def main() -> int:
     return 0
 
 
-def op_times(step) -> dict:
-    """The thread CPU milliseconds and calls of each aten op in one call of ``step`` (a training step; on a CPU the
-    backward runs on this thread), and the step's own milliseconds with the timer on."""
+def op_times(step, *args) -> dict:
+    """The thread CPU milliseconds and calls of each aten op in one call of ``step(*args)`` (a training step; on a
+    CPU the backward runs on this thread), and the step's own milliseconds with the timer on."""
     import collections
 
-    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     ms: dict[str, float] = collections.defaultdict(float)
@@ -171,7 +170,7 @@ def op_times(step) -> dict:
 
     t0 = time.thread_time()
     with Timer():
-        step()
+        step(*args)
     return {"step_ms": 1e3 * (time.thread_time() - t0), "ops_ms": dict(ms), "calls": dict(calls)}
 
 

@@ -1,0 +1,181 @@
+"""The CPU training step's speed-ups train the numbers of the step before them bit for bit, and ``mohge bench step``
+(this checkout against a baseline commit, each in its own process) writes the record docs/speed.md quotes.
+
+The step before them, where it differs, is rebuilt here from what it ran: RoPE through ``apply_rope`` on q and k, and
+AdamW's single-tensor loop (torch's default on a CPU). The row gathers of the expert path (``index_select`` for
+indexing) and the allocator setting are copies and memory, no arithmetic. The whole step of the baseline commit
+against this checkout is the committed record's ``identical`` (losses of every step, and the weights and optimizer
+state after the last, equal bit for bit).
+"""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from mohge.bench import main
+from mohge.bench import step as bench_step
+from mohge.config import load_run_config
+from mohge.model import transformer
+from mohge.model.transformer import apply_rope, rope_qkv, rope_tables
+from mohge.train import trainer
+from mohge.train.parallelism import Replicated
+from mohge.train.runtime import Runtime, keep_freed_memory, set_deterministic
+from mohge.train.step import WindowMeter, bias_balanced, build_optimizer, lr_at
+
+ROOT = Path(__file__).resolve().parents[2]
+RUNS = ROOT / "results" / "capacity" / "runs"
+RECORD = ROOT / "results" / "bench" / "train_small_cpu.json"
+
+
+def todays_rope(x_BS3HD, cos_SF, sin_SF):
+    q, k, v = x_BS3HD.permute(2, 0, 3, 1, 4)
+    return apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF), v
+
+
+def todays_optimizer(model, tc, fused=False):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
+    groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, foreach=False)
+
+
+def train_steps(cfg, steps: int, make_optimizer) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The trainer's own step (``mohge.train.trainer._step``, with the log window and a log row every
+    ``train.log_every`` steps) on seeded random batches: every step's loss, and the final weights."""
+    tc = cfg.train
+    rt = Runtime(0, 1, torch.device("cpu"), None)
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)
+    set_deterministic(True)
+    try:
+        torch.manual_seed(tc.seed)
+        par = Replicated(cfg, rt, Path("/nonexistent"))
+        model = par.build().train()
+        opt = make_optimizer(model, tc)
+        gen = torch.Generator().manual_seed(tc.seed)
+        S = cfg.data_config.seq_len
+        meter, losses = WindowMeter(), []
+        for s in range(steps):
+            b = torch.randint(0, cfg.model.vocab_size, (tc.batch_size, S + 1), generator=gen)
+            vals = trainer._step(s, par, opt, (b[:, :-1], b[:, 1:]), meter, bias_balanced(model), None)
+            meter.add_step(vals, tc.batch_size * S, 1.0)
+            if (s + 1) % tc.log_every == 0:
+                meter.row(s, lr_at(s, tc), cfg, rt, 0)
+                meter = WindowMeter()
+            losses.append(vals["loss"])
+        return losses, {k: v.clone() for k, v in model.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)
+        set_deterministic(deterministic)
+
+
+@pytest.mark.parametrize("run", ["facts-mohge-best_renorm_lr5e3-s10", "facts-moe-best_lr5e3-s10"])
+def test_the_fast_step_trains_the_numbers_of_todays_step_bit_for_bit(run, monkeypatch):
+    cfg = load_run_config(RUNS / run / "config.json")  # d_model 32, the capacity study's MoHGE and MoE-15
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=256, log_every=3))
+    fast_losses, fast_weights = train_steps(cfg, 6, build_optimizer)
+    monkeypatch.setattr(transformer, "rope_qkv", todays_rope)
+    today_losses, today_weights = train_steps(cfg, 6, todays_optimizer)
+    assert fast_losses == today_losses
+    assert fast_weights.keys() == today_weights.keys()
+    assert all(torch.equal(fast_weights[k], today_weights[k]) for k in fast_weights)
+    assert len(set(fast_losses)) == 6  # it trained
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(3, 7, 2, 4), (2, 5, 4, 8), (2, 5, 4, 16), (1, 1, 1, 6)])
+def test_rope_of_q_and_k_together_is_apply_ropes_arithmetic_forward_and_backward(shape, dtype):
+    B, S, H, Dh = shape
+    cos, sin = rope_tables(S + 3, Dh, 10000.0)
+    y = torch.randn(B, S, 3 * H * Dh, dtype=dtype, requires_grad=True)
+    grads = [torch.randn(B, H, S, Dh, dtype=dtype) for _ in range(3)]
+    want = todays_rope(y.view(B, S, 3, H, Dh), cos, sin)
+    got = rope_qkv(y.view(B, S, 3, H, Dh), cos, sin)
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g) and w.stride() == g.stride() and w.storage_offset() == g.storage_offset()
+    (dwant,) = torch.autograd.grad(want, y, grads)
+    (dgot,) = torch.autograd.grad(got, y, grads)
+    assert torch.equal(dwant, dgot)
+    (dwant,) = torch.autograd.grad(todays_rope(y.view(B, S, 3, H, Dh), cos, sin)[1].sum(), y)  # k alone: zeros else
+    (dgot,) = torch.autograd.grad(rope_qkv(y.view(B, S, 3, H, Dh), cos, sin)[1].sum(), y)
+    assert torch.equal(dwant, dgot) and torch.equal(dgot.signbit(), dwant.signbit())
+
+
+def test_the_allocator_setting_is_taken_where_glibc_runs():
+    import platform
+
+    assert keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
+
+
+def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
+    raw = json.loads((RUNS / "facts-mohge-best_renorm_lr5e3-s10" / "config.json").read_text())
+    raw["train"]["batch_size"] = 64
+    config = tmp_path / "small.json"
+    config.write_text(json.dumps(raw))
+    out = tmp_path / "rec.json"
+    argv = ["step", "--baseline-tree", str(ROOT), "--config", str(config), "--steps", "2", "--warmup", "1"]
+    assert main([*argv, "--phases", "1", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["bench"] == "step" and rec["clock"] == "thread_time" and rec["threads"] == 1
+    assert set(rec["host"]) >= {"cpu", "cpu_capability", "matrix_units", "torch", "python"}
+    assert rec["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(rec["loadavg"]) == {"start", "end"} and rec["baseline"]["commit"] == rec["new"]["commit"]
+    (run,) = rec["runs"]
+    assert run["tokens_per_step"] == 64 * 5 and len(run["times"]["baseline"]) == len(run["times"]["new"]) == 2
+    assert len(run["losses"]["new"]) == 3 and run["identical"] and rec["identical"]  # the same tree twice
+    assert run["ratio"] == pytest.approx(run["step_seconds"]["baseline"] / run["step_seconds"]["new"])
+    assert set(run["phases_ms"]["new"]) >= {"attention.0", "moe.1", "router.0", "attention_kernel", "head"}
+    assert run["ops"]["new"]["ops_ms"]["mm"] > 0
+
+
+def test_bad_counts_are_refused_before_any_work(capsys):
+    with pytest.raises(SystemExit):
+        main(["step", "--baseline", "HEAD", "--steps", "0"])
+    assert "--steps must be at least 1" in capsys.readouterr().err
+
+
+def doc_rows(rec: dict) -> list[str]:
+    """The rows docs/speed.md shows from the record: tokens/s per run config, then the step's parts."""
+    names = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
+    rows = []
+    for run in rec["runs"]:
+        tps = run["tokens_per_s"]
+        rows.append(
+            f"| {names[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
+            f"**{run['ratio']:.2f}×** | {'yes' if run['identical'] else 'NO'} |"
+        )
+    for run in rec["runs"]:
+        if run["family"] == "moe_equal":
+            continue
+        rows.append(phase_row(run))
+    return [r.replace(",", " ") for r in rows]
+
+
+def phase_row(run: dict) -> str:
+    names = {"mohge": "MoHGE", "moe": "MoE-15"}
+    cells = []
+    for side in ("baseline", "new"):
+        p = run["phases_ms"][side]
+        attention = sum(v for k, v in p.items() if k.startswith("attention."))
+        moe = sum(v for k, v in p.items() if k.startswith("moe."))
+        router = sum(v for k, v in p.items() if k.startswith("router."))
+        step = 1e3 * run["step_seconds"][side]
+        rest = step - attention - moe - p["head"] - p["embedding"] - p["optimizer"]
+        cells.append((step, attention, p["attention_kernel"] * run["setup"]["n_layers"], moe, router, p["head"], rest))
+    parts = " | ".join(f"{b:.0f} → {n:.0f}" for b, n in zip(*cells, strict=True))
+    return f"| {names[run['family']]} {run['d_model']} | {parts} |"
+
+
+def test_speed_doc_quotes_the_recorded_step_benchmark():
+    rec = json.loads(RECORD.read_text())
+    text = (ROOT / "docs" / "speed.md").read_text()
+    for row in doc_rows(rec):
+        assert row in text, row
+    host = rec["host"]
+    assert f"{host['cpu']}, ATen CPU capability {host['cpu_capability']}" in text
+    assert rec["identical"] and rec["baseline"]["commit"][:8] in text
+    assert rec["timed_steps"] >= 20 and set(bench_step.DEFAULT_CONFIGS) == {r["config"] for r in rec["runs"]}
