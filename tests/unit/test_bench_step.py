@@ -17,6 +17,7 @@ import torch
 
 from mohge.bench import main
 from mohge.bench import step as bench_step
+from mohge.bench.step_worker import PARTS
 from mohge.config import load_run_config
 from mohge.model import transformer
 from mohge.model.transformer import apply_rope, rope_qkv, rope_tables
@@ -118,7 +119,7 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     config.write_text(json.dumps(raw))
     out = tmp_path / "rec.json"
     argv = ["step", "--baseline-tree", str(ROOT), "--config", str(config), "--steps", "2", "--warmup", "1"]
-    assert main([*argv, "--phases", "1", "--json", str(out)]) == 0
+    assert main([*argv, "--parts", "1", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["bench"] == "step" and rec["clock"] == "thread_time" and rec["threads"] == 1
     assert set(rec["host"]) >= {"cpu", "cpu_capability", "matrix_units", "torch", "python"}
@@ -128,7 +129,9 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     assert run["tokens_per_step"] == 64 * 5 and len(run["times"]["baseline"]) == len(run["times"]["new"]) == 2
     assert len(run["losses"]["new"]) == 3 and run["identical"] and rec["identical"]  # the same tree twice
     assert run["ratio"] == pytest.approx(run["step_seconds"]["baseline"] / run["step_seconds"]["new"])
-    assert set(run["phases_ms"]["new"]) >= {"attention.0", "moe.1", "router.0", "attention_kernel", "head"}
+    parts = run["parts_ms"]["new"]
+    assert set(parts) == {*PARTS, "aten", "step"} and parts["attention kernel"] < parts["attention"]
+    assert sum(parts[p] for p in PARTS if p != "attention kernel") == pytest.approx(parts["aten"])
     assert run["ops"]["new"]["ops_ms"]["mm"] > 0
 
 
@@ -138,36 +141,34 @@ def test_bad_counts_are_refused_before_any_work(capsys):
     assert "--steps must be at least 1" in capsys.readouterr().err
 
 
+NAMES = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
+
+
 def doc_rows(rec: dict) -> list[str]:
-    """The rows docs/speed.md shows from the record: tokens/s per run config, then the step's parts."""
-    names = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
+    """The rows docs/speed.md shows from the record: tokens/s per run config, then where a step's time goes."""
     rows = []
     for run in rec["runs"]:
         tps = run["tokens_per_s"]
         rows.append(
-            f"| {names[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
-            f"**{run['ratio']:.2f}×** | {'yes' if run['identical'] else 'NO'} |"
+            f"| {NAMES[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
+            f"**{run['ratio']:.2f}×** | {'yes' if run['identical'] else 'NO'} |".replace(",", " ")
         )
     for run in rec["runs"]:
-        if run["family"] == "moe_equal":
-            continue
-        rows.append(phase_row(run))
-    return [r.replace(",", " ") for r in rows]
+        if run["family"] != "moe_equal":
+            rows.append(part_row(run))
+    return rows
 
 
-def phase_row(run: dict) -> str:
-    names = {"mohge": "MoHGE", "moe": "MoE-15"}
-    cells = []
-    for side in ("baseline", "new"):
-        p = run["phases_ms"][side]
-        attention = sum(v for k, v in p.items() if k.startswith("attention."))
-        moe = sum(v for k, v in p.items() if k.startswith("moe."))
-        router = sum(v for k, v in p.items() if k.startswith("router."))
-        step = 1e3 * run["step_seconds"][side]
-        rest = step - attention - moe - p["head"] - p["embedding"] - p["optimizer"]
-        cells.append((step, attention, p["attention_kernel"] * run["setup"]["n_layers"], moe, router, p["head"], rest))
-    parts = " | ".join(f"{b:.0f} → {n:.0f}" for b, n in zip(*cells, strict=True))
-    return f"| {names[run['family']]} {run['d_model']} | {parts} |"
+def part_row(run: dict) -> str:
+    """One model's parts, baseline → this checkout, in ms: the step with the timer on, each part, and the rest (Python
+    and the timer's own cost)."""
+    base, new = (run["parts_ms"][side] for side in ("baseline", "new"))
+    cols = ["step", "attention", "attention kernel", "router", "experts", "head and loss", "optimizer"]
+    cells = [f"{base[c]:.0f} → {new[c]:.0f}" for c in cols]
+    small = [p["embedding"] + p["other"] for p in (base, new)]
+    rest = [p["step"] - p["aten"] for p in (base, new)]
+    cells += [f"{small[0]:.0f} → {small[1]:.0f}", f"{rest[0]:.0f} → {rest[1]:.0f}"]
+    return f"| {NAMES[run['family']]} {run['d_model']} | " + " | ".join(cells) + " |"
 
 
 def test_speed_doc_quotes_the_recorded_step_benchmark():

@@ -85,9 +85,10 @@ class Worker:
                 self.proc.wait()
 
 
-def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int, phase_rounds: int = 0) -> dict:
-    """Both trees on one run config: the step times, the losses and the final digests of each, then (``phase_rounds``
-    > 0) the milliseconds of each part of a step, the median of that many rounds of 3 repetitions, interleaved."""
+def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int, parts: int = 0) -> dict:
+    """Both trees on one run config: the step times, the losses and the final digests of each, then (``parts`` > 0)
+    where the time of a step goes, part by part (the median of that many more steps of each, interleaved), and op by
+    op (one more step)."""
     from mohge.config import load_run_config
 
     cfg = load_run_config(config)
@@ -106,13 +107,13 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
                 losses[name] += got["losses"]
         final = {name: w.ask(finish=True) for name, w in workers.items()}
         rounds: dict[str, list[dict]] = {name: [] for name in workers}
-        for r in range(phase_rounds):
+        for r in range(parts):
             for name in sorted(workers, reverse=bool(r % 2)):
-                rounds[name].append(workers[name].ask(phases=3))
-        phases = {
+                rounds[name].append(workers[name].ask(parts=1))
+        parts_ms = {
             name: {k: statistics.median(p[k] for p in got) for k in got[0]} for name, got in rounds.items() if got
         }
-        ops = {name: w.ask(ops=True) for name, w in workers.items()} if phase_rounds else {}
+        ops = {name: w.ask(ops=True) for name, w in workers.items()} if parts else {}
     finally:
         for w in workers.values():
             w.close()
@@ -131,7 +132,7 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
         "losses": losses,
         "identical": losses["baseline"] == losses["new"] and final["baseline"] == final["new"],
         "digests": final,
-        "phases_ms": phases,
+        "parts_ms": parts_ms,
         "ops": ops,
         "setup": {
             "n_layers": model.n_layers,
@@ -195,11 +196,11 @@ def host() -> dict:
     }
 
 
-def run(base: Path, base_version: dict, configs: Sequence[Path], steps: int, warmup: int, phase_rounds: int) -> dict:
+def run(base: Path, base_version: dict, configs: Sequence[Path], steps: int, warmup: int, parts: int) -> dict:
     load0 = list(os.getloadavg())
     rows = []
     for config in configs:
-        row = measure_config(base, ROOT, config, steps, warmup, phase_rounds)
+        row = measure_config(base, ROOT, config, steps, warmup, parts)
         tps = row["tokens_per_s"]
         print(
             f"  {row['family']:<9} d_model {row['d_model']:>3}: baseline {tps['baseline']:8.0f} tok/s, "
@@ -229,11 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--config", action="append", help="a run config (repeatable; default: the capacity study's)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps per process, alternating between the two")
     ap.add_argument("--warmup", type=int, default=3, help="untimed first steps per process")
-    ap.add_argument("--phases", type=int, default=3, help="rounds of the per-part profile after the steps (0: none)")
+    ap.add_argument("--parts", type=int, default=7, help="steps of the per-part profile after the timed ones (0: none)")
     ap.add_argument("--json", help="also write the record here")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.phases < 0:
-        ap.error("--steps must be at least 1, --warmup and --phases at least 0")
+    if args.steps < 1 or args.warmup < 0 or args.parts < 0:
+        ap.error("--steps must be at least 1, --warmup and --parts at least 0")
     configs = [Path(c) for c in (args.config or [ROOT / c for c in DEFAULT_CONFIGS])]
     with contextlib.ExitStack() as stack:
         if args.baseline:
@@ -243,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Path(args.baseline_tree).resolve()
             version = tree_version(base)
         print(f"step benchmark: baseline {version['commit']} against this checkout, {len(configs)} run config(s)")
-        rec = run(base, version, configs, args.steps, args.warmup, args.phases)
+        rec = run(base, version, configs, args.steps, args.warmup, args.parts)
     if args.json:
         write_json_atomic(args.json, rec)
     return 0

@@ -10,8 +10,8 @@ what the trainer's loop uses (``setup_runtime``, ``set_deterministic``, the ``Re
 
 Protocol, one JSON object a line: the worker answers ``{"ready": ...}`` once built, then reads ``{"steps": n}``
 and answers with the thread CPU seconds of each of the n steps and their losses; ``{"finish": true}`` answers the
-sha256 of the weights and of the optimizer state; ``{"phases": n}`` the median milliseconds of each part of a step
-over n repetitions (:func:`phase_times`; it moves the optimizer state, so it comes after ``finish``); ``{"ops":
+sha256 of the weights and of the optimizer state; ``{"parts": n}`` the median milliseconds of each part of n more
+steps (:func:`part_times`); ``{"ops":
 true}`` the milliseconds of each aten op in one more step (:func:`op_times`); ``{"exit": true}`` or the end of its
 input ends it. A step is what the trainer's loop does per step:
 the forward, backward, clipping and AdamW step of ``mohge.train.trainer._step`` and the log window's bookkeeping,
@@ -129,9 +129,16 @@ def main() -> int:
             say(op_times(trainer._step, s, par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None))
             s += 1
             continue
-        if "phases" in req:
-            b = batches[0]
-            say(phase_times(model, opt, cfg, b[:, :-1], b[:, 1:], int(req["phases"])))
+        if "parts" in req:
+            state = {"s": s}
+
+            def one_step(state=state, meter=meter):
+                b = batches[state["s"] % len(batches)]
+                trainer._step(state["s"], par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None)
+                state["s"] += 1
+
+            say(part_times(model, opt, par, meter, one_step, int(req["parts"])))
+            s = state["s"]
             continue
         times, losses = [], []
         for _ in range(int(req["steps"])):
@@ -174,69 +181,131 @@ def op_times(step, *args) -> dict:
     return {"step_ms": 1e3 * (time.thread_time() - t0), "ops_ms": dict(ms), "calls": dict(calls)}
 
 
-def phase_times(model, opt, cfg, x_BS, y_BS, reps: int) -> dict[str, float]:
-    """Median thread CPU milliseconds of each part of a step, timed alone (forward and backward) on the inputs it
-    sees in a forward of the batch: per block its attention (norm, QKV, RoPE, attention, output projection) and
-    its MoE layer (norm, router with the aux losses, experts), the router alone, the attention kernel alone, the
-    embedding, the head (final norm, LM head, cross-entropy), clipping with AdamW. Run after the timed steps: it
-    moves the optimizer's state."""
+PARTS = ("embedding", "attention", "attention kernel", "router", "experts", "head and loss", "optimizer", "other")
+
+
+def part_times(model, opt, par, meter, step, reps: int) -> dict[str, float]:
+    """Where a training step's time goes: the thread CPU milliseconds of every aten op of ``reps`` calls of ``step``
+    (the trainer's own step, forward, backward and optimizer), each op charged to the part of the model it computes,
+    the median over the calls. Forward ops go to the module they run in; backward ops to the module whose forward made
+    the autograd node that runs them (``torch._C._current_autograd_node``, the nodes labelled by walking each module's
+    output graph when its forward ends, innermost module first).
+
+    Parts (:data:`PARTS`): ``embedding``; ``attention`` (its norm, QKV, RoPE, the attention kernel, the output
+    projection), ``attention kernel`` the kernel alone (inside ``attention``); ``router`` (the MoE layer's norm, router,
+    aux losses and counts); ``experts`` (sort, gather, GEMMs, SwiGLU, combine); ``head and loss`` (final norm, LM head,
+    cross-entropy and the sums of the loss, the step's glue); ``optimizer`` (clipping, AdamW, zeroing); ``other``
+    (residual adds, gradient accumulation into the leaves, the log window). ``aten`` is their sum, ``step`` the step's
+    own milliseconds with the timer on (the difference is Python and the timer)."""
+    import collections
     import statistics
 
     import torch
-    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    from mohge.model.losses import weighted_aux
+    from mohge.model.moe import MoELayer
 
-    inputs = []
-    hooks = [b.register_forward_pre_hook(lambda m, a: inputs.append(a[0].detach())) for b in model.blocks]
-    with torch.no_grad():
-        final = model.hidden(x_BS)[0].detach()
-    for h in hooks:
-        h.remove()
-    cos, sin = model.rope_cos, model.rope_sin
-    B, S, D = final.shape
-    H = model.blocks[0].attn.H
-    parts = {"embedding": lambda: model.embed(x_BS).sum().backward()}
-    for i, block in enumerate(model.blocks):
-        x = inputs[i].clone().requires_grad_(True)
+    labels: dict[int, str] = {}
+    keep: list = []  # the labelled nodes, alive until the backward ran (their ids stay theirs)
+    stack: list[str] = []
 
-        def attention(block=block, x=x):
-            block.attn(block.attn_norm(x), cos, sin).sum().backward()
+    def label_graph(out, part: str) -> None:
+        todo = [t.grad_fn for t in _tensors(out)]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in labels or type(node).__name__ == "AccumulateGrad":
+                continue
+            labels[id(node)] = part
+            keep.append(node)
+            todo.extend(n for n, _ in node.next_functions)
 
-        def moe(block=block, x=x):
-            y, st = block.ffn(block.ffn_norm(x))
-            (y.sum() + weighted_aux(st.aux, cfg.loss, 0, cfg.train.steps)).backward()
+    def enter(part):
+        return lambda module, args: stack.append(part)
 
-        def router(block=block, x=x):
-            h = block.ffn_norm(x).detach().reshape(B * S, D)
-            r = block.ffn.router(h)
-            (r.gates_TK.sum() + weighted_aux(block.ffn.aux_losses(r), cfg.loss, 0, cfg.train.steps)).backward()
+    def leave(part):
+        def hook(module, args, out):
+            stack.pop()
+            label_graph(out, part)
 
-        parts[f"attention.{i}"], parts[f"moe.{i}"], parts[f"router.{i}"] = attention, moe, router
-    qkv = [torch.randn(B, H, S, D // H, requires_grad=True) for _ in range(3)]
-    parts["attention_kernel"] = lambda: F.scaled_dot_product_attention(*qkv, is_causal=True).sum().backward()
-    h = final.clone().requires_grad_(True)
+        return hook
 
-    def head():
-        F.cross_entropy(model.logits(model.norm(h)).float().flatten(0, 1), y_BS.flatten()).backward()
+    modules = [(model.embed, "embedding"), (model.norm, "head and loss")]
+    if model.head is not None:
+        modules.append((model.head, "head and loss"))
+    for block in model.blocks:
+        modules += [(block.attn_norm, "attention"), (block.attn, "attention"), (block.ffn_norm, "router")]
+        if isinstance(block.ffn, MoELayer):
+            modules += [(block.ffn.router, "router"), (block.ffn.experts, "experts"), (block.ffn, "router")]
+        else:
+            modules.append((block.ffn, "experts"))
+        modules.append((block, "other"))
+    hooks = [h for m, part in modules for h in (m.register_forward_pre_hook(enter(part)),
+                                                  m.register_forward_hook(leave(part)))]  # fmt: skip
+    ms: dict[str, float] = collections.defaultdict(float)
 
-    def optimizer():
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip or float("inf"))
-        opt.step()
+    class Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            t0 = time.thread_time_ns()
+            out = func(*args, **(kwargs or {}))
+            dt = (time.thread_time_ns() - t0) / 1e6
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                part = labels.get(id(node), "other" if type(node).__name__ == "AccumulateGrad" else "head and loss")
+            else:
+                part = stack[-1] if stack else label[0]
+            ms[part] += dt
+            if "scaled_dot_product" in func.__name__:
+                ms["attention kernel"] += dt
+            return out
 
-    parts["head"], parts["optimizer"] = head, optimizer
-    times: dict[str, list[float]] = {k: [] for k in parts}
-    for r in range(reps + 1):
-        for name, fn in parts.items():
-            if name == "optimizer":
-                for p in model.parameters():
-                    p.grad = torch.full_like(p, 1e-3)
+    label = ["head and loss"]
+
+    def labelled(part, fn):
+        def run(*args, **kwargs):
+            label[0] = part
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                label[0] = "head and loss"
+
+        return run
+
+    saved = opt.step, opt.zero_grad, par.clip_grad_norm, meter.add_micro
+    opt.step, opt.zero_grad = labelled("optimizer", opt.step), labelled("optimizer", opt.zero_grad)
+    par.clip_grad_norm, meter.add_micro = labelled("optimizer", par.clip_grad_norm), labelled("other", meter.add_micro)
+    runs: dict[str, list[float]] = collections.defaultdict(list)
+    try:
+        for _ in range(reps):
+            ms.clear()
+            labels.clear()
+            keep.clear()
             t0 = time.thread_time()
-            fn()
-            if r:
-                times[name].append(time.thread_time() - t0)
-            model.zero_grad(set_to_none=True)
-    return {k: 1e3 * statistics.median(v) for k, v in times.items()}
+            with Timer():
+                step()
+            runs["step"].append(1e3 * (time.thread_time() - t0))
+            for part in PARTS:
+                runs[part].append(ms.get(part, 0.0))
+            runs["aten"].append(sum(v for k, v in ms.items() if k != "attention kernel"))
+    finally:
+        for h in hooks:
+            h.remove()
+        opt.step, opt.zero_grad, par.clip_grad_norm, meter.add_micro = saved
+    return {k: statistics.median(v) for k, v in runs.items()}
+
+
+def _tensors(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, tuple | list):
+        for o in out:
+            yield from _tensors(o)
+    elif isinstance(out, dict):
+        for o in out.values():
+            yield from _tensors(o)
+    elif hasattr(out, "__dataclass_fields__"):  # LayerStats: its aux losses
+        yield from _tensors(vars(out))
 
 
 def _opt_digest(opt, digest) -> str:
