@@ -119,6 +119,7 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     config.write_text(json.dumps(raw))
     out = tmp_path / "rec.json"
     argv = ["step", "--baseline-tree", str(ROOT), "--config", str(config), "--steps", "2", "--warmup", "1"]
+    argv += ["--repeats", "1"]
     assert main([*argv, "--parts", "1", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["bench"] == "step" and rec["clock"] == "thread_time" and rec["threads"] == 1
@@ -126,9 +127,11 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     assert rec["host"]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert set(rec["loadavg"]) == {"start", "end"} and rec["baseline"]["commit"] == rec["new"]["commit"]
     (run,) = rec["runs"]
-    assert run["tokens_per_step"] == 64 * 5 and len(run["times"]["baseline"]) == len(run["times"]["new"]) == 2
-    assert len(run["losses"]["new"]) == 3 and run["identical"] and rec["identical"]  # the same tree twice
+    assert run["tokens_per_step"] == 64 * 5 and all(len(run["times"][r]) == 2 for r in ("baseline", "control", "new"))
+    assert len(run["losses"]["new"]) == 3 and run["identical"] and rec["identical"]  # the same tree three times
     assert run["ratio"] == pytest.approx(run["step_seconds"]["baseline"] / run["step_seconds"]["new"])
+    assert run["control_ratio"] == pytest.approx(run["step_seconds"]["baseline"] / run["step_seconds"]["control"])
+    assert len(run["ratio_per_repeat"]) == rec["repeats"] == 1
     parts = run["parts_ms"]["new"]
     assert set(parts) == {*PARTS, "aten", "step"} and parts["attention kernel"] < parts["attention"]
     assert sum(parts[p] for p in PARTS if p != "attention kernel") == pytest.approx(parts["aten"])
@@ -138,7 +141,7 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
 def test_bad_counts_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
         main(["step", "--baseline", "HEAD", "--steps", "0"])
-    assert "--steps must be at least 1" in capsys.readouterr().err
+    assert "--steps and --repeats must be at least 1" in capsys.readouterr().err
 
 
 NAMES = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
@@ -150,8 +153,10 @@ def doc_rows(rec: dict) -> list[str]:
     for run in rec["runs"]:
         tps = run["tokens_per_s"]
         rows.append(
-            f"| {NAMES[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
-            f"**{run['ratio']:.2f}×** | {'yes' if run['identical'] else 'NO'} |".replace(",", " ")
+            (
+                f"| {NAMES[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
+                f"**{run['ratio']:.2f}×** | {run['control_ratio']:.2f} | {'yes' if run['identical'] else 'NO'} |"
+            ).replace(",", " ")
         )
     for run in rec["runs"]:
         if run["family"] != "moe_equal":
@@ -187,7 +192,7 @@ def test_speed_doc_quotes_the_recorded_step_benchmark():
     tokens, batch = mohge32["tokens_per_step"], mohge32["setup"]["batch"]
     heads, groups = mohge32["setup"]["n_heads"], len(mohge32["setup"]["widths"])
     for words in (
-        f"the median of {rec['timed_steps']} steps each",
+        f"the median of {rec['timed_steps'] * rec['repeats']} steps each, {rec['repeats']} times {rec['timed_steps']}",
         f"the median of {mohge32['part_steps']} steps each under an op timer",
         f"about {calls:,.0f} aten calls a step",
         f"A step of {tokens:,} tokens",

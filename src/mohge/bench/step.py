@@ -1,18 +1,21 @@
 """Training tokens/s of this checkout against a baseline commit, on run configs of a study, in one interleaved run.
 
     mohge bench step --baseline REV [--config results/capacity/runs/<run>/config.json ...] \\
-        [--steps 20] [--warmup 3] [--json results/bench/train_small_cpu.json]
+        [--steps 20] [--repeats 3] [--warmup 3] [--parts 7] [--json results/bench/train_small_cpu.json]
 
-For each run config, two processes train the same model from the same seed on the same random batches with the
-trainer's own step (:mod:`mohge.bench.step_worker`): one imports the package from ``--baseline`` (a commit, read with
-``git archive`` into a temporary folder, or ``--baseline-tree``: a folder), the other from this checkout. After
-``--warmup`` steps each, single steps alternate between the two (the order flips every round), each timed by its own
-process's thread CPU time (one torch thread), so the load of other processes on a shared machine hits both alike;
-tokens/s = tokens a step / median step time. Two processes, not one: a change may set up the process (the
-allocator, for one), which a baseline in the same process would share.
+For each run config, processes train the same model from the same seed on the same random batches with the trainer's
+own step (:mod:`mohge.bench.step_worker`): one imports the package from ``--baseline`` (a commit, read with ``git
+archive`` into a temporary folder, or ``--baseline-tree``: a folder), one from this checkout, and a third the baseline
+again, a control: the ratio of the two baseline processes is the noise of the measurement (two processes of the same
+code differ, on a shared machine, by where they land). After ``--warmup`` steps each, single steps go round the three
+(the order rotates every round), each timed by its own process's thread CPU time (one torch thread), so the load of
+other processes hits all alike; ``--repeats`` times with fresh processes, the steps pooled; tokens/s = tokens a step /
+median step time. Processes, not one: a change may set up the process (the allocator, for one), which a baseline in
+the same process would share.
 
-Both processes also report every step's loss and, at the end, a digest of their weights and optimizer state, so the
-record says whether this checkout trains the baseline's numbers bit for bit (``identical``).
+Every process also reports every step's loss and, at the end, a digest of its weights and optimizer state, so the
+record says whether this checkout trains the baseline's numbers bit for bit (``identical``). Then (``--parts``) the
+baseline and this checkout each profile more steps: where a step's time goes, part by part, and op by op.
 
 The default configs are the capacity study's (configs/capacity.yaml): at d_model 32 MoHGE (product_renorm gate),
 MoE-15 and MoE-12; at d_model 64 MoHGE and MoE-15.
@@ -85,38 +88,53 @@ class Worker:
                 self.proc.wait()
 
 
-def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int, parts: int = 0) -> dict:
-    """Both trees on one run config: the step times, the losses and the final digests of each, then (``parts`` > 0)
-    where the time of a step goes, part by part (the median of that many more steps of each, interleaved), and op by
-    op (one more step)."""
+ROLES = ("baseline", "control", "new")  # control: the baseline's package again, in a process of its own
+
+
+def measure_config(
+    base: Path, new: Path, config: Path, steps: int, warmup: int, parts: int = 0, repeats: int = 1
+) -> dict:
+    """Both trees on one run config, ``repeats`` times with fresh processes: three processes each time (the baseline,
+    the baseline again as a control of the noise, this checkout), single steps in turn (the order rotates every
+    round); the step times, the losses and the final digests of each; then in the last repeat (``parts`` > 0) where the
+    time of a step goes, part by part (the median of that many more steps of each, interleaved), and op by op (one
+    more step)."""
     from mohge.config import load_run_config
 
     cfg = load_run_config(config)
     tokens = cfg.train.batch_size * cfg.data_config.seq_len
-    workers: dict[str, Worker] = {}
-    try:
-        workers = {"baseline": Worker(base, config), "new": Worker(new, config)}
-        times: dict[str, list[float]] = {name: [] for name in workers}
-        losses: dict[str, list[float]] = {name: [] for name in workers}
-        for name, w in workers.items():
-            losses[name] += w.ask(steps=warmup)["losses"]
-        for r in range(steps):
-            for name in sorted(workers, reverse=bool(r % 2)):
-                got = workers[name].ask(steps=1)
-                times[name] += got["times"]
-                losses[name] += got["losses"]
-        final = {name: w.ask(finish=True) for name, w in workers.items()}
-        rounds: dict[str, list[dict]] = {name: [] for name in workers}
-        for r in range(parts):
-            for name in sorted(workers, reverse=bool(r % 2)):
-                rounds[name].append(workers[name].ask(parts=1))
-        parts_ms = {
-            name: {k: statistics.median(p[k] for p in got) for k in got[0]} for name, got in rounds.items() if got
-        }
-        ops = {name: w.ask(ops=True) for name, w in workers.items()} if parts else {}
-    finally:
-        for w in workers.values():
-            w.close()
+    times: dict[str, list[float]] = {name: [] for name in ROLES}
+    per_repeat, identical, parts_ms, ops, final = [], True, {}, {}, {}
+    for rep in range(repeats):
+        workers: dict[str, Worker] = {}
+        try:
+            workers = {name: Worker(new if name == "new" else base, config) for name in ROLES}
+            mine: dict[str, list[float]] = {name: [] for name in ROLES}
+            losses = {name: w.ask(steps=warmup)["losses"] for name, w in workers.items()}
+            for r in range(steps):
+                order = ROLES[r % 3 :] + ROLES[: r % 3]
+                for name in order if r % 2 else order[::-1]:
+                    got = workers[name].ask(steps=1)
+                    mine[name] += got["times"]
+                    losses[name] += got["losses"]
+            final = {name: w.ask(finish=True) for name, w in workers.items()}
+            identical &= all(losses[n] == losses["baseline"] and final[n] == final["baseline"] for n in ROLES)
+            for name in ROLES:
+                times[name] += mine[name]
+            per_repeat.append(statistics.median(mine["baseline"]) / statistics.median(mine["new"]))
+            if rep == repeats - 1 and parts:
+                pair = {name: workers[name] for name in ("baseline", "new")}
+                rounds: dict[str, list[dict]] = {name: [] for name in pair}
+                for r in range(parts):
+                    for name in sorted(pair, reverse=bool(r % 2)):
+                        rounds[name].append(pair[name].ask(parts=1))
+                parts_ms = {
+                    name: {k: statistics.median(p[k] for p in got) for k in got[0]} for name, got in rounds.items()
+                }
+                ops = {name: w.ask(ops=True) for name, w in pair.items()}
+        finally:
+            for w in workers.values():
+                w.close()
     step_s = {name: statistics.median(ts) for name, ts in times.items()}
     model = cfg.model
     where = Path(config).resolve()
@@ -128,9 +146,11 @@ def measure_config(base: Path, new: Path, config: Path, steps: int, warmup: int,
         "step_seconds": step_s,
         "tokens_per_s": {name: tokens / s for name, s in step_s.items()},
         "ratio": step_s["baseline"] / step_s["new"],
+        "control_ratio": step_s["baseline"] / step_s["control"],
+        "ratio_per_repeat": per_repeat,
         "times": times,
         "losses": losses,
-        "identical": losses["baseline"] == losses["new"] and final["baseline"] == final["new"],
+        "identical": identical,
         "digests": final,
         "parts_ms": parts_ms,
         "ops": ops,
@@ -198,15 +218,19 @@ def host() -> dict:
     }
 
 
-def run(base: Path, base_version: dict, configs: Sequence[Path], steps: int, warmup: int, parts: int) -> dict:
+def run(
+    base: Path, base_version: dict, configs: Sequence[Path], steps: int, warmup: int, parts: int, repeats: int
+) -> dict:
     load0 = list(os.getloadavg())
     rows = []
     for config in configs:
-        row = measure_config(base, ROOT, config, steps, warmup, parts)
+        row = measure_config(base, ROOT, config, steps, warmup, parts, repeats)
         tps = row["tokens_per_s"]
         print(
             f"  {row['family']:<9} d_model {row['d_model']:>3}: baseline {tps['baseline']:8.0f} tok/s, "
-            f"new {tps['new']:8.0f} tok/s: {row['ratio']:.2f}x  (identical: {row['identical']})"
+            f"new {tps['new']:8.0f} tok/s: {row['ratio']:.2f}x (each repeat "
+            + ", ".join(f"{r:.2f}" for r in row["ratio_per_repeat"])
+            + f"; baseline / control {row['control_ratio']:.2f}; identical: {row['identical']})"
         )
         rows.append(row)
     return {
@@ -218,6 +242,7 @@ def run(base: Path, base_version: dict, configs: Sequence[Path], steps: int, war
         "baseline": base_version,
         "new": tree_version(ROOT),
         "timed_steps": steps,
+        "repeats": repeats,
         "warmup_steps": warmup,
         "runs": rows,
         "identical": all(r["identical"] for r in rows),
@@ -230,13 +255,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--baseline", help="a commit of this repository: its src/ and kernels/ are the baseline")
     where.add_argument("--baseline-tree", help="a folder holding the baseline's src/ and kernels/")
     ap.add_argument("--config", action="append", help="a run config (repeatable; default: the capacity study's)")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per process, alternating between the two")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per process and repeat, taken in turn")
+    ap.add_argument("--repeats", type=int, default=3, help="fresh processes per run config, their steps pooled")
     ap.add_argument("--warmup", type=int, default=3, help="untimed first steps per process")
     ap.add_argument("--parts", type=int, default=7, help="steps of the per-part profile after the timed ones (0: none)")
     ap.add_argument("--json", help="also write the record here")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0 or args.parts < 0:
-        ap.error("--steps must be at least 1, --warmup and --parts at least 0")
+    if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.parts < 0:
+        ap.error("--steps and --repeats must be at least 1, --warmup and --parts at least 0")
     configs = [Path(c) for c in (args.config or [ROOT / c for c in DEFAULT_CONFIGS])]
     with contextlib.ExitStack() as stack:
         if args.baseline:
@@ -246,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Path(args.baseline_tree).resolve()
             version = tree_version(base)
         print(f"step benchmark: baseline {version['commit']} against this checkout, {len(configs)} run config(s)")
-        rec = run(base, version, configs, args.steps, args.warmup, args.parts)
+        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats)
     if args.json:
         write_json_atomic(args.json, rec)
     return 0
