@@ -140,10 +140,10 @@ class RowLayout:
     def gather(self, x_TD: Tensor) -> Tensor:
         """Row buffer [P, D] of the token rows: x[tok] per slot, zero rows for padding."""
         if self.dest_A is None:
-            return x_TD[self.tok_A]
+            return x_TD.index_select(0, self.tok_A)  # row copies: ~3x the speed of indexing at [T, 32]
         tok_P = self.tok_A.new_full((self.num_rows,), self.T)
         tok_P[self.dest_A] = self.tok_A
-        return torch.cat([x_TD, x_TD.new_zeros(1, x_TD.shape[1])])[tok_P]
+        return torch.cat([x_TD, x_TD.new_zeros(1, x_TD.shape[1])]).index_select(0, tok_P)
 
     def spread(self, v_AD: Tensor) -> Tensor:
         """Slot rows [A, D] (sorted order) into the row buffer [P, D], zero rows for padding."""
@@ -153,7 +153,7 @@ class RowLayout:
 
     def slots(self, v_PD: Tensor) -> Tensor:
         """The real rows of a row buffer, in sorted slot order [A, D]."""
-        return v_PD if self.dest_A is None else v_PD[self.dest_A]
+        return v_PD if self.dest_A is None else v_PD.index_select(0, self.dest_A)
 
 
 def gate_up_halves(h_R2H: Tensor) -> tuple[Tensor, Tensor]:
@@ -184,7 +184,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         w1_e, w2_e = _flat_weights(w1s, w2s)
         E = len(w1_e)
         lay = RowLayout(x_TD, idx_TK, E, pads_rows(x_TD))
-        gate_A = gates_TK.reshape(-1)[lay.order_A]
+        gate_A = gates_TK.reshape(-1).index_select(0, lay.order_A)
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
         pre = []  # pre-activation (a, u), each [C, H], per non-empty expert
@@ -211,7 +211,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         nc, lay = ctx.num_classes, ctx.lay
         w1s, w2s = weights[:nc], weights[nc:]
         w1_e, w2_e = _flat_weights(w1s, w2s)
-        dys_AD = dy_TD[lay.tok_A]
+        dys_AD = dy_TD.index_select(0, lay.tok_A)
         dgate_A = (out_AD * dys_AD).sum(-1)
         dout_PD = lay.spread(dys_AD * gate_A[:, None])
         dxs_PD = torch.empty_like(xs_PD)  # every row belongs to exactly one expert slice

@@ -64,7 +64,7 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         w1s, w2s = weights[:num_classes], weights[num_classes:]
         lay = RowLayout(x_TD, idx_TK, sum(w.shape[0] for w in w1s), pads_rows(x_TD))
         rows = _ClassRows(lay, [w.shape[0] for w in w1s], x_TD.device)
-        gate_A = gates_TK.reshape(-1)[lay.order_A]
+        gate_A = gates_TK.reshape(-1).index_select(0, lay.order_A)
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
         pre = []  # pre-activation (a, u), each [P_c, H], per class
@@ -91,7 +91,7 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         xs_PD, out_AD, gate_A, gates_TK, *weights = ctx.saved_tensors
         nc, lay, rows = ctx.num_classes, ctx.lay, ctx.rows
         w1s, w2s = weights[:nc], weights[nc:]
-        dys_AD = dy_TD[lay.tok_A]
+        dys_AD = dy_TD.index_select(0, lay.tok_A)
         dgate_A = (out_AD * dys_AD).sum(-1)
         dout_PD = lay.spread(dys_AD * gate_A[:, None])
         dxs_PD = torch.empty_like(xs_PD)

@@ -10,6 +10,7 @@
     python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
     python -m mohge.bench profile  # CPU time per aten op of one ``bench train`` step, by MoE phase
     python -m mohge.bench compile  # one run config's training step eager vs torch.compile: does compiling pay
+    python -m mohge.bench step     # training tokens/s of this checkout vs a baseline commit on a study's run configs
 
 ``mohge bench ...`` is the same command (mohge.cli).
 
@@ -24,7 +25,8 @@ Owns: this package's ``layer`` benchmark and the command (``__main__``), `train`
 tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation against ``encode_batch``),
 `inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep) and
 `peers` (one layer against torchtitan's and transformers' MoE layers), `profile` (one training step's CPU time per
-aten op), `compile` (a run's training step eager against ``torch.compile``).
+aten op), `compile` (a run's training step eager against ``torch.compile``), `step` (this checkout's training step
+against a baseline commit's, each in its own process, on a study's run configs).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge.bench.
@@ -129,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("peers", add_help=False, help="MoE and MoHGE layers vs torchtitan's and transformers' MoE layers")
     sub.add_parser("profile", add_help=False, help="CPU time per aten op of one bench train step, by MoE phase")
     sub.add_parser("compile", add_help=False, help="a run config's training step, eager vs torch.compile")
+    sub.add_parser("step", add_help=False, help="training tokens/s of this checkout vs a baseline commit")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -162,6 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .compile import main as compile_main
 
         return compile_main(rest)
+    if args.what == "step":
+        from .step import main as step_main
+
+        return step_main(rest)
     if args.what == "profile":
         from .profile import main as profile_main
 

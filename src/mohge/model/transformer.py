@@ -43,6 +43,82 @@ def apply_rope(x_BHSd: Tensor, cos_SF: Tensor, sin_SF: Tensor) -> Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x_BHSd.dtype)
 
 
+class _RopeQK(torch.autograd.Function):
+    """q and k of a fused QKV projection rotated by :func:`apply_rope` at positions 0..S-1, and v, with the arithmetic
+    of ``apply_rope(q), apply_rope(k)`` bit for bit, forward and backward, in fewer and longer elementwise loops.
+
+    ``apply_rope`` works on each half (x1, x2) of a head's channels, so its seven elementwise ops a tensor, and their
+    backward, run loops of Dh/2 elements (4 at d_model 32): at a short sequence and many windows the step's time goes
+    to loop overhead. Here q and k are rotated together, with the tables spread over the whole channel row
+    (cos2 = [cos, cos], nsin = [-sin, sin]):
+
+        out = x * cos2 + rot(x) * nsin,   rot(x) = [x2, x1]     (first half x1 cos - x2 sin, second x2 cos + x1 sin)
+        dx  = g * cos2 + rot(g) * (-nsin)                        (dx1 = g1 cos + g2 sin, dx2 = g2 cos - g1 sin)
+
+    Each element is the same two IEEE products and one sum as ``apply_rope``'s: a * (-b) is -(a * b) exactly, a + (-b)
+    is a - b, and a sum of two terms does not depend on their order (autograd adds dx1's two terms in either order).
+    The outputs are laid out as ``apply_rope``'s are (q and k each a contiguous [B, H, S, Dh] tensor, v the same
+    strided view of the projection), so attention reads the same memory layout; the backward writes the projection's
+    gradient as the unbind of (q, k, v) would. Under bf16 it computes in fp32 and rounds once, as ``apply_rope``."""
+
+    @staticmethod
+    def forward(ctx, x_BS3HD: Tensor, cos_SF: Tensor, sin_SF: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, S, _, H, Dh = x_BS3HD.shape
+        F_ = Dh // 2
+        cos2_SD = torch.cat([cos_SF[:S], cos_SF[:S]], dim=-1)
+        nsin_SD = torch.cat([-sin_SF[:S], sin_SF[:S]], dim=-1)
+        # the tables over (q/k, head, channel): one contiguous row of 2*D per token, as q and k lie in the projection
+        cos2_S2HD, nsin_S2HD = (t[:, None, None].expand(S, 2, H, Dh).contiguous() for t in (cos2_SD, nsin_SD))
+        x_BS2HD = x_BS3HD[:, :, :2].float()
+        prod_BS2HD = x_BS2HD * cos2_S2HD
+        rot_BS2HD = torch.empty_like(prod_BS2HD)
+        torch.mul(x_BS2HD[..., F_:], nsin_S2HD[..., :F_], out=rot_BS2HD[..., :F_])  # x2 * (-sin)
+        torch.mul(x_BS2HD[..., :F_], nsin_S2HD[..., F_:], out=rot_BS2HD[..., F_:])  # x1 * sin
+        qk = []
+        for i in range(2):
+            out_BHSD = x_BS3HD.new_empty(B, H, S, Dh)
+            if out_BHSD.dtype == torch.float32:
+                torch.add(prod_BS2HD[:, :, i], rot_BS2HD[:, :, i], out=out_BHSD.transpose(1, 2))
+            else:
+                out_BHSD.transpose(1, 2).copy_(prod_BS2HD[:, :, i] + rot_BS2HD[:, :, i])
+            qk.append(out_BHSD)
+        ctx.save_for_backward(cos2_SD, nsin_SD)
+        ctx.dtype = x_BS3HD.dtype
+        ctx.set_materialize_grads(False)  # an unused output's gradient is zeros, as unbind's backward gives it
+        return qk[0], qk[1], x_BS3HD[:, :, 2].transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None) -> tuple[Tensor, None, None]:
+        cos2_SD, nsin_SD = ctx.saved_tensors
+        B, H, S, Dh = next(g for g in grads if g is not None).shape
+        F_ = Dh // 2
+        g_3BHSD = torch.empty(3, B, H, S, Dh, dtype=ctx.dtype, device=cos2_SD.device)
+        for i, g_BHSD in enumerate(grads[:2]):
+            if g_BHSD is None:
+                g_3BHSD[i].zero_()
+                continue
+            g_BHSD = g_BHSD.float()
+            prod_BHSD = g_BHSD * cos2_SD
+            rot_BHSD = torch.empty_like(prod_BHSD)
+            torch.mul(g_BHSD[..., F_:], nsin_SD[:, F_:], out=rot_BHSD[..., :F_])  # g2 * sin
+            torch.mul(g_BHSD[..., :F_], nsin_SD[:, :F_], out=rot_BHSD[..., F_:])  # g1 * (-sin)
+            if ctx.dtype == torch.float32:
+                torch.add(prod_BHSD, rot_BHSD, out=g_3BHSD[i])
+            else:
+                g_3BHSD[i].copy_(prod_BHSD + rot_BHSD)
+        if grads[2] is None:
+            g_3BHSD[2].zero_()
+        else:
+            g_3BHSD[2].copy_(grads[2])
+        return g_3BHSD.permute(1, 3, 0, 2, 4).contiguous(), None, None
+
+
+def rope_qkv(x_BS3HD: Tensor, cos_SF: Tensor, sin_SF: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(q, k, v) [B, H, S, Dh] of a QKV projection viewed as [B, S, 3, H, Dh], q and k rotated at positions 0..S-1:
+    ``apply_rope(q), apply_rope(k), v`` bit for bit, faster (:class:`_RopeQK`)."""
+    return _RopeQK.apply(x_BS3HD, cos_SF, sin_SF)
+
+
 def _linear(d_in: int, d_out: int, std: float) -> nn.Linear:
     lin = nn.Linear(d_in, d_out, bias=False)
     nn.init.normal_(lin.weight, 0.0, std)
@@ -61,8 +137,12 @@ class Attention(nn.Module):
 
     def forward(self, x_BSD: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None) -> Tensor:
         B, S, D = x_BSD.shape
-        q, k, v = self.qkv(x_BSD).view(B, S, 3, self.H, self.Dh).permute(2, 0, 3, 1, 4)  # 3 x [B, H, S, Dh]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        x_BS3HD = self.qkv(x_BSD).view(B, S, 3, self.H, self.Dh)
+        if cos.dim() == 2 and self.Dh > 2:  # positions 0..S-1 (at Dh 2 apply_rope's outputs have other strides)
+            q, k, v = rope_qkv(x_BS3HD, cos, sin)  # 3 x [B, H, S, Dh]
+        else:
+            q, k, v = x_BS3HD.permute(2, 0, 3, 1, 4)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if mask_BSS is None:
             y_BHSd = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

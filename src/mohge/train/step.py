@@ -42,11 +42,18 @@ def lr_at(step: int, tc: TrainConfig) -> float:
 
 
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW over ``model``'s parameters: ``fused`` (CUDA), else the foreach implementation where every parameter is
+    a plain tensor (it updates each tensor with the single-tensor loop's arithmetic, bit for bit, in fewer calls;
+    torch picks foreach by itself on CUDA only), else torch's default (sharded parameters)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)
     groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None)
+    plain = all(type(p.data) is torch.Tensor for p in model.parameters())
+    foreach = True if not fused and plain else None
+    return torch.optim.AdamW(
+        groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None, foreach=foreach
+    )
 
 
 def compute_loss(
