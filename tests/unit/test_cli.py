@@ -102,6 +102,7 @@ def test_every_runnable_module_is_a_subcommand_or_a_launched_worker():
         "mohge.kernels.bench",  # GPU boxes without an install (also mohge bench kernels)
         "mohge.kernels.gpu_profile",  # GPU boxes, kernels/gpu_check.sh
         "mohge.kernels.device_record",  # GPU boxes before the install, kernels/gpu_all.sh (a file, stdlib only)
+        "mohge.bench.step_worker",  # launched by mohge bench step, one process per code version
     }
     runnable = set()
     for base, prefix in ((ROOT / "src" / "mohge", "mohge"), (ROOT / "kernels", "mohge.kernels")):
