@@ -116,9 +116,10 @@ def biased_router(rate: float = 1e-2, group_rate: float = 0.0):
     )
 
 
-def test_a_zero_selection_bias_routes_as_no_bias():  # docs/method.md §5.6
-    biased, plain = biased_router(), biased_router(0.0)
-    plain.load_state_dict({k: v for k, v in biased.state_dict().items() if k != "expert_bias_E"})
+@pytest.mark.parametrize(("rates", "buffer"), [((1e-2, 0.0), "expert_bias_E"), ((0.0, 1e-2), "group_bias_G")])
+def test_a_zero_selection_bias_routes_as_no_bias(rates, buffer):  # docs/method.md §5.6-5.7
+    biased, plain = biased_router(*rates), biased_router(0.0)
+    plain.load_state_dict({k: v for k, v in biased.state_dict().items() if k != buffer})
     x = torch.randn(200, 64)
     a, b = biased(x), plain(x)
     assert torch.equal(a.idx_TK, b.idx_TK) and torch.equal(a.gates_TK, b.gates_TK)
@@ -156,14 +157,6 @@ def test_a_selection_bias_outside_mohge_is_refused():
 
 def group_biased_router(group_rate: float = 1e-2, expert_rate: float = 0.0):
     return biased_router(expert_rate, group_rate)
-
-
-def test_a_zero_group_bias_routes_as_no_bias():  # docs/method.md §5.7
-    biased, plain = group_biased_router(), group_biased_router(0.0)
-    plain.load_state_dict({k: v for k, v in biased.state_dict().items() if k != "group_bias_G"})
-    x = torch.randn(200, 64)
-    a, b = biased(x), plain(x)
-    assert torch.equal(a.idx_TK, b.idx_TK) and torch.equal(a.gates_TK, b.gates_TK)
 
 
 def test_the_group_bias_moves_group_selection_and_never_a_weight():
