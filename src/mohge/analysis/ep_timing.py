@@ -285,9 +285,9 @@ def _layer_routing(args, trace: Trace, replay, layer_pos: int, rank: int, world:
     return x_TD.to(device), idx_TK.to(device), gates_TK.to(device), counts.tolist()
 
 
-def measure(args: argparse.Namespace) -> int:
-    rank, world, device = _init()
-    setup_logging()
+def _trace_and_routing(args: argparse.Namespace):
+    """(trace, its replay or None, the routing used: replay or counts) for ``--trace`` and ``--routing``; a missing or
+    malformed trace, or a replay asked for and absent, ends the command in one line."""
     try:
         trace = load_trace(args.trace)
         replay = load_replay(trace) if args.routing in ("auto", "replay") else None
@@ -295,7 +295,13 @@ def measure(args: argparse.Namespace) -> int:
         raise SystemExit(str(err)) from err
     if replay is None and args.routing == "replay":
         raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
-    routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
+    return trace, replay, args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
+
+
+def measure(args: argparse.Namespace) -> int:
+    rank, world, device = _init()
+    setup_logging()
+    trace, replay, routing_kind = _trace_and_routing(args)
     timing = args.timing if args.timing != "auto" else ("concurrent" if device.type == "cuda" else "sequential")
     if device.type == "cpu" and timing == "sequential" and args.pin_cpu != "none" and hasattr(os, "sched_setaffinity"):
         # All ranks on one core: each timed turn runs on the same core while the others block in a barrier.
@@ -446,14 +452,7 @@ def measure_one_device(args: argparse.Namespace) -> int:
         torch.set_flush_denormal(True)
     if args.routing == "live":
         raise SystemExit("--routing live draws each rank's tokens under torchrun: use `measure`")
-    try:
-        trace = load_trace(args.trace)
-        replay = load_replay(trace) if args.routing in ("auto", "replay") else None
-    except TraceError as err:
-        raise SystemExit(str(err)) from err
-    if replay is None and args.routing == "replay":
-        raise SystemExit(f"--routing replay: no replay file beside {args.trace} (expected a .npz)")
-    routing_kind = args.routing if args.routing != "auto" else ("replay" if replay is not None else "counts")
+    trace, replay, routing_kind = _trace_and_routing(args)
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if cuda else torch.float32)
     D, widths_E, world = args.d_model or trace.d_model, trace.widths_E, args.ranks
     layers = [i for i, lay in enumerate(trace.layers) if not args.layers or lay.layer in args.layers]
