@@ -3,7 +3,7 @@
 Machines of one kind differ: one CPU runs bf16 GEMMs about 2x faster than fp32 (``avx512_bf16``, oneDNN), another
 (AVX2 only) about 20x slower. Nothing here is hard-coded: :func:`cpu_bf16_support` reads the ISA flags torch
 sees and times a short GEMM in both dtypes; :func:`gemm_rate` measures FLOP/s at given shapes (the denominator
-of the CPU MFU in ``python -m mohge.bench train``).
+of the CPU MFU in ``mohge bench train``).
 
 With one torch thread, times are the calling thread's CPU time (``time.thread_time``): on a shared machine wall
 time counts other processes' time slices, CPU time does not. With several threads the wall clock is used (their

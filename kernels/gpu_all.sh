@@ -90,7 +90,7 @@ CMD[install]="mkdir -p '$SITE/bin' && printf '#!/bin/sh\\nexec %s \"\$@\"\\n' \"
 CMD[install]+=" && chmod +x '$SITE/bin/python'"
 CMD[install]+=" && (cd / && $PY -c 'import mohge.kernels' 2>/dev/null || $PY -m pip install --quiet --no-deps --no-build-isolation --no-index -e '$ROOT')"
 CMD[install]+=" && $PY -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --upgrade --target '$SITE' '$WHEELS'/*.whl"
-CMD[install]+=" && $PY -c 'import snakemake, lm_eval, datasets, mohge.workflow; print(\"install: snakemake\", snakemake.__version__)'"
+CMD[install]+=" && $PY -c 'import snakemake, lm_eval, datasets, mohge_studies.workflow; print(\"install: snakemake\", snakemake.__version__)'"
 CMD[env]="$PY '$HERE/device_record.py' --out '$OUT/env.json' --label start"
 CMD[kernels]="$PY -m pytest -m gpu tests/kernels -q -p no:cacheprovider --confcutdir=tests/kernels"
 CMD[bench]="$PY -m mohge.kernels.bench --out '$REC/kernels_bench.csv' && cp '$REC/kernels_bench.csv' '$OUT/'"
@@ -152,7 +152,7 @@ dry_run() {
         kernels/gpu_wheels.txt tests/kernels/test_triton_gpu.py src/mohge/train/distributed/gpu_check.py; do
         [ -f "$ROOT/$f" ] || missing+=("file $f")
     done
-    for m in mohge.kernels.bench mohge.kernels.gpu_profile mohge.train.distributed.gpu_check mohge.workflow.slot; do
+    for m in mohge.kernels.bench mohge.kernels.gpu_profile mohge.train.distributed.gpu_check mohge_studies.workflow.slot; do
         "$PY" -c "import importlib.util as u, sys; sys.exit(u.find_spec('$m') is None)" 2>/dev/null ||
             missing+=("module $m")
     done

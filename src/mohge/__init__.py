@@ -8,17 +8,15 @@ Subpackages, one per subsystem, lowest layer first:
   data      sources -> documents -> tokenizer -> token shards, and the batches read from them
   train     the training loop and its step, checkpoints, and the parallel stack (train/distributed)
   evaluate  lm-eval tasks and the adapter, held-out metrics, routing traces, the Hugging Face export
-  analysis  the utilization study and its timing harness, result tables, the claims, the sizing
-  bench     benchmarks (python -m mohge.bench)
-  workflow  what the Snakemake workflow plans from a config (runs, committed runs, targets, settings, job sizes)
 
 The layer rule: a module imports only its own subpackage and the layers listed before it; ``model`` and ``data``
 are siblings and never import each other; no import circle, imports inside functions included
 (tests/unit/test_layout.py checks every import). ``mohge.kernels`` lives in the top-level ``kernels/`` folder
 (the install maps it there, pyproject.toml's package-dir), sits below ``model`` and imports nothing of mohge but
-``mohge.core.vocab``. ``workflow`` sits at the top beside the command modules (workflow/rules/common.smk imports
-it; nothing in the package does). The modules directly in this folder are the commands that keep their names
-(``mohge traces`` ...), each a few lines calling its subsystem's ``main``.
+``mohge.core.vocab``. What runs the paper's studies (the workflow's plan, the analysis and the benchmarks) is the
+package ``mohge_studies`` in the top-level ``studies/`` folder, which imports this one and never the other way.
+The modules directly in this folder are the commands that keep their names (``mohge traces`` ...), each a few lines
+calling its subsystem's ``main``.
 
 The layer API (docs/api.md) is importable from here: ``from mohge import MoHGELayer`` (also ``MoELayer`` and
 ``weighted_aux``). It is :mod:`mohge.model`'s, imported on first use, so that ``import mohge`` (which every

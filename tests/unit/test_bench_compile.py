@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from mohge.bench import compile as bench_compile
-from mohge.bench import main
+from mohge_studies.bench import compile as bench_compile
+from mohge_studies.bench import main
 
 ROOT = Path(__file__).resolve().parents[2]
 

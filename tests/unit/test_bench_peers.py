@@ -1,4 +1,4 @@
-"""``python -m mohge.bench peers``: the record's schema, the refusal without a peer, the committed table, and (with
+"""``mohge bench peers``: the record's schema, the refusal without a peer, the committed table, and (with
 torchtitan installed) a tiny run where every peer computes our homogeneous layer's function."""
 
 import importlib.util
@@ -8,9 +8,8 @@ import logging
 import jsonschema
 import pytest
 from conftest import ROOT
-
-from mohge.bench import main as bench_main
-from mohge.bench import peers
+from mohge_studies.bench import main as bench_main
+from mohge_studies.bench import peers
 
 TINY = peers.Shape("tiny", d_model=32, tokens=64, experts=8, width=16, topk=2, widths=(8, 16, 16, 24), group_topk=2)
 HAVE_PEERS = all(importlib.util.find_spec(name) for name in peers.PEER_PACKAGES)

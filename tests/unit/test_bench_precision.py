@@ -1,12 +1,11 @@
-"""``python -m mohge.bench precision``: fp32 and bf16 trainings of one config, compared on final val loss."""
+"""``mohge bench precision``: fp32 and bf16 trainings of one config, compared on final val loss."""
 
 import json
 
 import pytest
 from conftest import tiny_run, train_tiny
-
-from mohge.bench import main as bench_main
-from mohge.bench.precision import compare
+from mohge_studies.bench import main as bench_main
+from mohge_studies.bench.precision import compare
 
 
 def test_compare_pairs_by_seed_and_judges_every_seed():

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from mohge_studies.bench import main
+from mohge_studies.bench import step as bench_step
+from mohge_studies.bench.step_worker import PARTS
 
-from mohge.bench import main
-from mohge.bench import step as bench_step
-from mohge.bench.step_worker import PARTS
 from mohge.config import load_run_config
 from mohge.model import transformer
 from mohge.model.transformer import apply_rope, rope_qkv, rope_tables

@@ -6,8 +6,8 @@ import copy
 
 import torch
 from conftest import tiny_model_config
+from mohge_studies.bench.train import Trainer
 
-from mohge.bench.train import Trainer
 from mohge.config import LossConfig, RunConfig, TrainConfig
 from mohge.train.step import compute_loss
 

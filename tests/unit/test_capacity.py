@@ -1,4 +1,4 @@
-"""The capacity study's declared analysis (mohge.analysis.capacity) on synthetic runs with known answers: a gate
+"""The capacity study's declared analysis (mohge_studies.analysis.capacity) on synthetic runs with known answers: a gate
 that passes and a claim that holds, a gate that fails, the sweep fit, the equivalent size, unpaired comparisons, and
 the tables and figure of its workflow script."""
 
@@ -10,9 +10,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mohge_studies.analysis import capacity as ca
 from scipy import stats as sp
-
-from mohge.analysis import capacity as ca
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
 
@@ -301,9 +300,10 @@ def best(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committed_selection():
+    from mohge_studies.workflow import settings
+
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config, plan
-    from mohge.workflow import settings
 
     root = Path(__file__).resolve().parents[2]
     cfg = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "capacity")))

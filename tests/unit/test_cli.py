@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from mohge_studies.analysis import utilization
 
 from mohge import cli, data
-from mohge.analysis import utilization
 from mohge.config import param_report as params
 from mohge.core.knobs import ConfigError
 from mohge.evaluate import suite as evaluate
@@ -95,14 +95,14 @@ def test_every_runnable_module_is_a_subcommand_or_a_launched_worker():
         "mohge.train.__main__",  # torchrun -m mohge.train, the training rule
         "mohge.data.__main__",  # the data rules
         "mohge.evaluate.__main__",  # the eval rule
-        "mohge.bench.__main__",  # the inference rule
-        "mohge.analysis.ep_timing",  # torchrun, launched by mohge utilization --measure
+        "mohge_studies.bench.__main__",  # the inference rule
+        "mohge_studies.analysis.ep_timing",  # torchrun, launched by mohge utilization --measure
         "mohge.train.distributed.ep_equivalence",  # torchrun, the tests
         "mohge.train.distributed.gpu_check",  # torchrun, kernels/gpu_train_check.sh
         "mohge.kernels.bench",  # GPU boxes without an install (also mohge bench kernels)
         "mohge.kernels.gpu_profile",  # GPU boxes, kernels/gpu_check.sh
         "mohge.kernels.device_record",  # GPU boxes before the install, kernels/gpu_all.sh (a file, stdlib only)
-        "mohge.bench.step_worker",  # launched by mohge bench step, one process per code version
+        "mohge_studies.bench.step_worker",  # launched by mohge bench step, one process per code version
     }
     runnable = set()
     for base, prefix in ((ROOT / "src" / "mohge", "mohge"), (ROOT / "kernels", "mohge.kernels")):
@@ -115,7 +115,7 @@ def test_every_runnable_module_is_a_subcommand_or_a_launched_worker():
                 runnable.add(name)
     owners = {module for module, _ in cli.COMMANDS.values()}
     assert runnable - launched == set(), "make it a subcommand of mohge.cli"
-    assert {"mohge.train.trainer", "mohge.evaluate.suite", "mohge.data.prepare", "mohge.bench"} <= owners
+    assert {"mohge.train.trainer", "mohge.evaluate.suite", "mohge.data.prepare", "mohge_studies.bench"} <= owners
 
 
 def test_unknown_command_is_a_usage_error(capsys):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from mohge.analysis.collect import group_rows, measured_activated
+from mohge_studies.analysis.collect import group_rows, measured_activated
 
 
 def test_measured_activated_replaces_the_uniform_routed_part(tmp_path):

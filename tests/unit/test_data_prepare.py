@@ -267,8 +267,8 @@ def test_shard_job_cli_refuses_an_index_out_of_range(graded3, tmp_path, caplog):
 
 
 def test_data_bench_runs_on_a_tiny_corpus(tmp_path, capsys, monkeypatch):
-    """python -m mohge.bench data --mb: the same tokens through both paths, a ratio, a peak RSS per job."""
-    from mohge.bench import main as bench_main
+    """mohge bench data --mb: the same tokens through both paths, a ratio, a peak RSS per job."""
+    from mohge_studies.bench import main as bench_main
 
     monkeypatch.setenv("RAYON_NUM_THREADS", "1")  # the bench sets it for its children: restored after the test
 

@@ -302,7 +302,8 @@ def test_a_route_override_prints_the_flops_per_token_it_serves(run, tmp_path, ca
     assert served["flops_per_token"] > 0 and 0 < served["params_per_token"] < served["flops_per_token"]
     assert f"{served['flops_per_token']:.4g}" in text and "flops/token" in text
     # the count of mohge bench inference on the same validation windows (the eval section's batch of 8, one batch)
-    from mohge.bench.inference import routed_pass
+    from mohge_studies.bench.inference import routed_pass
+
     from mohge.evaluate.route_override import RouteOverride, apply_route_override
     from mohge.train.checkpoint import load_trained
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import tiny_run
 from mohge.kernels.reference import swiglu_grouped_torch, swiglu_loop
+from mohge_studies.analysis.utilization import main as utilization_main
 
-from mohge.analysis.utilization import main as utilization_main
 from mohge.model.allocation import PLACEMENTS, place
 from mohge.train.distributed.ep_layer import local_layout
 
@@ -107,7 +107,7 @@ def test_measure_live_routing_with_the_run_configs_router(tmp_path):
     trace = {"model": "tiny", "d_model": 32, "expert_widths": [16, 32, 48, 64], "num_experts": 8}
     trace.update(experts_per_group=2, tokens=64, topk=2, layers=[{"layer": 0, "counts": [16] * 8}])
     (tmp_path / "trace.json").write_text(json.dumps(trace))
-    cmd = [*TORCHRUN, "-m", "mohge.analysis.ep_timing", "measure", "--trace", "trace.json", "--out", "m"]
+    cmd = [*TORCHRUN, "-m", "mohge_studies.analysis.ep_timing", "measure", "--trace", "trace.json", "--out", "m"]
     cmd += ["--routing", "live", "--config", "run.json", "--repeats", "1", "--strategies", "contiguous", "all_size"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -1,5 +1,5 @@
-"""Unused experts and width classes over training (mohge.analysis.idle): the tidy table on small synthetic logs, the
-count per model and layer, and C3's columns from the committed capacity runs against a count made here from their
+"""Unused experts and width classes over training (mohge_studies.analysis.idle): the tidy table on small synthetic logs,
+the count per model and layer, and C3's columns from the committed capacity runs against a count made here from their
 training logs."""
 
 import json
@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from mohge.analysis import capacity, idle
+from mohge_studies.analysis import capacity, idle
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = ROOT / "results" / "capacity"

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from conftest import tiny_model_config, tiny_run, train_tiny
+from mohge_studies.bench.inference import bench_inference, greedy_cached, greedy_uncached, routed_pass
+from mohge_studies.bench.inference import main as inference_main
 
-from mohge.bench.inference import bench_inference, greedy_cached, greedy_uncached, routed_pass
-from mohge.bench.inference import main as inference_main
 from mohge.config import ConfigError, RunConfig
 from mohge.data.tokenizer import EOT_ID
 from mohge.evaluate.hf_export import to_hf_model

@@ -1,7 +1,8 @@
 """The package layout: dependencies run one way (config <- model, data <- train, evaluate <- analysis, so models
-never import the trainer and no subsystem imports one above it). Every import of src/mohge and kernels/, module level
-and inside functions alike, goes to the importer's own subpackage or a lower layer, and no modules import each
-other in a circle. Also: a dozen modules at most directly in src/mohge, and a docstring on every subpackage."""
+never import the trainer and no subsystem imports one above it). Every import of src/mohge, kernels/ and studies/,
+module level and inside functions alike, goes to the importer's own subpackage or a lower layer, the library
+(``mohge``) never imports the studies (``mohge_studies``), and no modules import each other in a circle. Also: a
+dozen modules at most directly in src/mohge, and a docstring on every subpackage."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "mohge"
 KERNELS = ROOT / "kernels"
+STUDIES = ROOT / "studies"
 
 # Lowest first; a module may import its own layer and the layers before it. model and data are siblings.
 LAYERS = {"core": 0, "config": 1, "kernels": 2, "model": 3, "data": 3, "train": 4, "evaluate": 5, "analysis": 6,
@@ -27,7 +29,7 @@ MAX_TOP_MODULES = 12
 def module_files() -> dict[str, tuple[Path, bool]]:
     """Dotted module name -> (file, is a package __init__)."""
     found = {}
-    for base, prefix in ((SRC, ["mohge"]), (KERNELS, ["mohge", "kernels"])):
+    for base, prefix in ((SRC, ["mohge"]), (KERNELS, ["mohge", "kernels"]), (STUDIES, ["mohge_studies"])):
         for path in sorted(base.rglob("*.py")):
             parts = [*prefix, *path.relative_to(base).with_suffix("").parts]
             is_pkg = parts[-1] == "__init__"
@@ -57,7 +59,7 @@ def imports_of(name: str) -> list[tuple[str, int]]:
             for a in node.names:
                 sub = f"{module}.{a.name}"
                 out.append((sub if sub in MODULES else module, node.lineno))
-    return [(m, line) for m, line in out if m == "mohge" or m.startswith("mohge.")]
+    return [(m, line) for m, line in out if m.split(".")[0] in ("mohge", "mohge_studies")]
 
 
 def owner(name: str) -> str:
@@ -102,6 +104,10 @@ def upward_imports(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
         for target, line in targets:
             if target == "mohge" and importer != "mohge":
                 continue  # the package itself (its __init__ imports nothing)
+            if importer.split(".")[0] == "mohge" and target.split(".")[0] == "mohge_studies":
+                bad.append(f"{MODULES[importer][0].relative_to(ROOT)}:{line}: {importer} imports {target} (the library"
+                           " never imports the studies)")  # fmt: skip
+                continue
             tsub = target.split(".")[1] if "." in target else ""
             where = f"{MODULES[importer][0].relative_to(ROOT)}:{line}: {importer} imports {target}"
             if sub == "kernels" and tsub != "kernels" and target not in KERNELS_MAY_IMPORT:
@@ -167,7 +173,9 @@ def test_core_init_imports_nothing():
     assert not [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
-@pytest.mark.parametrize("init", sorted(str(p.relative_to(ROOT)) for p in SRC.rglob("__init__.py")))
+@pytest.mark.parametrize(
+    "init", sorted(str(p.relative_to(ROOT)) for b in (SRC, STUDIES) for p in b.rglob("__init__.py"))
+)
 def test_subpackage_has_docstring(init):
     assert ast.get_docstring(ast.parse((ROOT / init).read_text())), f"{init}: say what it owns and may import"
 
@@ -179,7 +187,9 @@ def test_checks_catch_a_bad_layout():
     edges["mohge.data.shards"] = [*edges["mohge.data.shards"], ("mohge.data.prepare", 99)]  # prepare -> shards
     edges["mohge.kernels.swiglu"] = [*edges["mohge.kernels.swiglu"], ("mohge.config", 99)]
     edges["mohge"] = [*edges["mohge"], ("mohge.model", 1)]  # a module-level import in the package's __init__
+    edges["mohge.evaluate.suite"] = [*edges["mohge.evaluate.suite"], ("mohge_studies.analysis.collect", 99)]
     bad = upward_imports(edges)
+    assert any("mohge.evaluate.suite imports mohge_studies.analysis.collect (the library" in b for b in bad), bad
     assert any("mohge imports mohge.model (this __init__" in b for b in bad), bad
     assert any("mohge.model.moe imports mohge.train.trainer" in b for b in bad), bad
     assert any("mohge.kernels.swiglu imports mohge.config" in b for b in bad), bad

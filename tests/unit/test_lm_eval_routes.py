@@ -256,7 +256,7 @@ def test_bench_eval_runs_fewer_tokens_sharing_contexts_and_changes_no_accuracy(t
     """H0: computing each context once changes an accuracy or runs as many tokens as scoring every request whole.
     ``mohge bench eval`` on the tiny model: equal accuracies, the shared path's real tokens fewer than the whole
     path's, the record's bound their ratio, and the distinct prefixes no more than the shared path runs."""
-    from mohge.bench.evaluation import main as bench_eval
+    from mohge_studies.bench.evaluation import main as bench_eval
 
     out = tmp_path / "eval.json"
     argv = ["--ckpt", str(trained["model"]), "--data", str(trained["data"]), "--reps", "1", "--json", str(out)]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import tiny_run
+from mohge_studies.analysis.sizing import activation_bytes
 
-from mohge.analysis.sizing import activation_bytes
 from mohge.config import RunConfig
 from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight_copies
 

@@ -1,4 +1,4 @@
-"""The served-frontier test (mohge.analysis.served_frontier; docs/study.md "The served-frontier study"): the
+"""The served-frontier test (mohge_studies.analysis.served_frontier; docs/study.md "The served-frontier study"): the
 envelope, its reading at a cost, the paired test against scipy, and the config's refusal of a model it does not
 plan."""
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import yaml
 from conftest import ROOT
+from mohge_studies.analysis import served_frontier as sf
 from scipy import stats as st
 
-from mohge.analysis import served_frontier as sf
 from mohge.config.runs import merge_config, plan
 from mohge.core.knobs import ConfigError
 

@@ -55,5 +55,5 @@ def test_collect_reads_the_training_logs_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, mohge.analysis.collect; sys.exit('torch' in sys.modules)"
+    code = "import sys, mohge_studies.analysis.collect; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

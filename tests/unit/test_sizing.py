@@ -8,8 +8,16 @@ from pathlib import Path
 
 import yaml
 from dist_support import run_dict
+from mohge_studies.analysis.sizing import (
+    fmt_count,
+    fmt_days,
+    fmt_gib,
+    load_run,
+    main,
+    memory_per_gpu,
+    time_limit_warning,
+)
 
-from mohge.analysis.sizing import fmt_count, fmt_days, fmt_gib, load_run, main, memory_per_gpu, time_limit_warning
 from mohge.config import RunConfig
 from mohge.config.runs import ClusterConfig, train_resources
 from mohge.config.sizes import count_params

@@ -1,4 +1,5 @@
-"""The claims study's analysis (mohge.analysis.study): paired tests on known data, balance and difficulty summaries."""
+"""The claims study's analysis (mohge_studies.analysis.study): paired tests on known data, balance and difficulty
+summaries."""
 
 import math
 from pathlib import Path
@@ -6,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mohge_studies.analysis import study
 
-from mohge.analysis import study
 from mohge.core import stats
 from mohge.core.vocab import GATE_MODE_ALIASES
 
@@ -592,7 +593,7 @@ def test_the_frontier_studys_mohge_runs_are_the_claims_runs_retrained_bit_for_bi
 def test_readme_and_docs_state_the_served_frontier_test_as_t5_has_it():
     """README's frontier line and docs/results.md's section, formatted from the committed T5_frontier and T4 of the
     frontier study; the verdict is the declared rule's."""
-    from mohge.analysis.served_frontier import verdict
+    from mohge_studies.analysis.served_frontier import verdict
 
     tables = ROOT / "results" / "frontier" / "tables"
     t5 = pd.read_csv(tables / "T5_frontier.csv").iloc[0]

@@ -1,5 +1,5 @@
-"""The arms declared after the claims study's results (mohge.analysis.controls): each declared test on synthetic runs
-with known effects (direction, p against a direct scipy computation), "declared, not run" without the runs, the
+"""The arms declared after the claims study's results (mohge_studies.analysis.controls): each declared test on synthetic
+runs with known effects (direction, p against a direct scipy computation), "declared, not run" without the runs, the
 restatement rule of Q1b on constructed cases, Q3's control and dose-response, and the token-level table."""
 
 import json
@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mohge_studies.analysis import controls
 from scipy import stats
-
-from mohge.analysis import controls
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -211,7 +210,7 @@ def test_token_table_reads_each_trace_and_says_which_have_no_record(tmp_path, pl
 def test_the_committed_claims_tables_are_what_the_analysis_makes(tmp_path, config):
     """run_analysis on the committed results/claims CSVs: every committed csv/md table byte for byte; every
     declared arm has run in the committed study, so each row of S8 and S9 says so, and S10 has every graded run."""
-    from mohge.analysis import study
+    from mohge_studies.analysis import study
 
     committed = ROOT / "results" / "claims" / "study"
     study.run_analysis(ROOT / "results" / "claims", config, tmp_path)

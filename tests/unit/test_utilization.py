@@ -6,8 +6,16 @@ import math
 
 import numpy as np
 import pytest
+from mohge_studies.analysis.utilization import (
+    ANALYTIC_COLUMNS,
+    SUMMARY_COLUMNS,
+    analyze,
+    compare,
+    imbalance,
+    main,
+    rank_loads,
+)
 
-from mohge.analysis.utilization import ANALYTIC_COLUMNS, SUMMARY_COLUMNS, analyze, compare, imbalance, main, rank_loads
 from mohge.evaluate.traces import Trace, TraceLayer, synthetic_trace
 from mohge.model.allocation import place
 
@@ -152,8 +160,8 @@ def test_one_device_times_every_rank_on_exactly_the_rows_its_placement_receives(
 
 def test_local_rows_are_the_slots_of_the_ranks_own_experts():
     import torch
+    from mohge_studies.analysis.ep_timing import local_rows
 
-    from mohge.analysis.ep_timing import local_rows
     from mohge.train.distributed.ep_layer import ExpertParallelExperts
 
     widths_E = [8, 8, 12, 12, 16, 16, 20, 20]

@@ -8,9 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mohge_studies.analysis import verdicts
 from scipy import stats as sp
-
-from mohge.analysis import verdicts
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""What a workflow config plans (mohge.workflow), without Snakemake: run names, committed runs of a growing study,
-the targets of `all`, study settings read through the typed sections, job sizes as functions of the config, and
+"""What a workflow config plans (mohge_studies.workflow), without Snakemake: run names, committed runs of a growing
+study, the targets of `all`, study settings read through the typed sections, job sizes as functions of the config, and
 the refusals that happen while the workflow is parsed, before any job runs."""
 
 from __future__ import annotations
@@ -9,11 +9,19 @@ import json
 from pathlib import Path
 
 import pytest
+from mohge_studies.workflow import (
+    WorkflowPlan,
+    check_configfiles,
+    checkout,
+    resources,
+    settings,
+    targets,
+    validated_runs,
+)
+from mohge_studies.workflow.plan import digest, from_snakemake
 
 from mohge.config import ConfigError, load_yaml_or_json
 from mohge.config.runs import AnalysisConfig, ClusterConfig, UtilizationConfig, merge_config, plan
-from mohge.workflow import WorkflowPlan, check_configfiles, checkout, resources, settings, targets, validated_runs
-from mohge.workflow.plan import digest, from_snakemake
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
@@ -306,7 +314,7 @@ def test_run_and_dataset_sections_hash_what_they_depend_on(smoke):
 def test_only_a_config_mistake_is_a_one_line_config_error_and_a_bug_keeps_its_traceback(monkeypatch, capsys):
     """The Snakefile's plan (workflow/rules/common.smk calls plan_or_refuse): a ConfigError is `config error: ...` on
     stderr and exit 2; any other exception, ValueError included, propagates with its traceback."""
-    from mohge.workflow import plan as plan_module
+    from mohge_studies.workflow import plan as plan_module
 
     def mistake(*args, **kwargs):
         raise ConfigError("train.steps=0: must be > 0")

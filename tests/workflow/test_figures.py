@@ -26,10 +26,11 @@ T975_2 = 4.302652729749462  # Student t quantile 0.975 on 2 df (scipy.stats.t.pp
 
 def rule_params() -> dict[str, dict]:
     """The params the rules give each script that takes values of a study's config, for the claims study
-    (configs/study.yaml): read through the typed sections as the rules read them (mohge.workflow.settings)."""
+    (configs/study.yaml): read through the typed sections as the rules read them (mohge_studies.workflow.settings)."""
+    from mohge_studies.workflow.settings import study_param
+
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config
-    from mohge.workflow.settings import study_param
 
     configs = SCRIPTS.parents[1] / "configs"
     claims = merge_config(load_yaml_or_json(configs / "config.yaml"), load_yaml_or_json(configs / "study.yaml"))
@@ -293,7 +294,7 @@ def test_command_line_matches_in_process(data, tmp_path):
 
 
 def test_mean_ci_is_the_student_t_half_width_over_the_values_present():
-    import mohge.analysis.plotstyle as ps
+    import mohge_studies.analysis.plotstyle as ps
 
     mean, hw, n = ps.mean_ci([1, 2, 3])
     assert (mean, n) == (2.0, 3) and hw == pytest.approx(T975_2 / math.sqrt(3), rel=1e-12)
@@ -431,7 +432,7 @@ rule t3:
     assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()
 
 
-# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge.analysis.study -----------------
+# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge_studies.analysis.study ---------
 STUDY_MODELS = {  # model: (seeds, total params, mean test ppl)
     "mohge": (8, 8.96e6, 80.0),
     "moe": (8, 10.7e6, 80.5),
@@ -446,8 +447,9 @@ GRADED_MODELS = {"mohge+ag1e5": 30.0, "mohge+ag1e4": 30.3, "mohge+ag1e3": 31.0}
 
 
 def write_study(d: Path) -> dict[str, Path]:
-    """A synthetic study (the models and seeds of configs/study.yaml) collected and analysed by mohge.analysis.study."""
-    from mohge.analysis import study
+    """A synthetic study (configs/study.yaml's models and seeds) collected and analysed by the claims analysis
+    (mohge_studies.analysis.study)."""
+    from mohge_studies.analysis import study
 
     rnd = random.Random(1)
     runs, util, groups = [], [], []
@@ -548,7 +550,7 @@ def study(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def default_study(tmp_path_factory) -> dict[str, Path]:
     """The study tables of the committed default-config results (few models, mostly one seed)."""
-    from mohge.analysis import study
+    from mohge_studies.analysis import study
 
     out = tmp_path_factory.mktemp("default_study")
     config = Path(__file__).resolve().parents[2] / "configs" / "config.yaml"
@@ -573,7 +575,7 @@ def build_twice(script: str, inputs: dict, tmp_path: Path, params: dict | None =
 def figure_texts(script: str, inputs: dict, monkeypatch, axes: list | None = None) -> list[str]:
     """Every text drawn by a figure script (titles, labels, legends, annotations), captured before saving;
     the (title, ylim) of each axes go to ``axes`` when given."""
-    import mohge.analysis.plotstyle as ps
+    import mohge_studies.analysis.plotstyle as ps
 
     texts: list[str] = []
 
@@ -632,7 +634,8 @@ def test_f12_draws_the_control_arms_paired_tests(tmp_path, monkeypatch):
     """F12 from S8: every paired test of a control arm with its n, p and decision, readable arm labels (no raw
     variant tag, no nan), no equivalence band; the selection and rule rows are not drawn; an arm not run is
     listed as such."""
-    from mohge.analysis import controls
+    from mohge_studies.analysis import controls
+
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config
 
@@ -707,7 +710,8 @@ def test_study_controls_tex(tmp_path):
     """S8 (the controls declared after the results) as LaTeX from the committed claims study, where every arm has
     run: each row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the
     restated Q1b last; a rerun is identical."""
-    from mohge.analysis import controls
+    from mohge_studies.analysis import controls
+
     from mohge.config import load_yaml_or_json
     from mohge.config.runs import merge_config
 

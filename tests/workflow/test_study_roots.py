@@ -441,7 +441,7 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
 def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
     """A clone of the claims study plans only what is not committed: the arms declared in configs/study.yaml and not
     yet run (and their data), never a committed run, whose per-run results are sources
-    (mohge.workflow.plan.WorkflowPlan.committed), before and after `mohge mtimes`; with every arm run,
+    (mohge_studies.workflow.plan.WorkflowPlan.committed), before and after `mohge mtimes`; with every arm run,
     tables and figures at most.
     MOHGE_RERUN_COMMITTED=1 plans every run again."""
     clone = tmp_path / "mohge"

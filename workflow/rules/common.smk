@@ -1,5 +1,5 @@
 # Validation, wildcard constraints and input functions; no rules here. What a config plans (its runs, committed
-# runs, targets, settings and job sizes) is mohge.workflow.WorkflowPlan, tested without Snakemake
+# runs, targets, settings and job sizes) is mohge_studies.workflow.WorkflowPlan, tested without Snakemake
 # (tests/unit/test_workflow_plan.py).
 import glob
 import json
@@ -8,9 +8,9 @@ import re
 import sys
 
 from mohge.config import to_dict
-from mohge.workflow.checkout import asked_targets
-from mohge.workflow.plan import digest, plan_or_refuse
-from mohge.workflow.targets import CAPACITY_TABLES, STUDY_TABLES, TEX_TABLES
+from mohge_studies.workflow.checkout import asked_targets
+from mohge_studies.workflow.plan import digest, plan_or_refuse
+from mohge_studies.workflow.targets import CAPACITY_TABLES, STUDY_TABLES, TEX_TABLES
 
 # Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
 # sources, so no training, evaluation or collect job can enter the plan.
@@ -54,7 +54,7 @@ wildcard_constraints:
     study="[A-Za-z0-9][A-Za-z0-9_-]*",
 
 
-# ------------------------------------------------ input functions and params (wildcards -> mohge.workflow)
+# ------------------------------------------------ input functions and params (wildcards -> mohge_studies.workflow)
 
 
 def data_parts(wildcards):

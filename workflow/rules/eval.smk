@@ -20,7 +20,7 @@ rule evaluate:
     threads: 1
     resources:
         gpu=PLAN.eval_gpus(),
-        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
+        mem_mb=eval_mem_mb,  # weights + activations (mohge_studies.workflow.resources)
         runtime=eval_runtime,
     params:
         eval=lambda wc: digest(to_dict(RUNS[wc.run].eval)),
@@ -52,7 +52,7 @@ rule trace:
     threads: 1
     resources:
         gpu=PLAN.eval_gpus(),
-        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
+        mem_mb=eval_mem_mb,  # weights + activations (mohge_studies.workflow.resources)
         runtime=eval_runtime,
     params:
         trace=lambda wc: digest(
@@ -85,12 +85,12 @@ rule inference:
     # one torch thread: the timings are the thread's CPU time, so a training beside it does not slow them
     threads: 1
     resources:
-        mem_mb=eval_mem_mb,  # weights + activations (mohge.workflow.resources)
+        mem_mb=eval_mem_mb,  # weights + activations (mohge_studies.workflow.resources)
         runtime=eval_runtime,
     params:
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
         args=PLAN.inference_args(),
     shell:
-        "python -m mohge.bench inference --models {params.ckpt:q} --data {params.data:q} {params.args:q}"
+        "python -m mohge_studies.bench inference --models {params.ckpt:q} --data {params.data:q} {params.args:q}"
         " --out {output.record:q} > {log:q} 2>&1"

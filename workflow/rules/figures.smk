@@ -27,7 +27,7 @@ rule tables:
         "logs/{study}/tables.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge.analysis.study (scipy)
+        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge_studies.analysis.study (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
         source=lambda wc: PLAN.study_settings(wc.study)["source"],
@@ -180,7 +180,7 @@ rule fig_idle:
 
 rule fig_kernels:
     # Kernel throughput from a committed GPU benchmark CSV (kernels/gpu_check.sh). Part of a study's figures
-    # only when that CSV holds a GPU measurement (mohge.workflow.checkout.measured_kernels); asked for without one, it is a
+    # only when that CSV holds a GPU measurement (mohge_studies.workflow.checkout.measured_kernels); asked for without one, it is a
     # labelled placeholder that no results set contains.
     input:
         kernels=bench_csv,

@@ -4,7 +4,7 @@
 
 
 rule study_analysis:
-    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge.analysis.study).
+    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge_studies.analysis.study).
     input:
         runs="results/{study}/runs.csv",
         util="results/{study}/utilization_summary.csv",
@@ -54,7 +54,7 @@ rule study_tables_tex:
         "logs/{study}/study_tables_tex.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables imports mohge.analysis.study (scipy)
+        "../envs/train.yaml"  # make_tables imports mohge_studies.analysis.study (scipy)
     script:
         "../scripts/study_tables.py"
 

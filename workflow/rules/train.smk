@@ -58,7 +58,7 @@ rule train:
         "../envs/train.yaml"
     threads: CLUSTER.cpus_per_task  # 1 by default: two CPU runs share a 2-core machine
     resources:
-        # sizes from the config's `cluster` section, the same on every attempt (mohge.workflow.resources)
+        # sizes from the config's `cluster` section, the same on every attempt (mohge_studies.workflow.resources)
         **PLAN.train_resources(),
     params:
         train=train_digest,

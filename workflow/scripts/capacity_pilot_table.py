@@ -12,9 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
-
-import mohge.analysis.plotstyle as ps
 
 
 def model_label(cfg: dict) -> str:

@@ -1,15 +1,14 @@
 """T5_frontier: the served-frontier test a config declares (`inference.frontier_test`; docs/study.md "The
-served-frontier study"), computed by mohge.analysis.served_frontier from the collected inference rows.
+served-frontier study"), computed by mohge_studies.analysis.served_frontier from the collected inference rows.
 
 Inputs: rows (inference.csv). Outputs: csv and md (T5_frontier). Params: trained, served (family+variant), alpha.
 """
 
 from pathlib import Path
 
+import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
-
-import mohge.analysis.plotstyle as ps
-from mohge.analysis import served_frontier
+from mohge_studies.analysis import served_frontier
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:

@@ -1,4 +1,4 @@
-"""T4: every run's inference record (python -m mohge.bench inference) as one row per run and knob point, and the
+"""T4: every run's inference record (mohge bench inference) as one row per run and knob point, and the
 table of means over seeds per dataset, model and knob point.
 
 Inputs: records (results/<study>/inference/<run>.json). Outputs: rows (inference.csv), csv and md (T4_inference).
@@ -10,9 +10,8 @@ cached-decode tokens/s of the record (one torch thread; the CPU is in the cpu co
 import json
 from pathlib import Path
 
+import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
-
-import mohge.analysis.plotstyle as ps
 
 SPEED = ("prefill", "decode")
 

@@ -4,7 +4,7 @@ Inputs: curves (curves.csv). Outputs: png, pdf. Params: smooth (logged points in
 0 = about 2% of a run), families (default: all present), logy (default false).
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 
 def whole(ax, d, y: str, families) -> None:

@@ -11,9 +11,8 @@ is given.
 
 import re
 
+import mohge_studies.analysis.plotstyle as ps
 from matplotlib.ticker import MaxNLocator
-
-import mohge.analysis.plotstyle as ps
 
 
 def rank_loads(ranks):

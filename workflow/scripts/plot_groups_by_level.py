@@ -6,7 +6,7 @@ seeds where n >= 2); layer "all" when recorded, else slots summed over layers. G
 width; the legend gives each level's share-weighted mean width.
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 
 def shares(df):

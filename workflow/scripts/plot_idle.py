@@ -1,4 +1,4 @@
-"""F15: unused experts and unused width classes over training, per dataset and model (mohge.analysis.idle): per
+"""F15: unused experts and unused width classes over training, per dataset and model (mohge_studies.analysis.idle): per
 MoE layer, the mean over the layers and then over the model's seeds at each logged step; an expert or width class
 is unused with under 1% of an even share of the routed slots in that logging window.
 
@@ -9,13 +9,12 @@ import textwrap
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import mohge_studies.analysis.plotstyle as ps
 from matplotlib import ticker
 from matplotlib.lines import Line2D
+from mohge_studies.analysis import idle
 
-import mohge.analysis.plotstyle as ps
-from mohge.analysis import idle
-
-PANELS = (  # column of mohge.analysis.idle.over_training, y-axis label, why a panel can be empty
+PANELS = (  # column of mohge_studies.analysis.idle.over_training, y-axis label, why a panel can be empty
     ("unused_experts", "unused experts\nper MoE layer", "the logs do not count unused experts"),
     ("unused_groups", "unused width classes\nper MoE layer", "no model here has two width classes or more"),
 )

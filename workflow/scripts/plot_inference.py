@@ -8,9 +8,8 @@ the model's n runs with its 95 % Student-t interval where n >= 2. The legend giv
 """
 
 import matplotlib.lines as mlines
+import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
-
-import mohge.analysis.plotstyle as ps
 
 SHORT = {"group_topk": "Kg", "bar_widest": "bar", "topk": "K"}
 KNOBS = {  # knob (the keys of a served point) -> line style, legend label

@@ -7,7 +7,7 @@ Outputs: png, pdf. Params: device (default: the device of the most recent GPU ro
 Rows from a CPU are not throughput numbers for the paper: without GPU rows the figure is a labelled placeholder.
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 PASSES = ("fwd", "fwd+bwd")
 LABELS = ps.PATH_LABELS | {"hom_grouped_mm": "homogeneous MoE (equal FLOPs)", "mm": "torch.mm roofline (same M, N, K)"}

@@ -6,7 +6,7 @@ Inputs: curves (curves.csv). Outputs: png, pdf. Params: smooth (logged points in
 0 = about 2% of a run), families (default: all present).
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 PANELS = (  # column of curves.csv, y-axis label, the ideal it is read against
     ("expert_load", "expert load, max/mean\n(worst MoE layer)", 1.0),

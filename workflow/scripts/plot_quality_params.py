@@ -8,7 +8,7 @@ Axes span at least 4% of their centre: a panel whose models differ by less than 
 magnifying a difference far below the noise.
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 AXES = {"total_params": "total parameters", "activated_params": "activated params/token, learned routing"}
 

@@ -4,7 +4,7 @@ Inputs: curves (curves.csv; columns mean_width and group_aux_start). Outputs: pn
 Params: families (default ["mohge", "hmoe"]), smooth (as in plot_curves).
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 
 def main(inputs: dict, outputs: dict, params: dict) -> None:

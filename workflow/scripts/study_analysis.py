@@ -1,4 +1,5 @@
-"""Snakemake glue: a study's pre-declared analysis (mohge.analysis.study.run_analysis) into results/<study>/study/.
+"""Snakemake glue: a study's pre-declared analysis (mohge_studies.analysis.study.run_analysis) into
+results/<study>/study/.
 
 The config arrives as canonical JSON (keys sorted: rule study_analysis), so the order its keys were merged in
 never reruns the job; what the analysis prints, warnings included (scipy's), goes to the job's log."""
@@ -8,7 +9,7 @@ import json
 import traceback
 from pathlib import Path
 
-from mohge.analysis.study import run_analysis
+from mohge_studies.analysis.study import run_analysis
 
 snakemake = globals()["snakemake"]
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):

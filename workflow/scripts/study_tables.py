@@ -1,4 +1,5 @@
-"""The claims study's tables S1-S4 and S8 (written as CSV and Markdown by mohge.analysis.study) also as LaTeX tabulars.
+"""The claims study's tables S1-S4 and S8 (written as CSV and Markdown by mohge_studies.analysis.study) also as
+LaTeX tabulars.
 
 Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv), s8 (S8_controls.csv);
 each optional.
@@ -9,9 +10,8 @@ pre-declared tests of S2, printed in its Decision column.
 
 from pathlib import Path
 
+import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
-
-import mohge.analysis.plotstyle as ps
 
 CI_NOTE = "Mean [95% Student-t CI] over n seeds; no interval with n = 1. Nothing is bold: S2's tests decide."
 SPLIT = {"test_ppl": "Test PPL (full split)", "val_ppl": "Val PPL (full split)"}

@@ -3,18 +3,18 @@ seeds) for every S2_tests row of one metric with the interval its test reads dra
 non-inferiority and one-sided tests at alpha 0.05; 95% CI for two-sided tests) and the other one thin, the
 ±margin equivalence band shaded, each row's test, n, p-value and decision written beside it.
 
-F12, the same plot of S8_controls (mohge.analysis.controls): the paired tests of the control arms declared after
+F12, the same plot of S8_controls (mohge_studies.analysis.controls): the paired tests of the control arms declared after
 the results, labelled by arm, without the equivalence band (none of them is an equivalence test); the
 selection and rule rows of S8 (best lr, Q1b restated) have no ratio and are not drawn; an arm not run yet is
 listed as "declared, not run".
 
-Inputs: s2 (S2_tests.csv of mohge.analysis.study) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
+Inputs: s2 (S2_tests.csv of mohge_studies.analysis.study) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
 Params: metric (the pre-declared primary metric), margin (the TOST margin; also F12's axis span around 1): the
 study's analysis section (rules/study.smk passes them).
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.
 """
 
-import mohge.analysis.plotstyle as ps
+import mohge_studies.analysis.plotstyle as ps
 
 TESTS = {"tost": "TOST", "noninferiority": "non-inferiority", "less": "one-sided", "two-sided": "two-sided"}
 READS_90 = {"tost", "noninferiority", "less"}  # tests at alpha whose decision is read from the 1 - 2 alpha interval
@@ -43,7 +43,10 @@ def main(inputs: dict, outputs: dict, params: dict) -> None:
         1, 2, figsize=(ps.WIDTH_2COL * 1.3, 0.42 * len(s2) + 1.5), sharey=True, width_ratios=[1.0, 1.0]
     )
     y = list(range(len(s2)))[::-1]  # the first test on top
-    lo_band, hi_band = 1 / (1 + margin), 1 + margin  # |mean log ratio| < log(1+m) (mohge.analysis.study.compare)
+    lo_band, hi_band = (
+        1 / (1 + margin),
+        1 + margin,
+    )  # |mean log ratio| < log(1+m) (study.compare)
     if not controls:
         ax.axvspan(lo_band, hi_band, color="#009E73", alpha=0.15, lw=0)
     ax.axvline(1, color="#444444", lw=0.8, ls=":")

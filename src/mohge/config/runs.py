@@ -87,7 +87,7 @@ def train_resources(cluster: ClusterConfig) -> dict:
     as GRES (a job-wide --gpus may land unevenly), and ``tasks_per_gpu=0``, without which the plugin turns ``tasks``
     of a GPU job into --ntasks-per-gpu. Memory and runtime are the config's limits on every attempt: a retry
     re-queues and resumes from the scratch checkpoints, it does not ask for more than the config states (the
-    planner, :mod:`mohge.analysis.sizing`, compares the plan's days with this runtime).
+    planner, :mod:`mohge_studies.analysis.sizing`, compares the plan's days with this runtime).
     """
     nodes, gpus = cluster.nodes, cluster.gpus_per_node
     fixed = {
@@ -124,7 +124,7 @@ class FrontierTest(_Section):
 
 @dataclass(frozen=True)
 class InferenceConfig(_Section):
-    """Per-run inference records (python -m mohge.bench inference): serving cost per token and validation
+    """Per-run inference records (mohge bench inference): serving cost per token and validation
     perplexity along the knob points; a study whose config has this section gets them, a table and a figure."""
 
     enabled: bool = knob(True, "make the records (false: a config extending one that asks for them opts out)")
@@ -150,8 +150,9 @@ CAPACITY_GATES = ("G1", "G2", "G3")  # the capacity study's gate (docs/study.md 
 
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
-    """A study's pre-declared statistical analysis (docs/study.md): the claims study's (mohge.analysis.study) or the
-    capacity study's (workflow/scripts/capacity_analysis.py, `design: capacity`)."""
+    """A study's pre-declared statistical analysis (docs/study.md): the claims study's
+    (mohge_studies.analysis.study) or the capacity study's (workflow/scripts/capacity_analysis.py,
+    `design: capacity`)."""
 
     design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C5)", choices=DESIGNS)
     alpha: float = knob(0.05, "significance level of every test", gt=0, lt=1)

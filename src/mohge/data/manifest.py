@@ -134,7 +134,7 @@ def gather(cfg: DataConfig, out_dir: str | os.PathLike, split_info: dict[str, An
         meta["docs"][s] = names if names is not None and len(names) <= MAX_META_DOC_NAMES else None
         # a held-out split shorter than one window: training refuses it at start (check_data), so refuse it here,
         # the first step that knows its size (an empty split, held out from a corpus too small for the fraction,
-        # is what a preparation-only use such as `python -m mohge.bench data` may make: training refuses that)
+        # is what a preparation-only use such as `mohge bench data` may make: training refuses that)
         if s != "train" and 0 < meta["tokens"][s] < cfg.seq_len + 1:
             raise ConfigError(
                 f"data.seq_len={cfg.seq_len}: the {s} split of {out} holds {meta['tokens'][s]} tokens, fewer than one "

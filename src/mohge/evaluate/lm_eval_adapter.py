@@ -19,7 +19,7 @@ The model is mohge's own ``LanguageModel`` (any expert backend, Triton included)
   token sees its own prefix and sits at its depth (:mod:`mohge.evaluate.prefix_tree`; equal to running each request
   alone, to rounding: routing is per token). ``share_context=false`` runs every request whole instead,
   ``batch_size`` rows at a time, longest first, right-padded (harmless: attention is causal and routing is per
-  token): the reference the tests and ``python -m mohge.bench eval`` compare it with. A continuation longer than
+  token): the reference the tests and ``mohge bench eval`` compare it with. A continuation longer than
   ``max_length`` is refused (ValueError naming the task, the document and both lengths), where lm-eval's ``hf``
   model stops on a bare assert: scoring only its last tokens would be a different quantity. ``python -m
   mohge.evaluate build-tasks`` builds only documents that fit;

@@ -4,7 +4,7 @@ An evaluation-time option, not a retraining: the override changes what the route
 leaves every weight as it was trained.
 
     python -m mohge.evaluate --ckpt MODEL --data DATA --out m.json --route-override group_topk=2
-    python -m mohge.bench inference --models MODEL... --data DATA --out inference.json   (sweeps the knob points)
+    mohge bench inference --models MODEL... --data DATA --out inference.json   (sweeps the knob points)
 
 Keys (``KEY=VALUE``, several allowed):
 

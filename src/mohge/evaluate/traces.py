@@ -4,7 +4,7 @@
     python -m mohge.evaluate trace ...          (the same command)
 
 A trace records, per MoE layer, how many routed slots every expert received; the utilization study
-(:mod:`mohge.analysis.utilization`, docs/method.md §11) and the expert-parallel measurement read it.
+(:mod:`mohge_studies.analysis.utilization`, docs/method.md §11) and the expert-parallel measurement read it.
 
 TRACE FORMAT. A JSON file::
 

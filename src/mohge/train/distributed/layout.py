@@ -12,7 +12,7 @@ by FSDP only over the orthogonal ``dp_shard_mod_ep = dp_shard / ep`` ranks. Mesh
 so an EP group is ``ep`` consecutive ranks (inside one node whenever ep <= GPUs per node).
 
 :func:`check_layout` refuses a layout that cannot run, before anything starts, with one line naming the key.
-It needs no process group: the trainer and the sizing (:mod:`mohge.analysis.sizing`) call the same function.
+It needs no process group: the trainer and the sizing (:mod:`mohge_studies.analysis.sizing`) call the same function.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One MoE layer's forward+backward against the layers a user would pick instead: torchtitan and transformers.
 
-    python -m mohge.bench peers [--shapes d128,d256,release] [--dtypes fp32,bf16] [--reps 5]
+    mohge bench peers [--shapes d128,d256,release] [--dtypes fp32,bf16] [--reps 5]
                                 [--json results/bench/peers_cpu.json] [--doc docs/benchmarks.md]
 
 Every layer gets the same problem: d_model D, T tokens, E routed experts of width F, top-K, no shared expert.
@@ -21,7 +21,7 @@ function; :func:`check_agreement` checks their outputs against ours. ``fp32``: p
 ``bf16``: both in bf16. torchtitan's ``GroupedExperts`` casts activations and weights to bf16 in every case, so
 its fp32 row is a bf16 expert computation (recorded in the output as ``expert_dtype``).
 
-Timing as :func:`mohge.bench.timing.time_interleaved`: one torch thread (clock: the thread's CPU time), one warm-up
+Timing as :func:`.timing.time_interleaved`: one torch thread (clock: the thread's CPU time), one warm-up
 run, the paths interleaved, median of ``--reps``. Our layers run in training mode, so they also compute their aux
 loss in the forward (not backpropagated); the peers' layers compute none. A path slower than ``SLOW_FACTOR``
 times the fastest after its warm-up, or whose buffers would pass ``MAX_GATHER_BYTES``, is skipped with the reason.
@@ -42,12 +42,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
+from mohge.kernels.cpu_gemm import cpu_bf16_support
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
-from mohge.kernels.cpu_gemm import cpu_bf16_support
 from mohge.model.moe import MoELayer
 
 from .timing import time_fwd_bwd

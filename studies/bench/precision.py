@@ -1,4 +1,4 @@
-"""``python -m mohge.bench precision``: does bf16 training follow fp32 at a study's own size and length?
+"""``mohge bench precision``: does bf16 training follow fp32 at a study's own size and length?
 
 Trains one run config in fp32 and in bf16 (``train.precision``; mohge.train.runtime: fp32 master weights and
 optimizer state, bf16 matrix products forward and backward) on the same seeds, data and schedule, and reports each
@@ -6,7 +6,7 @@ pair's final validation loss, their relative difference and the tokens/s ratio, 
 criterion (every seed's final val loss within ``--tolerance``, 1 %). Each training is a normal ``mohge.train`` run in
 ``OUT/<precision>-s<seed>/``: a rerun resumes or skips what has finished.
 
-    python -m mohge.bench precision --config results/claims/runs/shakespeare-mohge-s0/config.json \\
+    mohge bench precision --config results/claims/runs/shakespeare-mohge-s0/config.json \\
         --data work/claims/data/shakespeare --seeds 0 1 2 --out work/bench/precision --json results/bench/precision.json
 """
 

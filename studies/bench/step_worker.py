@@ -1,7 +1,7 @@
 """One training process of ``mohge bench step``: a run config's model trained by the trainer's own step, one step
 per request, from the source tree it is told to import.
 
-    python src/mohge/bench/step_worker.py --tree TREE --config CONFIG.json
+    python studies/bench/step_worker.py --tree TREE --config CONFIG.json
 
 Run as a file, not as a module of this package: it imports ``mohge`` from ``TREE/src`` (and ``mohge.kernels`` from
 ``TREE/kernels``), so that one bench can time two checkouts of the package, each in its own process. It uses only

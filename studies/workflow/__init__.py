@@ -12,7 +12,7 @@ Owns:
 workflow/rules/common.smk builds one :class:`WorkflowPlan` and keeps only validation messages, wildcard
 constraints and thin input functions that call it.
 
-May import: every subsystem (it sits at the top, beside the command modules in ``src/mohge``); nothing imports it.
+May import: the library (``mohge``) and the other subpackages here (it sits at the top); nothing imports it.
 """
 
 from .plan import WorkflowPlan, check_configfiles, validated_runs

@@ -4,7 +4,7 @@ MoHGE claims "balanced GPU utilization" (arXiv 2604.23108; docs/method.md §4 an
 allocation every expert-parallel rank holds every width, so group popularity does not become rank
 imbalance. This module measures that claim analytically on recorded routing, for each placement strategy
 of :mod:`mohge.model.allocation` and each EP size the strategy allows, and (``--measure``) launches the
-torch.distributed measurement of :mod:`mohge.analysis.ep_timing` and compares the two.
+torch.distributed measurement of :mod:`mohge_studies.analysis.ep_timing` and compares the two.
 
 Per rank rho and layer, with f_e tokens routed to expert e (router order) and h_e its width:
 
@@ -27,12 +27,12 @@ OUTPUTS (``--out DIR``):
 * ``analytic.csv``: model, layer, strategy, ep_size, rank, experts, width_sum, tokens, flops, params
 * ``summary.csv``: model, strategy, ep_size, layer (an int or 'all'), max_over_mean (FLOPs), cv (FLOPs),
   tokens_max_over_mean, params_max_over_mean
-* with ``--measure``: ``measured.csv`` (schema in :mod:`mohge.analysis.ep_timing`) and ``comparison.csv``:
+* with ``--measure``: ``measured.csv`` (schema in :mod:`mohge_studies.analysis.ep_timing`) and ``comparison.csv``:
   model, layer, strategy, ep_size, analytic_max_over_mean, measured_max_over_mean, rel_diff, analytic_cv,
   measured_cv, measured_min_max_over_mean, rel_diff_min (analytic from the FLOPs of exactly the replayed
   routing; measured from the per-rank median seconds, the ``_min`` pair from the per-rank fastest repeat, which
   is robust to other load on a shared machine; rel_diff = measured / analytic - 1). With ``--one-device`` the ranks
-  are timed in turns in one process on one device (:func:`mohge.analysis.ep_timing.measure_one_device`): a machine
+  are timed in turns in one process on one device (:func:`.ep_timing.measure_one_device`): a machine
   with one GPU measures every rank's compute on it, with NVML's busy share of each rank's kernels.
 
 Example::
@@ -320,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--timing",
         choices=("auto", "sequential", "concurrent"),
         default="auto",
-        help="ranks take turns (CPU default) or time at once (GPU default); see mohge.analysis.ep_timing",
+        help="ranks take turns (CPU default) or time at once (GPU default); see mohge_studies.analysis.ep_timing",
     )
     m.add_argument(
         "--one-device",
@@ -333,13 +333,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_measurement(args: argparse.Namespace, trace_path: Path) -> Path:
-    """Launch ``torchrun --standalone -m mohge.analysis.ep_timing measure`` (or, with ``--one-device``, one process of
-    ``ep_timing measure-one``) and return measured.csv."""
+    """Launch ``torchrun --standalone -m mohge_studies.analysis.ep_timing measure`` (or, with ``--one-device``, one
+    process of ``ep_timing measure-one``) and return measured.csv."""
     if args.one_device:
-        launch = [sys.executable, "-m", "mohge.analysis.ep_timing", "measure-one", "--ranks", str(args.nproc)]
+        launch = [sys.executable, "-m", "mohge_studies.analysis.ep_timing", "measure-one", "--ranks", str(args.nproc)]
     else:
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}"]
-        launch += ["-m", "mohge.analysis.ep_timing", "measure", "--timing", args.timing]
+        launch += ["-m", "mohge_studies.analysis.ep_timing", "measure", "--timing", args.timing]
     cmd = [
         *launch,
         "--trace",

@@ -1,6 +1,6 @@
 """Training throughput on this machine: MoHGE against a homogeneous MoE of equal activated FLOPs.
 
-    python -m mohge.bench train [--steps 10] [--json out.json]     (mohge.bench dispatches to main() here)
+    mohge bench train [--steps 10] [--json out.json]     (mohge_studies.bench dispatches to main() here)
 
 The MoE is ``mohge.config.matched.derive(cfg, "moe_equal")``: the same experts count and top-k, every expert at
 MoHGE's mean width, so under uniform routing both activate the same FFN FLOPs per token; differences come
@@ -25,11 +25,11 @@ import statistics
 from collections.abc import Sequence
 
 import torch
+from mohge.kernels.cpu_gemm import clock, cpu_bf16_support, gemm_rate
 
 from mohge.config import BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, RunConfig, TrainConfig
 from mohge.config.matched import derive
 from mohge.core.atomic import write_json_atomic
-from mohge.kernels.cpu_gemm import clock, cpu_bf16_support, gemm_rate
 from mohge.model import LanguageModel
 from mohge.train.distributed.flops import model_flops_per_token
 from mohge.train.step import build_optimizer, compute_loss

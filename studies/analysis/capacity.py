@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mohge_studies.analysis import idle
 
-from mohge.analysis import idle
 from mohge.config.runs import BEST_SHOT, CAPACITY_GATES, SELECTION, AnalysisConfig
 from mohge.core.stats import (
     TEstimate,
@@ -264,7 +264,7 @@ def unused_table(traces: Sequence[Path], runs: pd.DataFrame, share: float, logs:
     """Per model and MoE layer: mean number of experts (over seeds) whose share of routed slots is below
     `share` of a uniform share, and the expert parameters they hold; then, from the training logs ``logs``, how
     many logged steps had any unused expert (mean over seeds), of how many, and the last such step in any seed
-    (:func:`mohge.analysis.idle.steps_with_unused`; NaN where the logs do not count unused experts)."""
+    (:func:`mohge_studies.analysis.idle.steps_with_unused`; NaN where the logs do not count unused experts)."""
     fam = runs.set_index("run")["family"].to_dict()
     rows = []
     for path in traces:

@@ -4,7 +4,7 @@ The expert-parallel layer itself (dispatch and combine with ``all_to_all_single`
 :class:`mohge.train.distributed.ep_layer.ExpertParallelExperts`, the one the trainer uses; this module only
 drives it. Its correctness check against the single-process experts is :mod:`mohge.train.distributed.ep_equivalence`.
 
-MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge.analysis.ep_timing
+MEASUREMENT (``python -m torch.distributed.run --standalone --nproc-per-node N -m mohge_studies.analysis.ep_timing
 measure --trace TRACE --out DIR``; usually launched by ``mohge utilization --measure``). For each
 layer of the trace, the recorded routing (``.npz`` beside the trace), a routing rebuilt with exactly the
 trace's counts (``--routing counts``) or a live router on random inputs (``--routing live``) is split over
@@ -24,7 +24,7 @@ max over ranks is what a concurrent step on one device per rank would wait for. 
 default): all ranks time at once after one barrier, one GPU per rank, and NVML utilization (``pynvml``,
 optional: the columns stay empty without it) is sampled on each rank's GPU during its timed loop.
 
-ONE DEVICE (``python -m mohge.analysis.ep_timing measure-one --ranks N --trace TRACE --out DIR``; launched by
+ONE DEVICE (``python -m mohge_studies.analysis.ep_timing measure-one --ranks N --trace TRACE --out DIR``; launched by
 ``mohge utilization --measure --one-device``): the same per-rank compute on one process and one device, for a machine
 with fewer GPUs than ranks (one GPU, or a CPU). No process group: each rank's rows are the routed slots whose expert
 the placement puts on that rank (exactly what ``dispatch`` would deliver it, every token of the layer being this
@@ -35,7 +35,7 @@ block of at least ``--nvml-min-s`` seconds of each rank's compute (the busy shar
 ``measured.csv`` (written by rank 0): model, layer, strategy, ep_size, rank, experts, tokens, flops,
 seconds, seconds_min, times_ms, repeats, timing, device, routing, gpu_util_pct, gpu_mem_util_pct. ``tokens`` are
 the rows the rank actually received (checked equal to the analytic count), ``flops`` the analytic FLOPs of
-those rows (:func:`mohge.analysis.utilization.rank_loads`), ``seconds`` the median local compute time.
+those rows (:func:`mohge_studies.analysis.utilization.rank_loads`), ``seconds`` the median local compute time.
 
 Legend: T tokens (of this rank), K experts per token, A = T*K routed slots, R rows received by this rank,
 D model width, E experts, W ranks (= EP size), H intermediate width of one class.
@@ -66,7 +66,7 @@ from mohge.train.distributed.ep_layer import ExpertParallelExperts
 from .utilization import rank_loads, write_csv
 
 Tensor = torch.Tensor
-log = logging.getLogger("mohge.analysis.ep_timing")
+log = logging.getLogger("mohge_studies.analysis.ep_timing")
 
 MEASURED_COLUMNS = (
     "model",
@@ -522,7 +522,7 @@ def _common_args(m: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="torchrun ... -m mohge.analysis.ep_timing",
+        prog="torchrun ... -m mohge_studies.analysis.ep_timing",
         description="Per-rank timing of the expert-parallel expert layer for the utilization study (measure).",
     )
     sub = p.add_subparsers(dest="command", required=True)

@@ -1,4 +1,4 @@
-"""``python -m mohge.bench eval``: lm-eval over a trained model with each distinct prefix of the requests computed
+"""``mohge bench eval``: lm-eval over a trained model with each distinct prefix of the requests computed
 once (the adapter's ``share_context``: a prefix tree packed in rows) against every request scored whole, in one run.
 
 Both paths evaluate the same model on the same task documents (built once, as ``python -m mohge.evaluate`` builds
@@ -30,11 +30,11 @@ from importlib.metadata import version
 from pathlib import Path
 
 import torch
+from mohge.kernels.cpu_gemm import clock
+from mohge_studies.bench.peers import machine
 
-from mohge.bench.peers import machine
 from mohge.core.atomic import write_json_atomic
 from mohge.evaluate.prefix_tree import PrefixTree
-from mohge.kernels.cpu_gemm import clock
 
 
 def compare(whole: dict, shared: dict) -> dict[str, float]:

@@ -6,7 +6,7 @@ A ``TorchDispatchMode`` times every aten op with the thread's CPU clock (``time.
 processes on a shared machine do not show up in the figures, as they do in ``torch.profiler``'s wall times. On a
 CPU the backward runs on the calling thread, so the backward's ops are included. GEMMs are split into ``mm
 expert`` (the routed experts' ragged GEMMs) and ``mm dense`` (attention, router, LM head: a dimension equal to
-the step's token count). One thread; the model and batch are ``python -m mohge.bench train``'s.
+the step's token count). One thread; the model and batch are ``mohge bench train``'s.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class OpTimer(TorchDispatchMode):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mohge.bench.train import Trainer, bench_config
+    from mohge_studies.bench.train import Trainer, bench_config
 
     ap = argparse.ArgumentParser(prog="mohge bench profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto")

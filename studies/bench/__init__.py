@@ -1,18 +1,18 @@
 """Benchmarks: every figure is a ratio against a reference measured in the same run.
 
-    python -m mohge.bench layer    # MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop (CPU)
-    python -m mohge.bench kernels  # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
-    python -m mohge.bench train    # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
-    python -m mohge.bench data     # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
-    python -m mohge.bench eval     # lm-eval with each choice context computed once vs every request scored whole
-    python -m mohge.bench inference  # trained models: prefill, cached decode, memory, FLOPs per token as routed,
-                                     # validation perplexity along the cost knobs; MoHGE / MoE and / dense
-    python -m mohge.bench peers    # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
-    python -m mohge.bench profile  # CPU time per aten op of one ``bench train`` step, by MoE phase
-    python -m mohge.bench compile  # one run config's training step eager vs torch.compile: does compiling pay
-    python -m mohge.bench step     # training tokens/s of this checkout vs a baseline commit on a study's run configs
+    mohge bench layer              # MoHGE layer vs dense SwiGLU of equal activated FLOPs vs per-expert loop (CPU)
+    mohge bench kernels            # Triton grouped experts vs dense matmul, loop and torch path (needs a GPU)
+    mohge bench train              # training tokens/s of MoHGE vs a homogeneous MoE of equal activated FLOPs
+    mohge bench data               # data preparation vs tokenizers' encode_batch (tokens/s per core), peak RSS
+    mohge bench eval               # lm-eval with each choice context computed once vs every request scored whole
+    mohge bench inference          # trained models: prefill, cached decode, memory, FLOPs per token as routed,
+                                   # validation perplexity along the cost knobs; MoHGE / MoE and / dense
+    mohge bench peers              # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
+    mohge bench profile            # CPU time per aten op of one ``bench train`` step, by MoE phase
+    mohge bench compile            # one run config's training step eager vs torch.compile: does compiling pay
+    mohge bench step               # training tokens/s of this checkout vs a baseline commit on a study's run configs
 
-``mohge bench ...`` is the same command (mohge.cli).
+``python -m mohge_studies.bench ...`` is the same command (mohge.cli dispatches to it).
 
 ``layer`` times forward+backward of one MoE layer (router, routed experts, shared expert) on T tokens:
 the MoHGE layer through the grouped torch path, the same layer through ``grouped_mm`` and through the
@@ -29,7 +29,7 @@ aten op), `compile` (a run's training step eager against ``torch.compile``), `st
 against a baseline commit's, each in its own process, on a study's run configs).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
-nothing imports mohge.bench.
+nothing imports mohge_studies.bench.
 """
 
 from __future__ import annotations

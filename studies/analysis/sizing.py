@@ -65,7 +65,7 @@ from mohge.train.distributed.memory import activation_bytes_per_token, ep_weight
 
 GiB = 1024**3
 # the SLURM profile the docs submit with (docs/cluster.md): its `retries` and the train rule's --signal
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 SLURM_PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
 
 

@@ -32,7 +32,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
   test split (from each run's trace.json), mean over seeds.
 * Q3, difficulty: mean routed expert width per difficulty level (from groups_by_level.csv), per seed, then mean
   and CI over seeds; the paired easy - hard difference per seed.
-* The arms declared after the results (:mod:`mohge.analysis.controls`): S8 the controls of Q1b and its
+* The arms declared after the results (:mod:`mohge_studies.analysis.controls`): S8 the controls of Q1b and its
   restatement, S9 Q3's alpha_G = 0 control and dose-response, S10 the token-level Q3 record of the traces.
 
     mohge study --results results/claims --config configs/config.yaml configs/study.yaml --out DIR

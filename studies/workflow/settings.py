@@ -127,7 +127,7 @@ def capacity_settings(config: dict) -> dict[str, Any]:
 
 
 def inference_args(config: dict) -> list[str]:
-    """The `inference` section as flags of python -m mohge.bench inference (a knob without points is left out)."""
+    """The `inference` section as flags of mohge bench inference (a knob without points is left out)."""
     inf = inference(config)
     args: list[str] = []
     for key in ("group_topk", "bar_widest", "topk"):

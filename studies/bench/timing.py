@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
 from mohge.kernels.cpu_gemm import clock
 
 

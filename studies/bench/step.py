@@ -4,7 +4,7 @@
         [--steps 20] [--repeats 3] [--warmup 3] [--parts 7] [--json results/bench/train_small_cpu.json]
 
 For each run config, processes train the same model from the same seed on the same random batches with the trainer's
-own step (:mod:`mohge.bench.step_worker`): one imports the package from ``--baseline`` (a commit, read with ``git
+own step (:mod:`.step_worker`): one imports the package from ``--baseline`` (a commit, read with ``git
 archive`` into a temporary folder, or ``--baseline-tree``: a folder), one from this checkout, and a third the baseline
 again, a control: the ratio of the two baseline processes is the noise of the measurement (two processes of the same
 code differ, on a shared machine, by where they land). After ``--warmup`` steps each, single steps go round the three
@@ -40,7 +40,7 @@ import torch
 
 from mohge.core.atomic import write_json_atomic
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().with_name("step_worker.py")
 RUNS = "results/capacity/runs"
 DEFAULT_CONFIGS = (
@@ -53,7 +53,7 @@ DEFAULT_CONFIGS = (
 
 
 class Worker:
-    """A :mod:`~mohge.bench.step_worker` process on ``tree``, trained one request at a time."""
+    """A :mod:`~mohge_studies.bench.step_worker` process on ``tree``, trained one request at a time."""
 
     def __init__(self, tree: Path, config: Path) -> None:
         self.proc = subprocess.Popen(

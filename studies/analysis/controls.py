@@ -106,7 +106,7 @@ BIAS_COLUMNS = [
 
 
 def model_name(family: str, variant: str) -> str:
-    """The runs.csv name of a model: its family, qualified by the variant (mohge.analysis.collect.model_name)."""
+    """The runs.csv name of a model: its family, qualified by the variant (collect.model_name)."""
     return f"{family}+{variant}" if variant else family
 
 
@@ -493,7 +493,7 @@ def bias_balance(
 ) -> pd.DataFrame:
     """S11_bias_balance (module docstring): the rows of every arm of :data:`BIAS_ARMS` the study config plans, on the
     dataset it plans them on; empty where it plans none. ``util``: utilization_summary.csv; ``unused``: S7
-    (:func:`mohge.analysis.study.unused_experts`)."""
+    (:func:`mohge_studies.analysis.study.unused_experts`)."""
     a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
     planned = planned_models(config) if planned is None else planned
     arms = [(ds, m) for ds, m in planned if m in BIAS_ARMS]

@@ -1,4 +1,4 @@
-"""`python -m mohge.bench data`: the preparation path against `tokenizers`' own batch encode, same text, same run.
+"""`mohge bench data`: the preparation path against `tokenizers`' own batch encode, same text, same run.
 
 A corpus of about `--mb` MB is generated in a temporary folder (jsonl files of documents drawn from a Zipfian
 vocabulary of made-up words, numbers and punctuation), and prepared through the hf source exactly as the

@@ -1,6 +1,6 @@
 """Inference cost per token of trained models, and the quality a cheaper route costs.
 
-    python -m mohge.bench inference --models results/<run>/model ... --data data/<source> --out inference.json
+    mohge bench inference --models results/<run>/model ... --data data/<source> --out inference.json
         [--group-topk 3 2 1] [--bar-widest 1 2] [--topk 3 2 1] [--prompt-lengths 16 64 128] [--batch-sizes 1 16]
 
 For every model folder (what ``mohge.train`` writes), in one process, with the timed paths interleaved (one
@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from mohge.kernels.cpu_gemm import clock
 
 from mohge.config import LEVEL_NAMES, ModelConfig, RunConfig
 from mohge.core.atomic import write_json_atomic
@@ -52,7 +53,6 @@ from mohge.data.tokenizer import EOT_ID
 from mohge.evaluate.hf_export import context_length, to_hf_model
 from mohge.evaluate.route_override import RouteOverride, apply_route_override
 from mohge.evaluate.routed_cost import record_routing, token_cost
-from mohge.kernels.cpu_gemm import clock
 from mohge.train.checkpoint import load_trained
 
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
@@ -320,7 +320,7 @@ def bench_inference(
         "data": str(data_dir),
         "split": "val",
         "eval_batches": eval_batches,
-        "flops": "forward, 2 x activated matmul params + causal attention scores (mohge.bench.inference)",
+        "flops": "forward, 2 x activated matmul params + causal attention scores (mohge_studies.bench.inference)",
         "cpu": cpu_name(),
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),

@@ -22,7 +22,7 @@ import pandas as pd
 
 from mohge.core import stats
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

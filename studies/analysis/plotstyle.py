@@ -4,7 +4,8 @@ Figures never need a GPU: the scripts import pandas, matplotlib and this module,
 else; this module takes its statistics from mohge.core.stats (numpy and scipy, no torch).
 Saving strips every timestamp and version string, so a figure rebuilt from unchanged data is byte-identical.
 Scripts run by Snakemake's ``script:`` directive get a preamble prepended (Snakemake 9.27), so they must not
-use ``from __future__ import``; they import this module from the installed package (``mohge.analysis.plotstyle``).
+use ``from __future__ import``; they import this module from the installed package
+(``mohge_studies.analysis.plotstyle``).
 The tables' writers (CSV, Markdown, LaTeX, HTML) live here too, shared by make_tables.py and the study scripts.
 Colours are the Okabe-Ito palette (safe under the common colour-vision deficiencies); each family also has its
 own marker, so the figures read in greyscale too.
@@ -385,7 +386,7 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
     return ends
 
 
-# ---- the study tables (mohge.analysis.study: S1_models, S2_tests, S3_balance, S4_difficulty) -------------------------
+# ---- the study tables (mohge_studies.analysis.study: S1_models, S2_tests, S3_balance, S4_difficulty) -----------------
 def ci_err(mean: pd.Series, low: pd.Series, high: pd.Series) -> list[list[float]]:
     """Asymmetric error bars [below, above] from a table's CI bounds; 0 where there is no interval (n = 1)."""
     below = (mean - low).where(low.notna(), 0.0).clip(lower=0)

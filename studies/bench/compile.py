@@ -1,10 +1,10 @@
 """Does ``torch.compile`` pay for a run's training on this CPU? One run config's model, trained eager and compiled.
 
-    python -m mohge.bench compile --config results/default/runs/shakespeare-mohge-s0/config.json \\
+    mohge bench compile --config results/default/runs/shakespeare-mohge-s0/config.json \\
         --json results/bench/compile_cpu.json
 
 Both trainers start from the same weights on the same fixed batch of the run's shape (``train.batch_size`` x
-``data.seq_len``), with the step of ``mohge bench train`` (:class:`mohge.bench.train.Trainer`: forward, loss with
+``data.seq_len``), with the step of ``mohge bench train`` (:class:`.train.Trainer`: forward, loss with
 the auxiliary losses, backward, clipping, AdamW). The compiled one wraps the model in ``torch.compile`` (inductor,
 its default mode); the optimizer stays eager in both. Measured in one run:
 

@@ -1,7 +1,0 @@
-"""``python -m mohge.bench {layer,kernels,train,data,precision,eval,inference,peers,profile,compile}``."""
-
-import sys
-
-from . import main
-
-sys.exit(main())
