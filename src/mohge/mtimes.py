@@ -54,27 +54,38 @@ def restore(repo: Path) -> int:
             continue
         os.utime(target, (stamp, stamp))
         n += 1
-    _date_derived_after_runs(repo, changed, set(times))
+    _date_derived_after_runs(repo, changed, set(times), _newest_drawing_code(times, changed))
     return n
 
 
 # the per-run results of a committed study (results/<study>/<one of these>/...); everything else under
 # results/<study>/ and figures/<study>/ is derived from them by collect, the analysis, tables and figures
 PER_RUN = ("runs", "utilization", "benchmarks", "params")
+# the code that draws the derived files: the workflow's scripts (Snakemake redraws an output older than its script)
+# and the studies' package they import
+DRAWING_CODE = ("workflow/scripts/", "studies/")
 
 
-def _date_derived_after_runs(repo: Path, changed: set[str], tracked: set[str]) -> None:
+def _newest_drawing_code(times: dict[str, int], changed: set[str]) -> float:
+    """The commit time of the newest committed change to the drawing code (0 without any); uncommitted changes
+    are left out: they keep their own, newer time, and Snakemake redraws what they draw."""
+    return max((t for p, t in times.items() if p.startswith(DRAWING_CODE) and p not in changed), default=0)
+
+
+def _date_derived_after_runs(repo: Path, changed: set[str], tracked: set[str], code: float) -> None:
     """Date each derived file of a study (tracked: one second after its own commit) no older than one second after the
-    study's newest per-run file. A derived file committed with the script that drew it is up to date (Snakemake
-    redraws an output that is not strictly newer than its script); one that a rerun left byte-identical
-    (results/<study>/params.csv when no parameter count moved) keeps the time of an older commit than the per-run
-    files it is made from, and Snakemake would remake it and everything after it."""
+    study's newest per-run file and the newest committed drawing code. A rerun can leave a derived file
+    byte-identical (results/<study>/params.csv when no parameter count moved; every figure when only the code that
+    draws it moved): it keeps the time of an older commit than the per-run files or the script it is made from, and
+    Snakemake would remake it and everything after it. Dating it after the drawing code is true because the suite
+    redraws every committed table and figure from a fresh clone with today's code and finds each byte as committed
+    (tests/workflow/test_study_roots.py, test_readme_commands_in_a_fresh_clone)."""
     results = repo / "results"
     for study in sorted(p for p in results.iterdir() if p.is_dir()) if results.is_dir() else []:
         stamps = [
             f.stat().st_mtime for d in PER_RUN if (study / d).is_dir() for f in (study / d).rglob("*") if f.is_file()
         ]
-        floor = max(stamps) + 1 if stamps else 0
+        floor = max([*stamps, code]) + 1 if stamps else 0
         derived = [f for f in study.rglob("*") if f.is_file() and f.relative_to(study).parts[0] not in PER_RUN]
         figures = repo / "figures" / study.name
         derived += [f for f in figures.rglob("*") if f.is_file()] if figures.is_dir() else []
