@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from mohge_studies.config.runs import merge_config
 
 from mohge.config import FFNConfig, ModelConfig, RouterConfig
-from mohge.config.runs import merge_config
 from mohge.model.routing import GroupedRouter
 
 ROOT = Path(__file__).resolve().parents[1]

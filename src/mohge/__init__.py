@@ -3,7 +3,7 @@
 Subpackages, one per subsystem, lowest layer first:
 
   core      atomic writes and locks, strict config loading, CLI conventions, shared vocabularies
-  config    the typed config sections, the run plan, the matched baselines, preflight checks
+  config    the typed config sections of a run, the matched baselines, preflight checks, parameter counts
   model     the MoHGE transformer and every baseline family (routing, losses, experts, placement, counts)
   data      sources -> documents -> tokenizer -> token shards, and the batches read from them
   train     the training loop and its step, checkpoints, and the parallel stack (train/distributed)

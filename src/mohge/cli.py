@@ -28,8 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "lm-eval": ("mohge.evaluate.harness", "lm-eval's own command line with --model mohge registered"),
     "traces": ("mohge.evaluate.traces", "the routing trace of a trained model on held-out data"),
     "export": ("mohge.evaluate.hf_export", "a trained model folder as a Hugging Face model"),
-    "params": ("mohge.config.param_report", "total and activated parameters of a model or of a run a config plans"),
-    "runs": ("mohge.config.runs", "the runs a workflow config plans, and its JSON schema"),
+    "params": (
+        "mohge_studies.config.param_report",
+        "total and activated parameters of a model, or of a run of a config",
+    ),
+    "runs": ("mohge_studies.config.runs", "the runs a workflow config plans, and its JSON schema"),
     "sizing": (
         "mohge_studies.analysis.sizing",
         "per-GPU memory, whether it fits, days to finish of a cluster config",

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from mohge_studies.analysis import idle
+from mohge_studies.config.runs import BEST_SHOT, CAPACITY_GATES, SELECTION, AnalysisConfig
 
-from mohge.config.runs import BEST_SHOT, CAPACITY_GATES, SELECTION, AnalysisConfig
 from mohge.core.stats import (
     TEstimate,
     delta_interval,

@@ -2,7 +2,7 @@
 their tests.
 
 Every declared test is reported when its runs are in runs.csv and listed as "declared, not run" (no numbers) when
-they are not; a test is declared when the study config plans its models (:func:`mohge.config.runs.plan`), so a
+they are not; a test is declared when the study config plans its models (:func:`mohge_studies.config.runs.plan`), so a
 study without these arms lists none. The quality tests are those of S2 (:func:`mohge.core.stats.compare`:
 paired by seed on log test perplexity, 95 % CI, declared power and 80 % MDE), on the seeds the two models share
 (:func:`paired_log_diffs`).
@@ -52,8 +52,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mohge_studies.config.runs import AnalysisConfig, plan
 
-from mohge.config.runs import AnalysisConfig, plan
 from mohge.core.stats import (
     compare,
     detectable,

@@ -36,9 +36,10 @@ with the GPUs and the days stay level; with it the global batch (the per-process
 config's micro-batch), so every layout trains the same tokens.
 
 Time limit: a workflow config's training job asks SLURM for ``cluster.runtime_min`` minutes on every attempt
-(:func:`mohge.config.runs.train_resources`, the train rule's resources). A layout whose days exceed it is warned about
-after the table, with what the retry path then does (docs/cluster.md): SLURM's SIGTERM before the limit, a checkpoint
-of the current step, exit 143, and a resubmission by Snakemake (the SLURM profile's ``retries``) that resumes from it.
+(:func:`mohge_studies.config.runs.train_resources`, the train rule's resources). A layout whose days exceed it is warned
+about after the table, with what the retry path then does (docs/cluster.md): SLURM's SIGTERM before the limit, a
+checkpoint of the current step, exit 143, and a resubmission by Snakemake (the SLURM profile's ``retries``) that resumes
+from it.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from mohge_studies.config.runs import ClusterConfig, merge_config, train_resources
+from mohge_studies.config.runs import plan as plan_runs
 
 from mohge.config import ConfigError, ModelConfig, ParallelConfig, RunConfig, load_yaml_or_json
-from mohge.config.runs import ClusterConfig, merge_config, train_resources
-from mohge.config.runs import plan as plan_runs
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.model import LanguageModel

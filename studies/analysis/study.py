@@ -48,8 +48,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mohge_studies.config.runs import AnalysisConfig, UtilizationConfig
 
-from mohge.config.runs import AnalysisConfig, UtilizationConfig
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
 from mohge.core.stats import compare, holm, p_binomial_h0_le, ratio_interval, t_interval
@@ -466,8 +466,9 @@ def run_analysis(results: Path, config: dict, out: Path) -> list[str]:
 
 @user_errors
 def main(argv: Sequence[str] | None = None) -> int:
+    from mohge_studies.config.runs import merge_config
+
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config
 
     args = build_parser().parse_args(argv)
     config: dict = {}

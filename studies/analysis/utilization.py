@@ -55,7 +55,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from mohge.config.runs import UtilizationConfig
+from mohge_studies.config.runs import UtilizationConfig
+
 from mohge.config.sizes import swiglu_params
 from mohge.core.cli import setup_logging, user_errors
 from mohge.evaluate.traces import (

@@ -18,8 +18,9 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from mohge_studies.config.runs import merge_config
+
 from mohge.config import RunConfig, load_run_config, to_dict
-from mohge.config.runs import merge_config
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 

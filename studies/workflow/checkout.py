@@ -11,8 +11,9 @@ import os
 import subprocess
 from collections.abc import Sequence
 
+from mohge_studies.config.runs import merge_config
+
 from mohge.config import load_yaml_or_json
-from mohge.config.runs import merge_config
 
 
 def git_tracked(folder: str) -> list[str]:

@@ -1,5 +1,5 @@
-"""What the Snakefile plans from one merged config: its validated runs (mohge.config.runs.plan and the JSON schema
-generated from the same sections), its output roots, the runs a growing study has committed, what the rules make,
+"""What the Snakefile plans from one merged config: its validated runs (mohge_studies.config.runs.plan and the JSON
+schema generated from the same sections), its output roots, the runs a growing study has committed, what the rules make,
 the targets of `all`, and per job its resolved config and sizes.
 
 Every refusal is a :class:`mohge.config.ConfigError` naming the key and value, raised while the workflow is
@@ -18,8 +18,9 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from mohge_studies.config.runs import ClusterConfig, plan
+
 from mohge.config import ConfigError, DataConfig, RunConfig, load_run_config, load_yaml_or_json, to_dict
-from mohge.config.runs import ClusterConfig, plan
 
 from . import resources, settings, targets
 from .checkout import committed_studies, git_tracked, measured_kernels, study_config_file
@@ -36,7 +37,7 @@ def schema_message(err) -> str:
 
 
 def validated_runs(config: dict, schema: dict) -> dict[str, RunConfig]:
-    """mohge.config.runs.plan, the validator `mohge runs list` runs, then the JSON ``schema`` generated
+    """mohge_studies.config.runs.plan, the validator `mohge runs list` runs, then the JSON ``schema`` generated
     from the same declarations (which must then agree; tests/workflow feed the same configs to both)."""
     import jsonschema
 

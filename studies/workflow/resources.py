@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
+from mohge_studies.config.runs import ClusterConfig, UtilizationConfig, train_resources  # noqa: F401 (the train rule's sizes)
+
 from mohge.config import DataConfig, RunConfig
-from mohge.config.runs import ClusterConfig, UtilizationConfig, train_resources  # noqa: F401 (the train rule's sizes)
 from mohge.train.distributed.memory import eval_host_bytes
 
 

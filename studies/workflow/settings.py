@@ -1,13 +1,13 @@
-"""What a study's tables and figures take from its config, read through the typed sections (mohge.config.runs), so
-every default is the section's own: the routing trace F4/T3 show, F6's benchmark CSV, the declared analysis."""
+"""What a study's tables and figures take from its config, read through the typed sections
+(mohge_studies.config.runs), so every default is the section's own: the routing trace F4/T3 show, F6's benchmark
+CSV, the declared analysis."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
-from mohge.config import RunConfig
-from mohge.config.runs import (
+from mohge_studies.config.runs import (
     BEST_SHOT,
     SELECTION,
     AnalysisConfig,
@@ -16,6 +16,8 @@ from mohge.config.runs import (
     UtilizationConfig,
     plan,
 )
+
+from mohge.config import RunConfig
 
 
 def utilization(config: dict) -> UtilizationConfig:

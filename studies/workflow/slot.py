@@ -18,7 +18,8 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from mohge.config.runs import RunConfig, load_yaml_or_json, merge_config, plan
+from mohge_studies.config.runs import RunConfig, load_yaml_or_json, merge_config, plan
+
 from mohge.core.cli import user_errors
 
 from .settings import trace_runs, utilization

@@ -300,10 +300,10 @@ def best(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committed_selection():
+    from mohge_studies.config.runs import merge_config, plan
     from mohge_studies.workflow import settings
 
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config, plan
 
     root = Path(__file__).resolve().parents[2]
     cfg = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "capacity")))

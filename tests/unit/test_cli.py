@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from mohge_studies.analysis import utilization
+from mohge_studies.config import param_report as params
 
 from mohge import cli, data
-from mohge.config import param_report as params
 from mohge.core.knobs import ConfigError
 from mohge.evaluate import suite as evaluate
 from mohge.evaluate import traces

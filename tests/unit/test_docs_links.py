@@ -252,8 +252,9 @@ def dotted_resolves(name: str) -> bool:
 
 def config_keys() -> frozenset[str]:
     """Every key of the workflow config (its JSON schema) and of a run's resolved config, as dotted paths."""
+    from mohge_studies.config.runs import workflow_schema
+
     from mohge.config.data import DataConfig
-    from mohge.config.runs import workflow_schema
     from mohge.config.sections import RunConfig
 
     keys: set[str] = set()
@@ -373,7 +374,8 @@ def test_the_checker_fails_on_a_removed_path_and_on_unknown_names(tmp_path):
         "`workflow/scripts/x.py`; ![F8](../figures/claims/F8.png); outputs in `work/<study>/runs/<run>/`;\n"
         "`results/<study>/study/S1_models.{csv}`, `configs/models/*.yaml`, keys `model.ffn.ep_size`,\n"
         "`router.gate_mode`, `data.num_shards`, `train.parallel: {dp_shard: -1}`; `mohge.config.matched`,\n"
-        "`mohge.config.runs.plan`, `mohge.kernels.reference.row_bucket`; files `train.py`, `model.safetensors`.\n\n"
+        "`mohge_studies.config.runs.plan`, `mohge.kernels.reference.row_bucket`; files `train.py`,\n"
+        "`model.safetensors`.\n\n"
         "```bash\nmohge sizing configs/paper.yaml\n```\n"
     )
     doc.write_text(good)

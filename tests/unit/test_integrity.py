@@ -225,7 +225,7 @@ def test_a_model_manifest_without_the_tokenizer_or_with_a_bad_entry_is_refused(b
 
 @pytest.mark.parametrize("suffix", [".yaml", ".json"])
 def test_a_5000_deep_config_is_refused_in_one_line(tmp_path, suffix, caplog):
-    from mohge.config.runs import main
+    from mohge_studies.config.runs import main
 
     path = tmp_path / f"deep{suffix}"
     nested = "[" * 5000 + "]" * 5000
@@ -338,7 +338,7 @@ def test_an_out_holding_committed_files_of_another_run_is_refused(base, tmp_path
 
 def test_plan_refuses_a_shared_structure_before_walking_it():
     """What a YAML alias in a `snakemake --config` value parses to: nine levels of nine references."""
-    from mohge.config.runs import plan
+    from mohge_studies.config.runs import plan
 
     tasks: list = ["x"] * 9
     for _ in range(8):

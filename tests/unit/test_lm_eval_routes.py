@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 from conftest import ROOT, tiny_run, train_tiny
+from mohge_studies.config.runs import merge_config, plan
 
-from mohge.config.runs import merge_config, plan
 from mohge.core.knobs import ConfigError, to_dict
 from mohge.core.resources import TASKS
 from mohge.data.tokenizer import EOT_ID, encode

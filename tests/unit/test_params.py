@@ -6,8 +6,9 @@ import json
 
 import pytest
 from conftest import ROOT, tiny_model_config
+from mohge_studies.config import param_report
 
-from mohge.config import ConfigError, load_model_config, param_report
+from mohge.config import ConfigError, load_model_config
 from mohge.config import sizes as params
 from mohge.model import LanguageModel
 
@@ -64,8 +65,9 @@ def test_cli_prints_and_writes_json(tmp_path, capsys):
 
 def _planned(*names: str) -> dict:
     """The runs of configs/<name>.yaml merged over configs/config.yaml, as the workflow plans an overlay."""
+    from mohge_studies.config.runs import merge_config, plan
+
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config, plan
 
     config: dict = {}
     for name in ("config", *names):
@@ -119,7 +121,7 @@ def test_a_config_of_several_sizes_without_a_mohge_run_needs_run(tmp_path):
 
 
 def test_a_model_preset_and_a_resolved_run_config_are_counted_as_they_are(tmp_path):
-    from mohge.config.runs import to_dict
+    from mohge_studies.config.runs import to_dict
 
     run = _planned("paper")["web-mohge-s0"]
     resolved = tmp_path / "config.json"

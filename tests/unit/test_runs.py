@@ -10,10 +10,10 @@ import time
 import pytest
 import yaml
 from conftest import ROOT
+from mohge_studies.config.runs import main as runs_main
+from mohge_studies.config.runs import merge_config, plan, workflow_schema
 
 from mohge.config import ConfigError
-from mohge.config.runs import main as runs_main
-from mohge.config.runs import merge_config, plan, workflow_schema
 
 BASE = yaml.safe_load((ROOT / "configs" / "smoke.yaml").read_text())
 

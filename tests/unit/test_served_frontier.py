@@ -12,9 +12,9 @@ import pytest
 import yaml
 from conftest import ROOT
 from mohge_studies.analysis import served_frontier as sf
+from mohge_studies.config.runs import merge_config, plan
 from scipy import stats as st
 
-from mohge.config.runs import merge_config, plan
 from mohge.core.knobs import ConfigError
 
 

@@ -9,9 +9,9 @@ import dataclasses
 import pytest
 import yaml
 from conftest import ROOT
+from mohge_studies.config.runs import merge_config, plan
 
 from mohge.config import load_model_config
-from mohge.config.runs import merge_config, plan
 from mohge.config.sizes import param_totals
 from mohge.model.params import meta_totals
 

@@ -17,9 +17,9 @@ from mohge_studies.analysis.sizing import (
     memory_per_gpu,
     time_limit_warning,
 )
+from mohge_studies.config.runs import ClusterConfig, train_resources
 
 from mohge.config import RunConfig
-from mohge.config.runs import ClusterConfig, train_resources
 from mohge.config.sizes import count_params
 from mohge.model import LanguageModel
 from mohge.train.distributed import check_layout

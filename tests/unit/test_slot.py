@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import yaml
+from mohge_studies.config.runs import merge_config
 from mohge_studies.workflow.slot import main, next_runs
-
-from mohge.config.runs import merge_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

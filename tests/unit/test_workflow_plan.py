@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from mohge_studies.config.runs import AnalysisConfig, ClusterConfig, UtilizationConfig, merge_config, plan
 from mohge_studies.workflow import (
     WorkflowPlan,
     check_configfiles,
@@ -21,7 +22,6 @@ from mohge_studies.workflow import (
 from mohge_studies.workflow.plan import digest, from_snakemake
 
 from mohge.config import ConfigError, load_yaml_or_json
-from mohge.config.runs import AnalysisConfig, ClusterConfig, UtilizationConfig, merge_config, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())

@@ -27,10 +27,10 @@ T975_2 = 4.302652729749462  # Student t quantile 0.975 on 2 df (scipy.stats.t.pp
 def rule_params() -> dict[str, dict]:
     """The params the rules give each script that takes values of a study's config, for the claims study
     (configs/study.yaml): read through the typed sections as the rules read them (mohge_studies.workflow.settings)."""
+    from mohge_studies.config.runs import merge_config
     from mohge_studies.workflow.settings import study_param
 
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config
 
     configs = SCRIPTS.parents[1] / "configs"
     claims = merge_config(load_yaml_or_json(configs / "config.yaml"), load_yaml_or_json(configs / "study.yaml"))
@@ -635,9 +635,9 @@ def test_f12_draws_the_control_arms_paired_tests(tmp_path, monkeypatch):
     variant tag, no nan), no equivalence band; the selection and rule rows are not drawn; an arm not run is
     listed as such."""
     from mohge_studies.analysis import controls
+    from mohge_studies.config.runs import merge_config
 
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config
 
     root = Path(__file__).resolve().parents[2]
     config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))
@@ -711,9 +711,9 @@ def test_study_controls_tex(tmp_path):
     run: each row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the
     restated Q1b last; a rerun is identical."""
     from mohge_studies.analysis import controls
+    from mohge_studies.config.runs import merge_config
 
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config
 
     root = Path(__file__).resolve().parents[2]
     config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))

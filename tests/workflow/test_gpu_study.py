@@ -15,10 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from mohge_studies.config.runs import merge_config
 from test_study_roots import job_resources, planned
 from test_workflow import BIN, ROOT, copy_workflow, smk
-
-from mohge.config.runs import merge_config
 
 HERE = Path(__file__).resolve().parent
 GPU = ("--configfile", "configs/gpu.yaml")

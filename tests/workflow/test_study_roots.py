@@ -96,8 +96,9 @@ def test_paper_resources_fit_the_job(slurm_dry_run):
     fake-SLURM test checks on a real resubmission); evaluation and tracing for host memory from the model's
     size, fp32 weights and their loaded copy plus the runtime (on a GPU the activations live there); a CPU
     config adds its evaluation batch's activations."""
-    from mohge.config.runs import merge_config
-    from mohge.config.runs import plan as plan_runs
+    from mohge_studies.config.runs import merge_config
+    from mohge_studies.config.runs import plan as plan_runs
+
     from mohge.config.sizes import count_params
 
     text = slurm_dry_run("configs/paper.yaml")
@@ -413,8 +414,9 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
     """configs/study.yaml without the runs declared but not yet run (no committed summary), the committed runs and
     the declared runs. An experiment whose runs are partly in (a study growing over sittings) is kept as one
     experiment per committed run (its variant and seed)."""
+    from mohge_studies.config.runs import merge_config, plan
+
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config, plan
 
     base = load_yaml_or_json(ROOT / "configs" / "config.yaml")
     study = yaml.safe_load(study_yaml.read_text())
@@ -593,8 +595,9 @@ def test_committed_runs_are_sources_until_their_config_changes(tmp_path, monkeyp
 
 
 def plan_runs(configfile: Path) -> list[str]:
+    from mohge_studies.config.runs import merge_config, plan
+
     from mohge.config import load_yaml_or_json
-    from mohge.config.runs import merge_config, plan
 
     base = load_yaml_or_json(ROOT / "configs" / "config.yaml")
     return list(plan(merge_config(base, load_yaml_or_json(configfile)), preflight=False))

@@ -37,7 +37,7 @@ def copy_workflow(dst: Path) -> Path:
 def test_schema_file_is_generated_from_the_dataclasses():
     import json
 
-    from mohge.config.runs import workflow_schema
+    from mohge_studies.config.runs import workflow_schema
 
     committed = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_text())
     assert committed == workflow_schema(), "regenerate: mohge runs schema > workflow/schemas/config.schema.json"

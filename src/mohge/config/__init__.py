@@ -1,4 +1,5 @@
-"""Configuration: typed, strictly loaded sections, the run plan, and the checks a run needs before it starts.
+"""Configuration of one run: typed, strictly loaded sections, the matched baselines, and the checks a run needs
+before it starts.
 
 Owns:
   `sections`   one frozen dataclass per component (ModelConfig, FFNConfig, RouterConfig, LossConfig, TrainConfig,
@@ -6,7 +7,6 @@ Owns:
                reads only that file)
   `data`       the ``data`` section (DataConfig) and the data vocabularies (splits, sources, graded levels, EOT)
   `matched`    the matched baselines' model configs derived from the MoHGE config (docs/method.md §8)
-  `runs`       the experiment plan: the workflow config -> resolved runs, its JSON schema (``mohge runs``)
   `preflight`  what a run needs from the world (files, tasks, device, hub), checked at plan time and at start
 
 May import: :mod:`mohge.core` only (the layer rule: ``mohge/__init__.py``). The names below are re-exported so

@@ -1,6 +1,6 @@
 """Checks of what a run needs from the world, made before anything trains: every refusal is one line.
 
-:func:`check_run` is called by :func:`mohge.config.runs.plan` for every planned run (so the Snakefile and
+:func:`check_run` is called by :func:`mohge_studies.config.runs.plan` for every planned run (so the Snakefile and
 ``mohge runs list`` refuse at parse time) and again by ``python -m mohge.train`` at start:
 
 * the ``text`` source's files: every glob matches a file, no file is empty, every file is UTF-8;

@@ -10,7 +10,7 @@ experts a token reaches: for each MoE layer, K x sum_e share_e x 3*D*h_e (:func:
 fraction of routed slots that expert e receives (uniform: 1/E each; or a histogram measured from a routing trace);
 docs/method.md §9. :func:`moe_layer_cost` gives the same counts, and the FLOPs per token, for one MoE layer
 (``MoELayer.cost_per_token``, docs/api.md). Torch is not imported: the workflow sizes its jobs while it plans, and
-`mohge params` (:mod:`mohge.config.param_report`) answers in a fraction of a second.
+`mohge params` (:mod:`mohge_studies.config.param_report`) answers in a fraction of a second.
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ config, or of a run that a workflow config plans (the counts are :mod:`mohge.con
         [--histogram trace.json] [--json out.json]
 
 A workflow config (a file with ``study``, ``datasets`` or ``experiments``) is merged over the checkout's
-configs/config.yaml, as the workflow merges a ``--configfile`` over it, and planned (:func:`mohge.config.runs.plan`,
-without the checks of files, tasks and devices), so each run's model has its dataset's vocabulary and context. The run
-counted is ``--run``, else the first MoHGE run the config plans (as ``mohge sizing`` picks), else, when every run has
-the same size, the first run; a config that plans runs of several sizes and no MoHGE run needs ``--run``, and the
-refusal lists its runs. Torch is not imported: the command answers in a fraction of a second.
+configs/config.yaml, as the workflow merges a ``--configfile`` over it, and planned
+(:func:`mohge_studies.config.runs.plan`, without the checks of files, tasks and devices), so each run's model has its
+dataset's vocabulary and context. The run counted is ``--run``, else the first MoHGE run the config plans (as ``mohge
+sizing`` picks), else, when every run has the same size, the first run; a config that plans runs of several sizes and no
+MoHGE run needs ``--run``, and the refusal lists its runs. Torch is not imported: the command answers in a fraction of a
+second.
 """
 
 from __future__ import annotations
@@ -21,16 +22,16 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from mohge.config.sections import ModelConfig, RunConfig, load_model_config
+from mohge.config.sizes import COMPONENTS, count_params, param_totals
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError, load_yaml_or_json
 
 from .runs import merge_config, plan
-from .sections import ModelConfig, RunConfig, load_model_config
-from .sizes import COMPONENTS, count_params, param_totals
 
 # the workflow's default config (the Snakefile's `configfile:`), which every --configfile is merged over
-DEFAULT_CONFIG = Path(__file__).resolve().parents[3] / "configs" / "config.yaml"
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "config.yaml"
 # top-level keys that only a workflow config has (a run config has `dataset` and `data`; a preset has neither)
 WORKFLOW_KEYS = ("study", "datasets", "experiments")
 

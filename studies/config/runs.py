@@ -24,6 +24,10 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from mohge.config.data import DataConfig
+from mohge.config.matched import FAMILIES, derive
+from mohge.config.preflight import check_run
+from mohge.config.sections import EvalConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
 from mohge.core.cli import user_errors
 from mohge.core.knobs import (
     NAME_PATTERN,
@@ -39,11 +43,6 @@ from mohge.core.knobs import (
     to_dict,
 )
 from mohge.core.vocab import PLACEMENTS
-
-from .data import DataConfig
-from .matched import FAMILIES, derive
-from .preflight import check_run
-from .sections import EvalConfig, LossConfig, ModelConfig, RunConfig, TrainConfig
 
 
 @dataclass(frozen=True)
