@@ -78,7 +78,9 @@ def run_row(results: Path, run: str) -> dict:
         for metric, value in sorted(values.items()):
             if metric in TASK_METRICS and isinstance(value, int | float):
                 row[f"task:{task}:{metric}"] = value
-    if facts := metrics.get("facts"):  # the capacity endpoint (facts source, mohge.evaluate.capacity): those runs only
+    if facts := metrics.get(
+        "facts"
+    ):  # the capacity endpoint (facts source, mohge.evaluate.bits_stored): those runs only
         row["bits_stored"], row["fact_recall"], row["data_bits"] = (
             facts["bits_stored"],
             facts["recall"],

@@ -1,4 +1,4 @@
-"""The facts source and the bits-stored endpoint (docs/method.md §12.4, mohge.evaluate.capacity)."""
+"""The facts source and the bits-stored endpoint (docs/method.md §12.4, mohge.evaluate.bits_stored)."""
 
 import json
 import math
@@ -13,7 +13,7 @@ from conftest import tiny_run, train_tiny
 from mohge.config import ConfigError, DataConfig
 from mohge.data import facts, prepare, read_split
 from mohge.data.tokenizer import check_tokenizer, encode, load_tokenizer
-from mohge.evaluate import capacity
+from mohge.evaluate import bits_stored as bits
 from mohge.evaluate import suite as ev
 
 N = 1200  # more than build_tasks' 1000-document cap: the facts task must hold every fact
@@ -66,7 +66,7 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
     assert len(train) == 1 + 3 * N * L and train[0] == 0  # the shard opens with a lone end-of-text token
     rows = train[1:].reshape(3, N, L)
     assert (rows[..., -1] == 0).all()  # every fact ends with the end-of-text token
-    want = Counter(map(tuple, capacity.fact_rows(cfg())[:, 1:].numpy().tolist()))
+    want = Counter(map(tuple, bits.fact_rows(cfg())[:, 1:].numpy().tolist()))
     orders = []
     for e in range(3):
         assert Counter(map(tuple, rows[e, :, :-1].tolist())) == want  # each epoch: every fact exactly once
@@ -74,7 +74,7 @@ def test_preparation_is_deterministic_and_every_epoch_is_a_fresh_permutation(dat
     assert not np.array_equal(orders[0], orders[1]) and not np.array_equal(orders[1], orders[2])
     # val/test: one copy in table order
     test = read_split(data_dir, "test").astype(np.int64)[1:].reshape(N, L)
-    assert np.array_equal(test[:, :-1], capacity.fact_rows(cfg())[:, 1:].numpy())
+    assert np.array_equal(test[:, :-1], bits.fact_rows(cfg())[:, 1:].numpy())
 
 
 def test_more_exposures_read_the_same_facts_in_the_same_first_epochs(data_dir, tmp_path):
@@ -101,7 +101,7 @@ def test_every_training_window_starts_with_the_scored_context(data_dir):
     S, n_windows = cfg().seq_len, 3 * N * 5 // cfg().seq_len
     x, y = stream.window_batch(0, n_windows, S, seed=0)  # what train.data_order: sequential reads, one epoch
     assert (x[:, 0] == 0).all() and (y[:, -1] == 0).all()  # <eot> first, whole facts, <eot> last
-    scored = {tuple(r) for r in capacity.fact_rows(cfg()).tolist()}
+    scored = {tuple(r) for r in bits.fact_rows(cfg()).tolist()}
     assert all(tuple(row) in scored for row in x[:, :5].tolist())  # the window's first fact: exactly its scored row
 
 
@@ -110,7 +110,7 @@ def test_the_word_level_tokenizer_is_a_real_tokenizer_json(data_dir):
     assert tok.get_vocab_size() == 514
     text = facts.fact_texts(cfg())[0]
     ids = encode(load_tokenizer(data_dir / "tokenizer.json"), f"<|endoftext|> {text}")
-    assert ids == capacity.fact_rows(cfg())[0].tolist()  # one token per symbol, ids as fact_rows says
+    assert ids == bits.fact_rows(cfg())[0].tolist()  # one token per symbol, ids as fact_rows says
 
 
 @pytest.mark.parametrize(
@@ -184,9 +184,9 @@ class Oracle(torch.nn.Module):
 
 def test_an_oracle_stores_every_bit_and_a_uniform_model_none():
     c = cfg(facts_num=300)
-    oracle = capacity.bits_stored(Oracle(c), c, batch_size=64)
+    oracle = bits.bits_stored(Oracle(c), c, batch_size=64)
     assert oracle["bits_stored"] == pytest.approx(300 * 16.0, rel=1e-9) and oracle["recall"] == 1.0
-    uniform = capacity.bits_stored(Oracle(c, know=False), c, batch_size=64)
+    uniform = bits.bits_stored(Oracle(c, know=False), c, batch_size=64)
     assert uniform["bits_stored"] == pytest.approx(0.0, abs=1e-6) and uniform["recall"] == 0.0
 
 
@@ -221,7 +221,7 @@ def test_lm_eval_gives_the_direct_bits_and_the_oracle_all_of_them(run, tmp_path)
     model_dir, data_dir = run
     metrics = ev.evaluate(model_dir, data_dir, tasks=["mohge_facts"], limit=0, batch_size=64, max_loss_batches=1)
     _, model = load_trained(model_dir)
-    direct = capacity.bits_stored(model, cfg())
+    direct = bits.bits_stored(model, cfg())
     assert metrics["facts"]["facts"] == N
     assert metrics["facts"]["bits_stored"] == pytest.approx(direct["bits_stored"], rel=1e-6, abs=1e-3)
     assert metrics["facts"]["recall"] == direct["recall"]
@@ -233,14 +233,14 @@ def test_lm_eval_gives_the_direct_bits_and_the_oracle_all_of_them(run, tmp_path)
     for know, want in ((True, N * 16.0), (False, 0.0)):
         lm.model = Oracle(cfg(), know=know)
         res = ev.run_lm_eval(lm, ["mohge_facts"], tmp_path)
-        got = capacity.from_lm_eval(res["mohge_facts"], cfg())
+        got = bits.from_lm_eval(res["mohge_facts"], cfg())
         assert got["bits_stored"] == pytest.approx(want, rel=1e-9, abs=1e-3)  # float32 log-softmax
         assert got["recall"] == (1.0 if know else 0.0)
 
 
 def test_a_limited_facts_task_is_refused():
     with pytest.raises(ValueError, match="eval.limit"):
-        capacity.from_lm_eval({"perplexity": 2.0, "acc": 0.0, "n_samples": 10}, cfg())
+        bits.from_lm_eval({"perplexity": 2.0, "acc": 0.0, "n_samples": 10}, cfg())
 
 
 def test_a_limited_facts_task_is_refused_at_plan_time():

@@ -5,7 +5,7 @@
 SPEC holds a run config's sections (data, model, loss, train; the rest from configs/config.yaml's defaults)
 and the pilot's own `curve_points` (checkpoints to score, evenly spaced). The data is prepared with
 `python -m mohge.data`, the model trained with `python -m mohge.train` (every checkpoint kept), and every
-checkpoint scored by the direct route of mohge.evaluate.capacity (B over every fact). Written to RESULTS/NAME/:
+checkpoint scored by the direct route of mohge.evaluate.bits_stored (B over every fact). Written to RESULTS/NAME/:
 config.json (the resolved run config), curve.csv (step, exposures, bits_stored, recall), summary.json
 (tokens/s, parameters, the final B by the lm-eval route as well).
 """
@@ -27,7 +27,7 @@ from mohge.config import load_run_config
 from mohge.config.sizes import count_params
 from mohge.core.atomic import write_json_atomic
 from mohge.data.facts import fact_len, total_bits
-from mohge.evaluate.capacity import bits_stored
+from mohge.evaluate.bits_stored import bits_stored
 from mohge.train.checkpoint import list_checkpoints, load_trained
 
 

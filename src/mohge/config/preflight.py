@@ -63,7 +63,7 @@ def check_tasks(cfg: RunConfig, templates: Path = TASK_TEMPLATES) -> None:
                 f"{key}={task!r}: unknown task (local: {', '.join(local)}; with eval.allow_hub: {', '.join(standard)})"
             )
     if cfg.data_config.source == "facts" and "mohge_facts" in cfg.eval.tasks and cfg.eval.limit:
-        # B is a sum over every fact (mohge.evaluate.capacity): a limited task would store fewer bits, silently
+        # B is a sum over every fact (mohge.evaluate.bits_stored): a limited task would store fewer bits, silently
         raise ConfigError(
             f"eval.limit={cfg.eval.limit}: mohge_facts sums the bits stored over every fact; set eval.limit: 0"
         )

@@ -1,10 +1,10 @@
-"""The facts source (docs/method.md §12.5): N random facts key -> value, for the knowledge-capacity study.
+"""The facts source (docs/method.md §12.5): N random facts key -> value: how many bits a model stores.
 
 A fact is a key of ``facts_key_len`` symbols over ``facts_key_tokens`` key tokens and a value of
 ``facts_value_len`` symbols over ``facts_value_tokens`` value tokens, drawn uniformly at random; keys are
 distinct, so a fact's value is a function of its key. Every value carries ``facts_value_len × log2(V)`` bits
 that nothing but memorisation can predict (Allen-Zhu & Li, arXiv 2404.05405): the study's endpoint, the bits a
-model stores, is ``Σ_facts (bits of the value − CE(value | key) in bits)`` (mohge.evaluate.capacity).
+model stores, is ``Σ_facts (bits of the value − CE(value | key) in bits)`` (mohge.evaluate.bits_stored).
 
 The table is a pure function of ``data.seed``. The vocabulary is word level, one token per symbol (``K12``,
 ``V200``), written as a real ``tokenizer.json`` (a `tokenizers` WordLevel model over whitespace-split words),

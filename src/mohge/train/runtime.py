@@ -112,12 +112,12 @@ _MMAP_THRESHOLD_MAX = 32 << 20  # glibc's largest mmap threshold on a 64-bit sys
 def keep_freed_memory() -> bool:
     """Keep the memory a training step frees in the process for the next step (glibc's malloc; elsewhere a no-op).
 
-    A CPU step allocates and frees the same large buffers every step (at the capacity study's size the logits, their
-    log-softmax and their gradients are [10240, 514], 21 MB each). glibc hands blocks above its mmap threshold back to
-    the kernel when they are freed and trims the top of its heap above its trim threshold, so the next step faults the
-    same memory back in page by page: measured up to 20,000 minor faults and 50 ms of system time in a 300 ms step at
-    d_model 32. Raising the mmap threshold to glibc's largest (32 MB) and the trim threshold out of reach keeps those
-    pages; the peak memory is what it was. Nothing computed changes. Returns whether glibc took both settings."""
+    A CPU step allocates and frees the same large buffers every step (at d_model 32 on the facts source the logits,
+    their log-softmax and their gradients are [10240, 514], 21 MB each). glibc hands blocks above its mmap threshold
+    back to the kernel when they are freed and trims the top of its heap above its trim threshold, so the next step
+    faults the same memory back in page by page: measured up to 20,000 minor faults and 50 ms of system time in a 300 ms
+    step at d_model 32. Raising the mmap threshold to glibc's largest (32 MB) and the trim threshold out of reach keeps
+    those pages; the peak memory is what it was. Nothing computed changes. Returns whether glibc took both settings."""
     if os.name != "posix" or platform.libc_ver()[0] != "glibc":
         return False
     try:

@@ -1,4 +1,4 @@
-"""Bits stored: the knowledge-capacity endpoint (docs/method.md §12.5, docs/study.md "The capacity study").
+"""Bits stored: how much of a table of facts a model holds (docs/method.md §12.5).
 
 For the facts source (mohge.data.facts), a model that knows nothing assigns every value token 1/V and scores
 CE(value | key) = value_len × log2 V bits, the value's entropy; a model that knows a fact scores 0 bits on it.
