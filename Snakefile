@@ -3,7 +3,8 @@
 # `--configfile configs/smoke.yaml` the 3-minute smoke run; `--profile workflow/profiles/slurm
 # --configfile configs/paper.yaml` the release-scale runs on a SLURM cluster; `snakemake --cores 1 figures`
 # redraws every committed study's tables and figures from its committed results/<study>/*.csv alone.
-# Each config writes under results/<study>/, figures/<study>/, work/<study>/ and logs/<study>/.
+# Each config writes under results/<study>/, figures/<study>/, work/<study>/ and logs/<study>/; a study's own
+# config, analysis, rules, scripts and captions live in its folder studies/<study>/ (studies/__init__.py lists them).
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -23,7 +24,11 @@ if not FROM_RESULTS:
     include: "workflow/rules/analysis.smk"
 
 
-include: "workflow/rules/study.smk"
+# each declared analysis's rules, from its study's folder (mohge_studies.DESIGNS: studies/<folder>/rules.smk)
+for _rules in DESIGN_RULES:
+
+    include: _rules
+
 include: "workflow/rules/figures.smk"
 
 

@@ -14,15 +14,15 @@
 #   bench        the kernel benchmark with its torch.mm roofline of the same M, N, K (python -m mohge.kernels.bench)
 #   profile      kernel time against wall time of a forward+backward (python -m mohge.kernels.gpu_profile)
 #   train_check  20 bf16 steps, Triton vs torch experts vs FSDP2 (python -m mohge.train.distributed.gpu_check)
-#   study        the one-GPU study's whole DAG (configs/gpu.yaml: train, evaluate, trace, measured load, tables,
+#   study        the one-GPU study's whole DAG (studies/gpu/config.yaml: train, evaluate, trace, measured load, tables,
 #                figures), STUDY_GPU_JOBS (3) GPU jobs at once
-#   ladder       the next LADDER_AT_ONCE (2) runs of the GPU capacity ladder (configs/gpu_capacity.yaml; mohge slot
+#   ladder       the next LADDER_AT_ONCE (2) runs of the GPU capacity ladder (studies/gpu_capacity/config.yaml; mohge slot
 #                picks them, seed by seed, skipping those whose results are in the checkout), only with LADDER_MIN_S
 #                (480 s) left; with every run in, nothing (the analysis runs on a CPU from the committed runs)
 #
 # Caps (seconds; each step gets its cap or the time left, whichever is less): install 120, env 30, kernels 100,
 # bench 100, profile 45, train_check 120, study 360, ladder the rest. On an H200 the first six took 108 s in all
-# (results/bench/gpu_env.log's run); configs/gpu.yaml and docs/study.md ("The GPU capacity ladder") estimate theirs.
+# (results/bench/gpu_env.log's run); studies/gpu/config.yaml and docs/study.md ("The GPU capacity ladder") estimate theirs.
 #
 # OUTDIR gets gpu_all.log (everything printed), env.json, steps.tsv (step, exit status, seconds, timeout),
 # kernels_bench.csv, train_check.json and records.tar.gz (every step's log and output, results/, figures/ and logs/
@@ -72,8 +72,8 @@ LADDER_AT_ONCE=${LADDER_AT_ONCE:-2}
 LADDER_MIN_S=${LADDER_MIN_S:-480}
 CORES=${CORES:-$(nproc)}
 T0=$(date +%s)
-STUDY=(configs/config.yaml configs/gpu.yaml)
-LADDER=(configs/config.yaml configs/gpu_capacity.yaml)
+STUDY=(configs/config.yaml studies/gpu/config.yaml)
+LADDER=(configs/config.yaml studies/gpu_capacity/config.yaml)
 PINS="$HERE/gpu_wheels.txt"
 export PYTHONUNBUFFERED=1 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 # the wheels' packages first on the path, and `python` (what the workflow's jobs call) the interpreter given

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import mohge_studies
 import pytest
 import torch
 from mohge_studies.config.runs import merge_config
@@ -12,6 +13,15 @@ from mohge.config import FFNConfig, ModelConfig, RouterConfig
 from mohge.model.routing import GroupedRouter
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def config_path(name: str) -> Path:
+    """A shipped config by name: configs/<name>.yaml, else the registered study <name>'s studies/<name>/config.yaml."""
+    stem = name.removesuffix(".yaml")
+    path = ROOT / "configs" / f"{stem}.yaml"
+    return path if path.is_file() else ROOT / mohge_studies.config_file(stem)
+
+
 # The release's 3B expert layout (docs/method.md §1.1): 8 groups of 8, widths 384..1280.
 RELEASE = FFNConfig(kind="mohge", num_experts=64, expert_widths=(384, 512, 640, 768, 896, 1024, 1152, 1280))
 

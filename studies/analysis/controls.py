@@ -91,8 +91,9 @@ TOKEN_COLUMNS = [
     "rho_all",
     "rho_all_low", "rho_all_high", "within_emh", "within_emh_low", "within_emh_high", "token_ids",
 ]  # fmt: skip
-LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in configs/study.yaml
-# S11: the arm balanced by a selection bias, the release recipe, the alpha_E 2e-1 arm (configs/study.yaml), its goals
+LR_VARIANTS = ("lr1p5e3", "lr6e3")  # (c): the lr sweep's variants in studies/claims/config.yaml
+# S11: the arm balanced by a selection bias, the release recipe, the alpha_E 2e-1 arm (studies/claims/config.yaml),
+# its goals
 BIAS_ARM = ("mohge+biasfree", "mohge", "mohge+ae2e1")
 BIAS_GOAL, BIAS_CEILING, BIAS_PPL_MARGIN = 1.10, 1.20, 0.02
 # every arm balanced by a selection bias, and its balance goal: S11's own (mean <= BIAS_GOAL, upper end <=

@@ -121,7 +121,7 @@ def family_style(family: str) -> dict:
 _COEFF = re.compile(r"(ae|ag)(\d+)e(\d+)")  # variant tags of the loss sweeps: ae2e1 = alpha_E 2e-1
 _WIDTH = re.compile(r"w(\d+)")  # the width sweep: moe+w160 = the homogeneous MoE at width 160
 _LR = re.compile(r"lr(\d+)(?:p(\d+))?e(\d+)")  # the lr sweep: lr1p5e3 = lr 1.5e-3
-# the control arms of the claims study (configs/study.yaml): F12 draws their tests, F7 leaves them out
+# the control arms of the claims study (studies/claims/config.yaml): F12 draws their tests, F7 leaves them out
 CONTROL_VARIANTS = ("hom208", "renorm", "probsgate", "noaux")
 VARIANT_NAMES = {
     "hom208": "all widths 208",

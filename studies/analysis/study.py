@@ -1,4 +1,4 @@
-"""The claims study's pre-declared analysis (configs/study.yaml; design and tests in docs/study.md).
+"""The claims study's pre-declared analysis (studies/claims/config.yaml; design and tests in docs/study.md).
 
 Reads the collected CSVs of one study root and writes its tables. Every test is paired by seed (seed s fixes the
 data order of every model) and works on log-perplexity, so a difference is a ratio of perplexities:
@@ -35,7 +35,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
 * The arms declared after the results (:mod:`mohge_studies.analysis.controls`): S8 the controls of Q1b and its
   restatement, S9 Q3's alpha_G = 0 control and dose-response, S10 the token-level Q3 record of the traces.
 
-    mohge study --results results/claims --config configs/config.yaml configs/study.yaml --out DIR
+    mohge study --results results/claims --config configs/config.yaml studies/claims/config.yaml --out DIR
 """
 
 from __future__ import annotations

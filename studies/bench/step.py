@@ -17,7 +17,7 @@ Every process also reports every step's loss and, at the end, a digest of its we
 record says whether this checkout trains the baseline's numbers bit for bit (``identical``). Then (``--parts``) the
 baseline and this checkout each profile more steps: where a step's time goes, part by part, and op by op.
 
-The default configs are the capacity study's (configs/capacity.yaml): at d_model 32 MoHGE (product_renorm gate),
+The default configs are the capacity study's (studies/capacity/config.yaml): at d_model 32 MoHGE (product_renorm gate),
 MoE-15 and MoE-12; at d_model 64 MoHGE and MoE-15.
 """
 

@@ -24,6 +24,8 @@ import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from mohge_studies import DESIGNS as STUDY_DESIGNS
+
 from mohge.config.data import DataConfig
 from mohge.config.matched import FAMILIES, derive
 from mohge.config.preflight import check_run
@@ -137,7 +139,7 @@ class InferenceConfig(_Section):
     _path: str = field(default="inference", repr=False, compare=False)
 
 
-DESIGNS = ("claims", "capacity")
+DESIGNS = tuple(STUDY_DESIGNS)  # the declared analyses (mohge_studies.DESIGNS)
 # The capacity study's variant prefixes (docs/study.md): selection runs on a held-out seed, in no test; the arms the
 # selection instantiates, out of the first analysis and in the best shot's
 SELECTION = "sel_"
@@ -150,7 +152,7 @@ CAPACITY_GATES = ("G1", "G2", "G3")  # the capacity study's gate (docs/study.md 
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
     """A study's pre-declared statistical analysis (docs/study.md): the claims study's
-    (mohge_studies.analysis.study) or the capacity study's (workflow/scripts/capacity_analysis.py,
+    (mohge_studies.analysis.study) or the capacity study's (studies/capacity/scripts/capacity_analysis.py,
     `design: capacity`)."""
 
     design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C5)", choices=DESIGNS)

@@ -11,6 +11,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 
+from mohge_studies import config_file
 from mohge_studies.config.runs import merge_config
 
 from mohge.config import load_yaml_or_json
@@ -50,15 +51,17 @@ def _parsed(path: str, mtime_ns: int, size: int) -> dict:
     return load_yaml_or_json(path)
 
 
-def study_config_file(configs: str, study: str) -> tuple[dict | None, str | None]:
-    """(config, file) of ``study`` in the folder ``configs``: config.yaml when it names the study, else the first
-    file (by name) that names it merged over config.yaml, as --configfile merges it; (None, None) when no file
-    names it."""
+def study_config_file(checkout: str, study: str) -> tuple[dict | None, str | None]:
+    """(config, file) of ``study`` in ``checkout``: configs/config.yaml when it names the study, else the study's
+    folder's config.yaml (mohge_studies.STUDIES), else the first file in configs/ (by name) that names it, merged
+    over configs/config.yaml as --configfile merges it; (None, None) when no file names it."""
+    configs = os.path.join(checkout, "configs")
     default = os.path.join(configs, "config.yaml")
     base = _load(default)
     if base.get("study", "default") == study:
         return base, default
-    for path in sorted(glob.glob(os.path.join(configs, "*.yaml"))):
+    own = config_file(study, checkout)
+    for path in ([own] if own else []) + sorted(glob.glob(os.path.join(configs, "*.yaml"))):
         data = _load(path)
         if data.get("study") == study:
             return merge_config(base, data), path

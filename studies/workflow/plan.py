@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mohge_studies.config.runs import ClusterConfig, plan
+from mohge_studies.design import design
 
 from mohge.config import ConfigError, DataConfig, RunConfig, load_run_config, load_yaml_or_json, to_dict
 
@@ -109,7 +110,7 @@ class WorkflowPlan:
     ) -> None:
         self.config, self.runs = config, runs
         self.checkout = checkout
-        self.configs = os.path.normpath(os.path.join(checkout, "configs"))
+        self.configs = os.path.normpath(os.path.join(checkout, "configs"))  # and the studies' folders: studies/
         self.from_results, self.tracked, self.rerun_committed = from_results, tracked, rerun_committed
         # one root per config (its `study`): no config can write over another's committed results
         self.study = config.get("study", "default")
@@ -129,7 +130,7 @@ class WorkflowPlan:
         files = self.tracked(self.res)
         if not files:
             return
-        recorded, source = study_config_file(self.configs, self.study)
+        recorded, source = study_config_file(self.checkout, self.study)
         differs = committed_diff(self.config, recorded)
         if not differs:
             return
@@ -177,8 +178,8 @@ class WorkflowPlan:
     # ------------------------------------------------------------ studies: this config's and the committed ones
 
     def study_config(self, study: str) -> dict:
-        """The config of ``study``: this one, or the file in configs/ that names it merged over the default
-        ({"study": study} when none does)."""
+        """The config of ``study``: this one, or its own (its folder's in studies/, else the file in configs/ that
+        names it) merged over the default ({"study": study} when none does)."""
         if study == self.study:
             return self.config
         return self.study_settings(study)["config"]
@@ -187,7 +188,7 @@ class WorkflowPlan:
         """What the tables and figures of ``study`` take from its config: F4/T3's routing trace (`source`) and
         F6's benchmark CSV (`bench_csv`)."""
         if study not in self._settings:
-            cfg = self.config if study == self.study else study_config_file(self.configs, study)[0]
+            cfg = self.config if study == self.study else study_config_file(self.checkout, study)[0]
             cfg = cfg or {"study": study}
             # another study's runs only name its trace source: its inputs are not checked here (nothing of it runs)
             runs = self.runs if study == self.study else plan(cfg, preflight=False) if "experiments" in cfg else {}
@@ -207,8 +208,9 @@ class WorkflowPlan:
     def study_param(self, study: str, key: str) -> Any:
         return settings.study_param(self.study_config(study), key)
 
-    def capacity_settings(self, study: str) -> dict[str, Any]:
-        return settings.capacity_settings(self.study_config(study))
+    def design_settings(self, study: str) -> dict[str, Any]:
+        """What the rules of ``study``'s declared analysis take from its config (its design's ``settings``)."""
+        return design(settings.design(self.study_config(study))).settings(self.study_config(study))
 
     # ------------------------------------------------------------ targets
 
@@ -221,8 +223,10 @@ class WorkflowPlan:
         return targets.figures(study, kernels)
 
     def study_outputs(self, study: str | None = None) -> list[str]:
+        """The tables and figures of ``study``'s declared analysis (its design's outputs); none without one."""
         study = study or self.study
-        return targets.study_outputs(study, settings.design(self.study_config(study)))
+        name = settings.design(self.study_config(study))
+        return design(name).outputs(study) if name else []
 
     def inference_runs(self) -> list[str]:
         """The runs with an inference record: every run this config makes, when its config has an enabled

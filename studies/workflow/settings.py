@@ -4,17 +4,13 @@ CSV, the declared analysis."""
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 from mohge_studies.config.runs import (
-    BEST_SHOT,
-    SELECTION,
     AnalysisConfig,
     FiguresConfig,
     InferenceConfig,
     UtilizationConfig,
-    plan,
 )
 
 from mohge.config import RunConfig
@@ -88,44 +84,6 @@ def study_param(config: dict, key: str) -> Any:
         "balance_bar": a.balance_bar,
         "ep_sizes": list(utilization(config).ep_sizes),
     }[key]
-
-
-def capacity_settings(config: dict) -> dict[str, Any]:
-    """What workflow/scripts/capacity_analysis.py takes from a capacity study's config: the declared analysis,
-    the main dataset and the MoHGE arms on it ("mohge", "mohge+<variant>"; selection and best-shot runs left out),
-    the family, lr and gate of every selection run it plans (run -> {"family", "lr", "gate_mode"}) and the seeds it
-    plans for each best-shot model (``declared``: "<family>+<variant>" -> seeds)."""
-    a, main = analysis(config), main_dataset(config)
-    arms = ["mohge"] + [
-        f"mohge+{v}"
-        for e in config["experiments"]
-        if e["dataset"] == main and "mohge" in e["families"]
-        for v in (e.get("variants") or {})
-        if not v.startswith((SELECTION, BEST_SHOT))
-    ]
-    planned = plan(config, preflight=False)
-    selection = {
-        name: {"family": cfg.family, "lr": cfg.train.lr, "gate_mode": cfg.model.router.gate_mode}
-        for name, cfg in planned.items()
-        if cfg.variant.startswith(SELECTION)
-    }
-    declared = Counter(f"{c.family}+{c.variant}" for c in planned.values() if c.variant.startswith(BEST_SHOT))
-    return {
-        "reference": a.reference_family,
-        "equal": a.equal_family,
-        "selection": selection,
-        "declared": dict(declared),
-        "sweep": list(a.sweep),
-        "mohge": list(dict.fromkeys(arms)),
-        "dataset": main,
-        "quarter": a.quarter_dataset,
-        "alpha": a.alpha,
-        "margin": a.equivalence_margin,
-        "gate_ratio": a.gate_ratio,
-        "gate_slope": a.gate_slope,
-        "unused_share": a.unused_share,
-        "gates": list(a.gates),
-    }
 
 
 def inference_args(config: dict) -> list[str]:

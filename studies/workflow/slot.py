@@ -1,12 +1,12 @@
 """The next runs of a study for one GPU slot: what ``kernels/gpu_all.sh``'s ladder step asks Snakemake to make.
 
-A study too large for one slot (``configs/gpu_capacity.yaml``) grows slot by slot: each slot makes the results of its
-next few runs, which are committed and so are sources of the next slot's workflow (a pre-declared study's committed
-runs are never made again: :attr:`.plan.WorkflowPlan.committed`). The order is the declaration's, seed
-by seed: every family's first seed, then every family's second, ..., families in the order the config lists them, so
-a study stopped after any slot holds whole seeds of every family it can.
+A study too large for one slot (``studies/gpu_capacity/config.yaml``) grows slot by slot: each slot makes the results of
+its next few runs, which are committed and so are sources of the next slot's workflow (a pre-declared study's committed
+runs are never made again: :attr:`.plan.WorkflowPlan.committed`). The order is the declaration's, seed by seed: every
+family's first seed, then every family's second, ..., families in the order the config lists them, so a study stopped
+after any slot holds whole seeds of every family it can.
 
-    mohge slot configs/config.yaml configs/gpu_capacity.yaml --runs 2     # the files of the next 2 runs
+    mohge slot configs/config.yaml studies/gpu_capacity/config.yaml --runs 2     # the files of the next 2 runs
 
 prints one file per line (a run's :func:`.targets.per_run_results` under the study's results root),
 nothing when every run's results are in the checkout; ``--names`` prints the runs' names instead.

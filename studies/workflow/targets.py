@@ -1,5 +1,5 @@
-"""The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, F14 and F15, the declared
-analysis's tables and figures (claims: S1-S11, F7-F12; capacity: C1-C5 and its figure), T4/F13 and a run's results."""
+"""The files of a study the rules make and `all` asks for: tables T1-T3, figures F1-F6, F14 and F15, T4/F13 and a
+run's results (a declared analysis's tables and figures are its design's: mohge_studies.design)."""
 
 from __future__ import annotations
 
@@ -10,30 +10,6 @@ TABLES = ["T1_main", "T2_params", "T3_balance"]
 TABLE_FORMATS = ["csv", "md", "tex", "html"]
 FIGURES = ["F1_curves", "F2_quality_params", "F3_groups_by_level", "F4_gpu_load", "F5_width", "F14_load", "F15_idle"]
 FIGURE_FORMATS = ["png", "pdf"]
-STUDY_TABLES = [
-    "S1_models",
-    "S2_tests",
-    "S3_balance",
-    "S4_difficulty",
-    "S5_tasks",
-    "S6_balance_decision",
-    "S7_unused_experts",
-    "S8_controls",  # the arms declared after the results; S9, S10: Q3's dose and token-level record
-    "S9_q3_dose",
-    "S10_token_q3",
-    "S11_bias_balance",  # balance on trained routing without a loss
-]
-# S5 (tasks, with the reason each is or is not reported), S6, S7, S9, S10 and S11 stay csv/md
-TEX_TABLES = [*STUDY_TABLES[:4], "S8_controls"]
-STUDY_FIGURES = [
-    "F7_study_quality",
-    "F8_study_tests",
-    "F9_study_balance",
-    "F10_study_frontier",
-    "F11_study_difficulty",
-    "F12_study_controls",  # S8's paired tests (the control arms declared after the results)
-]
-CAPACITY_TABLES = ["C1_models", "C2_tests", "C3_unused", "C4_selection", "C5_best_shot", "C6_decomposition"]
 PER_RUN = ("config.json", "summary.json", "train_log.jsonl", "metrics.json", "params.json")
 
 
@@ -54,22 +30,6 @@ def figures(study: str, kernels: bool) -> list[str]:
     """F1-F5, F14 and F15 of ``study``, and F6 when its kernel benchmark holds a GPU measurement (``kernels``)."""
     figs = FIGURES + (["F6_kernels"] if kernels else [])
     return expand("figures/{study}/{fig}.{ext}", study=study, fig=figs, ext=FIGURE_FORMATS)
-
-
-def study_outputs(study: str, design: str | None) -> list[str]:
-    """The tables and figures of ``study``'s declared analysis (``design``: claims or capacity; None: the
-    config declares no analysis, nothing)."""
-    if design is None:
-        return []
-    if design == "capacity":  # rules/study.smk: capacity_analysis
-        return expand(
-            "results/{study}/study/{table}.{ext}", study=study, table=CAPACITY_TABLES, ext=TABLE_FORMATS
-        ) + expand("figures/{study}/C1_bits_params.{ext}", study=study, ext=FIGURE_FORMATS)
-    return (
-        expand("results/{study}/study/{table}.{ext}", study=study, table=STUDY_TABLES, ext=["csv", "md", "html"])
-        + expand("results/{study}/study/{table}.tex", study=study, table=TEX_TABLES)
-        + expand("figures/{study}/{fig}.{ext}", study=study, fig=STUDY_FIGURES, ext=FIGURE_FORMATS)
-    )
 
 
 def inference_outputs(study: str, frontier_test: bool = False) -> list[str]:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from mohge_studies.analysis import capacity, idle
+from mohge_studies.analysis import idle
+from mohge_studies.capacity import analysis as capacity
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = ROOT / "results" / "capacity"

@@ -34,7 +34,7 @@ def build_wheel(tmp_path: Path) -> Path:
     build leaves nothing in the checkout)."""
     source, wheels = tmp_path / "source", tmp_path / "wheels"
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
-    for name in ("src", "kernels"):
+    for name in ("src", "kernels", "studies"):
         shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, source / name)

@@ -102,8 +102,8 @@ def upward_imports(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
     for importer, targets in edges.items():
         sub = importer.split(".")[1] if "." in importer else ""
         for target, line in targets:
-            if target == "mohge" and importer != "mohge":
-                continue  # the package itself (its __init__ imports nothing)
+            if target in ("mohge", "mohge_studies") and importer != target:
+                continue  # the package itself (its __init__ imports nothing of ours; mohge_studies' is the registry)
             if importer.split(".")[0] == "mohge" and target.split(".")[0] == "mohge_studies":
                 bad.append(f"{MODULES[importer][0].relative_to(ROOT)}:{line}: {importer} imports {target} (the library"
                            " never imports the studies)")  # fmt: skip

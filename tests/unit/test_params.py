@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import ROOT, tiny_model_config
+from conftest import ROOT, config_path, tiny_model_config
 from mohge_studies.config import param_report
 
 from mohge.config import ConfigError, load_model_config
@@ -71,7 +71,7 @@ def _planned(*names: str) -> dict:
 
     config: dict = {}
     for name in ("config", *names):
-        config = merge_config(config, load_yaml_or_json(ROOT / "configs" / f"{name}.yaml"))
+        config = merge_config(config, load_yaml_or_json(config_path(name)))
     return plan(config, preflight=False)
 
 
@@ -87,11 +87,11 @@ def test_a_workflow_config_is_counted_with_its_datasets_vocabulary(tmp_path, cap
     assert "2.651B" in text and "web-mohge-s0" in text
 
 
-@pytest.mark.parametrize("overlay", ["study", "ablations", "frontier", "capacity"])
+@pytest.mark.parametrize("overlay", ["claims", "ablations", "frontier", "capacity"])
 def test_an_overlay_config_is_counted_merged_over_the_default_config(overlay, tmp_path):
     """An overlay (a config that extends configs/config.yaml) is counted as the workflow plans it."""
     out = tmp_path / "p.json"
-    assert param_report.main([str(ROOT / "configs" / f"{overlay}.yaml"), "--json", str(out)]) == 0
+    assert param_report.main([str(config_path(overlay)), "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     runs = _planned(overlay)
     assert data["run"] == next(name for name, cfg in runs.items() if cfg.family == "mohge")

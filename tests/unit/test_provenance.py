@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import mohge_studies
 import pytest
 import yaml
 from conftest import ROOT
@@ -17,11 +18,11 @@ STUDIES = sorted(p.parent.name for p in (ROOT / "results").glob("*/runs"))
 
 def study_config(study: str) -> str:
     """The config file that makes ``study`` (the one whose ``study:`` names it; configs/config.yaml for default)."""
-    for path in sorted((ROOT / "configs").glob("*.yaml")):
+    for path in [*sorted((ROOT / "configs").glob("*.yaml")), *(ROOT / p for p in mohge_studies.config_files())]:
         head = yaml.safe_load(path.read_text()) or {}
         if isinstance(head, dict) and head.get("study") == study:
             return str(path.relative_to(ROOT))
-    raise AssertionError(f"no config in configs/ names study {study!r}")
+    raise AssertionError(f"no config in configs/ or studies/ names study {study!r}")
 
 
 def what_to_run(study: str, found: dict[str, str]) -> str:
@@ -60,7 +61,7 @@ def test_a_stale_study_is_told_how_to_regenerate_or_restamp(tmp_path):
     run = tmp_path / "summary.json"
     run.write_text(json.dumps({"code": {"sources_sha256": "ab" * 32}}))
     text = what_to_run("claims", {str(run): "made by other code: sources abab, today cdcd"})
-    assert "--configfile configs/study.yaml --forcerun train" in text
+    assert "--configfile studies/claims/config.yaml --forcerun train" in text
     assert f"restamp --from {'ab' * 32} --reason" in text and "results/claims" in text
     assert "--configfile" not in what_to_run("default", {})
 

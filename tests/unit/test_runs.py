@@ -9,7 +9,7 @@ import time
 
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, config_path
 from mohge_studies.config.runs import main as runs_main
 from mohge_studies.config.runs import merge_config, plan, workflow_schema
 
@@ -179,15 +179,16 @@ def test_plan_and_schema_refuse_the_same_configs(case):
         ["smoke.yaml"],
         ["paper.yaml"],
         ["config.yaml", "ablations.yaml"],
-        ["config.yaml", "capacity.yaml"],
-        ["config.yaml", "gpu.yaml"],
-        ["config.yaml", "gpu_capacity.yaml"],
+        ["config.yaml", "capacity"],
+        ["config.yaml", "claims"],
+        ["config.yaml", "gpu"],
+        ["config.yaml", "gpu_capacity"],
     ],
 )
 def test_shipped_configs_pass_plan_and_schema(names):
     cfg: dict = {}
     for name in names:  # merged in order, as with --configfile
-        cfg = merge_config(cfg, yaml.safe_load((ROOT / "configs" / name).read_text()))
+        cfg = merge_config(cfg, yaml.safe_load(config_path(name).read_text()))
     assert plan(cfg) and schema_accepts(cfg)
     assert schema_accepts({**cfg, "study": "s1", "cluster": {"nodes": 2, "gpus_per_node": 4}})
 

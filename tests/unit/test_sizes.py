@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import dataclasses
 
+import mohge_studies
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, config_path
 from mohge_studies.config.runs import merge_config, plan
 
 from mohge.config import load_model_config
 from mohge.config.sizes import param_totals
 from mohge.model.params import meta_totals
 
-CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted(p.name for p in (ROOT / "configs").glob("*.yaml")) + sorted(mohge_studies.STUDIES)
 
 
 def models_of(name: str) -> dict[str, object]:
     base = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())
-    cfg = merge_config(base, yaml.safe_load((ROOT / "configs" / name).read_text()))
+    cfg = merge_config(base, yaml.safe_load(config_path(name).read_text()))
     distinct = {}
     for run, rc in plan(cfg, preflight=False).items():
         distinct.setdefault(rc.model, run)

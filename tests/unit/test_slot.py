@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def ladder() -> dict:
     cfg: dict = {}
-    for name in ("config.yaml", "gpu_capacity.yaml"):
-        cfg = merge_config(cfg, yaml.safe_load((ROOT / "configs" / name).read_text()))
+    for path in ("configs/config.yaml", "studies/gpu_capacity/config.yaml"):
+        cfg = merge_config(cfg, yaml.safe_load((ROOT / path).read_text()))
     return cfg
 
 
@@ -33,6 +33,6 @@ def test_a_run_whose_results_are_all_in_the_checkout_is_not_made_again(tmp_path,
     (tmp_path / files[-1]).parent.mkdir(parents=True, exist_ok=True)
     (tmp_path / files[-1]).write_text("{}")
     assert next_runs(cfg, str(tmp_path), 1)[0][0] == second
-    configs = [str(ROOT / "configs" / "config.yaml"), str(ROOT / "configs" / "gpu_capacity.yaml")]
+    configs = [str(ROOT / "configs" / "config.yaml"), str(ROOT / "studies" / "gpu_capacity" / "config.yaml")]
     assert main([*configs, "--runs", "2", "--root", str(tmp_path), "--names"]) == 0
     assert capsys.readouterr().out.split() == [second, "facts_d128-mohge-s10"]

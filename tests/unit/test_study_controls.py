@@ -17,12 +17,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def config() -> dict:
-    """configs/config.yaml + configs/study.yaml, merged as the workflow merges them."""
+    """configs/config.yaml + studies/claims/config.yaml, merged as the workflow merges them."""
     from mohge_studies.config.runs import merge_config
 
     from mohge.config import load_yaml_or_json
 
-    base, study = (load_yaml_or_json(ROOT / "configs" / f"{name}.yaml") for name in ("config", "study"))
+    base, study = map(load_yaml_or_json, (ROOT / "configs" / "config.yaml", ROOT / "studies/claims/config.yaml"))
     return merge_config(base, study)
 
 

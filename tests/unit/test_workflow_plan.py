@@ -9,7 +9,17 @@ import json
 from pathlib import Path
 
 import pytest
-from mohge_studies.config.runs import AnalysisConfig, ClusterConfig, UtilizationConfig, merge_config, plan
+from conftest import config_path
+from mohge_studies.config.runs import (
+    BEST_SHOT,
+    SELECTION,
+    AnalysisConfig,
+    ClusterConfig,
+    UtilizationConfig,
+    merge_config,
+    plan,
+)
+from mohge_studies.design import design
 from mohge_studies.workflow import (
     WorkflowPlan,
     check_configfiles,
@@ -28,9 +38,10 @@ SCHEMA = json.loads((ROOT / "workflow" / "schemas" / "config.schema.json").read_
 
 
 def study_config(name: str) -> dict:
-    """configs/<name>.yaml merged over configs/config.yaml, as --configfile merges it."""
+    """The config file ``name`` (configs/<name>.yaml, else studies/<name>/config.yaml) merged over
+    configs/config.yaml, as --configfile merges it."""
     base = load_yaml_or_json(ROOT / "configs" / "config.yaml")
-    return base if name == "config" else merge_config(base, load_yaml_or_json(ROOT / "configs" / f"{name}.yaml"))
+    return base if name == "config" else merge_config(base, load_yaml_or_json(config_path(name)))
 
 
 def workflow_plan(config: dict, tracked=lambda folder: [], **kw) -> WorkflowPlan:
@@ -171,11 +182,11 @@ def test_targets_of_all_follow_the_config(smoke):
     assert wp.inference_runs() == list(wp.runs)  # the default's inference section is inherited
     assert wp.inference_outputs() == targets.inference_outputs("smoke") and wp.inference_outputs("other") == []
     assert wp.all_targets() == wp.tables() + wp.figures() + wp.inference_outputs()
-    claims = targets.study_outputs("claims", "claims")
+    claims = design("claims").outputs("claims")
     assert "results/claims/study/S10_token_q3.html" in claims and "results/claims/study/S5_tasks.tex" not in claims
     assert "figures/claims/F12_study_controls.png" in claims
-    capacity = targets.study_outputs("capacity", "capacity")
-    assert len(capacity) == len(targets.CAPACITY_TABLES) * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
+    capacity = design("capacity").outputs("capacity")
+    assert len(capacity) == 6 * 4 + 2 and "figures/capacity/C1_bits_params.pdf" in capacity
     opted_out = merge_config(smoke, {"inference": {"enabled": False}})
     assert workflow_plan(opted_out).inference_outputs() == []
 
@@ -242,11 +253,12 @@ def test_study_settings_take_every_default_from_the_typed_sections(smoke):
 
 def test_capacity_settings_are_the_declared_analysis_without_selection_or_best_shot_runs():
     cap = study_config("capacity")
-    s = settings.capacity_settings(cap)
+    s = design("capacity").settings(cap)
+    assert workflow_plan(cap).design_settings("capacity") == s
     declared = cap["analysis"]
     assert s["margin"] == declared["equivalence_margin"] and s["sweep"] == declared["sweep"]
     assert s["dataset"] == cap["experiments"][0]["dataset"] and s["mohge"][0] == "mohge"
-    assert not any(m.startswith(("mohge+" + settings.SELECTION, "mohge+" + settings.BEST_SHOT)) for m in s["mohge"])
+    assert not any(m.startswith(("mohge+" + SELECTION, "mohge+" + BEST_SHOT)) for m in s["mohge"])
     assert s["mohge"] == ["mohge", "mohge+ae5e2"]  # the first analysis's arms, as C2 reports them
     assert len(s["mohge"]) == len(set(s["mohge"]))
 

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+CLAIMS_SCRIPTS = SCRIPTS.parents[1] / "studies" / "claims" / "scripts"  # the claims study's own (study_*.py)
 FAMILIES = ("mohge", "moe", "moe_equal", "hmoe", "modse", "dense")
 WIDTHS = (384, 512, 640, 768, 896, 1024, 1152, 1280)
 T975_2 = 4.302652729749462  # Student t quantile 0.975 on 2 df (scipy.stats.t.ppf)
@@ -26,14 +27,15 @@ T975_2 = 4.302652729749462  # Student t quantile 0.975 on 2 df (scipy.stats.t.pp
 
 def rule_params() -> dict[str, dict]:
     """The params the rules give each script that takes values of a study's config, for the claims study
-    (configs/study.yaml): read through the typed sections as the rules read them (mohge_studies.workflow.settings)."""
+    (studies/claims/config.yaml): read through the typed sections as the rules read them
+    (mohge_studies.workflow.settings)."""
     from mohge_studies.config.runs import merge_config
     from mohge_studies.workflow.settings import study_param
 
     from mohge.config import load_yaml_or_json
 
-    configs = SCRIPTS.parents[1] / "configs"
-    claims = merge_config(load_yaml_or_json(configs / "config.yaml"), load_yaml_or_json(configs / "study.yaml"))
+    root = SCRIPTS.parents[1]
+    claims = merge_config(*map(load_yaml_or_json, (root / "configs/config.yaml", root / "studies/claims/config.yaml")))
 
     def p(key: str):
         return study_param(claims, key)
@@ -55,7 +57,10 @@ RULE_PARAMS = rule_params()
 
 def load(name: str):
     """A script as a module whose ``main`` gets the params its rule gives it, under those a test passes."""
-    spec = importlib.util.spec_from_file_location(f"figscript_{name}", SCRIPTS / f"{name}.py")
+    path = SCRIPTS / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(
+        f"figscript_{name}", path if path.exists() else CLAIMS_SCRIPTS / f"{name}.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if name in RULE_PARAMS and hasattr(module, "main"):
@@ -432,7 +437,7 @@ rule t3:
     assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()
 
 
-# ---- the claims study's figures (workflow/scripts/study_*.py) on tables made by mohge_studies.analysis.study ---------
+# ---- the claims study's figures (studies/claims/scripts/study_*.py) on tables made by mohge_studies.analysis.study --
 STUDY_MODELS = {  # model: (seeds, total params, mean test ppl)
     "mohge": (8, 8.96e6, 80.0),
     "moe": (8, 10.7e6, 80.5),
@@ -447,7 +452,7 @@ GRADED_MODELS = {"mohge+ag1e5": 30.0, "mohge+ag1e4": 30.3, "mohge+ag1e3": 31.0}
 
 
 def write_study(d: Path) -> dict[str, Path]:
-    """A synthetic study (configs/study.yaml's models and seeds) collected and analysed by the claims analysis
+    """A synthetic study (studies/claims/config.yaml's models and seeds) collected and analysed by the claims analysis
     (mohge_studies.analysis.study)."""
     from mohge_studies.analysis import study
 
@@ -640,7 +645,7 @@ def test_f12_draws_the_control_arms_paired_tests(tmp_path, monkeypatch):
     from mohge.config import load_yaml_or_json
 
     root = Path(__file__).resolve().parents[2]
-    config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))
+    config = merge_config(*map(load_yaml_or_json, (root / "configs/config.yaml", root / "studies/claims/config.yaml")))
     rnd = random.Random(2)
     runs = []
     for fam, ppl in (("mohge", 71.5), ("moe_equal", 74.5), ("mohge+hom208", 73.0), ("moe_equal+noaux", 74.0)):
@@ -716,7 +721,7 @@ def test_study_controls_tex(tmp_path):
     from mohge.config import load_yaml_or_json
 
     root = Path(__file__).resolve().parents[2]
-    config = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "study")))
+    config = merge_config(*map(load_yaml_or_json, (root / "configs/config.yaml", root / "studies/claims/config.yaml")))
     s8 = controls.control_tests(pd.read_csv(root / "results" / "claims" / "runs.csv"), config)
     s8.to_csv(tmp_path / "S8.csv", index=False)
     outs = {"s8_tex": tmp_path / "S8.tex", "s8_md": tmp_path / "S8.md"}

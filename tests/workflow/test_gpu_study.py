@@ -1,5 +1,5 @@
-"""The GPU half, prepared on a CPU: the one-GPU study (configs/gpu.yaml) and the GPU capacity ladder
-(configs/gpu_capacity.yaml) plan what a GPU runs, and run end to end made tiny and CPU-only by an overlay
+"""The GPU half, prepared on a CPU: the one-GPU study (studies/gpu/config.yaml) and the GPU capacity ladder
+(studies/gpu_capacity/config.yaml) plan what a GPU runs, and run end to end made tiny and CPU-only by an overlay
 (tests/workflow/gpu_tiny.yaml, gpu_capacity_tiny.yaml: every other key is the GPU config's); the prepared command
 kernels/gpu_all.sh finds, in its dry run, every file, module, wheel and target its steps name."""
 
@@ -20,8 +20,8 @@ from test_study_roots import job_resources, planned
 from test_workflow import BIN, ROOT, copy_workflow, smk
 
 HERE = Path(__file__).resolve().parent
-GPU = ("--configfile", "configs/gpu.yaml")
-LADDER = ("--configfile", "configs/gpu_capacity.yaml")
+GPU = ("--configfile", "studies/gpu/config.yaml")
+LADDER = ("--configfile", "studies/gpu_capacity/config.yaml")
 
 
 def with_overlay(work: Path, name: str) -> Path:
@@ -128,7 +128,7 @@ def test_the_prepared_gpu_command_dry_run_prints_every_step_and_finds_what_they_
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for step in ("install", "env", "kernels", "bench", "profile", "train_check", "study", "ladder"):
         assert re.search(rf"^\[dry-run\] {step} +\(cap +\d+ s\): \S", r.stdout, re.M), step
-    assert "-m snakemake --cores 4" in r.stdout and "--configfile configs/gpu.yaml" in r.stdout
+    assert "-m snakemake --cores 4" in r.stdout and "--configfile studies/gpu/config.yaml" in r.stdout
     assert "ladder: next runs facts_d128-moe-s10 facts_d128-moe_equal-s10" in r.stdout
     assert "every file, module, wheel and target is here" in r.stdout
     assert not (tmp_path / "work" / "results" / "gpu").exists()  # a dry run makes nothing

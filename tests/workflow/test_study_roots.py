@@ -293,7 +293,7 @@ def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     assert "Warning" not in text, text[-3000:]
     assert (clone / "logs" / "claims" / "study_analysis.log").is_file()
     # the claims study's own config: study_analysis is not rerun for its params (the merged config compared as data)
-    dry = run("-n", "--configfile", "configs/study.yaml")
+    dry = run("-n", "--configfile", "studies/claims/config.yaml")
     block = dry[dry.index("rule study_analysis:") :].split("\n\n", 1)[0] if "rule study_analysis:" in dry else ""
     assert "Params have changed" not in block, block
 
@@ -411,8 +411,8 @@ CHEAP = {"study_analysis", "tables", "study_tables_tex", "all"}  # plus fig_*: t
 
 
 def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], list[str]]:
-    """configs/study.yaml without the runs declared but not yet run (no committed summary), the committed runs and
-    the declared runs. An experiment whose runs are partly in (a study growing over sittings) is kept as one
+    """studies/claims/config.yaml without the runs declared but not yet run (no committed summary), the committed runs
+    and the declared runs. An experiment whose runs are partly in (a study growing over sittings) is kept as one
     experiment per committed run (its variant and seed)."""
     from mohge_studies.config.runs import merge_config, plan
 
@@ -442,17 +442,18 @@ def committed_part(study_yaml: Path, results: Path) -> tuple[dict, list[str], li
 
 
 def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path):
-    """A clone of the claims study plans only what is not committed: the arms declared in configs/study.yaml and not
-    yet run (and their data), never a committed run, whose per-run results are sources
-    (mohge_studies.workflow.plan.WorkflowPlan.committed), before and after `mohge mtimes`; with every arm run,
-    tables and figures at most.
-    MOHGE_RERUN_COMMITTED=1 plans every run again."""
+    """A clone of the claims study plans only what is not committed: the arms declared in studies/claims/config.yaml and
+    not yet run (and their data), never a committed run, whose per-run results are sources
+    (mohge_studies.workflow.plan.WorkflowPlan.committed), before and after `mohge mtimes`; with every arm run, tables
+    and figures at most. MOHGE_RERUN_COMMITTED=1 plans every run again."""
     clone = tmp_path / "mohge"
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True)
     git("checkout", "-q", git("rev-parse", "HEAD", cwd=ROOT).strip(), cwd=clone)
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MOHGE_RERUN_COMMITTED", None)
-    committed, done, declared = committed_part(clone / "configs" / "study.yaml", clone / "results" / "claims")
+    committed, done, declared = committed_part(
+        clone / "studies" / "claims" / "config.yaml", clone / "results" / "claims"
+    )
     # the 48 runs of the study as first run, and the arms declared after the results (62 runs) as they finish
     assert len(done) >= 48 and len(done) + len(declared) == 110, (len(done), len(declared))
     (tmp_path / "committed.yaml").write_text(yaml.safe_dump(committed))
@@ -471,26 +472,26 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     def runs_of_jobs(text: str) -> set[str]:
         return set(re.findall(r"^    wildcards: run=([\w.-]+)", text, re.M))
 
-    jobs, text = plan("configs/study.yaml")  # a bare clone: the committed runs are sources all the same
+    jobs, text = plan("studies/claims/config.yaml")  # a bare clone: the committed runs are sources all the same
     assert jobs.get("train", 0) == len(declared) and not runs_of_jobs(text) & set(done), jobs
     assert f"{len(done)} of {len(done) + len(declared)} runs are committed" in text
     done_mtimes = subprocess.run(
         ["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, capture_output=True, text=True
     )
     assert done_mtimes.returncode == 0 and "set the commit time of" in done_mtimes.stdout, done_mtimes.stderr
-    jobs, text = plan("configs/study.yaml")
+    jobs, text = plan("studies/claims/config.yaml")
     assert runs_of_jobs(text) == set(declared), sorted(runs_of_jobs(text) ^ set(declared))[:5]
     assert jobs.get("train", 0) == len(declared), jobs
     if not declared:
         assert set(jobs) <= CHEAP | {j for j in jobs if j.startswith("fig_")}, jobs
     # a reproduction: every run made again
     # (with --forcerun train: after mtimes every committed result is up to date, so only a forced rule remakes it)
-    reproduce = plan("configs/study.yaml", "--forcerun", "train", MOHGE_RERUN_COMMITTED="1")[0]
+    reproduce = plan("studies/claims/config.yaml", "--forcerun", "train", MOHGE_RERUN_COMMITTED="1")[0]
     assert reproduce["train"] == len(done) + len(declared), reproduce
     # the committed experiments alone are another config of the committed study: refused before any job;
     # with every declared arm committed they are the study itself, so a study without its last experiment stands in
     if not declared:
-        cut = yaml.safe_load((clone / "configs" / "study.yaml").read_text())
+        cut = yaml.safe_load((clone / "studies" / "claims" / "config.yaml").read_text())
         cut["experiments"] = cut["experiments"][:-1]
         (tmp_path / "committed.yaml").write_text(yaml.safe_dump(cut))
     other = subprocess.run(
@@ -504,7 +505,7 @@ def test_a_committed_study_is_up_to_date_in_a_fresh_clone_after_mtimes(tmp_path)
     # the declared arms, asked for by name: exactly their trainings (and their data), no committed run
     if declared:
         targets = [f"results/claims/runs/{run}/summary.json" for run in declared]
-        assert plan("configs/study.yaml", *targets)[0].get("train") == len(declared)
+        assert plan("studies/claims/config.yaml", *targets)[0].get("train") == len(declared)
     assert git("status", "--porcelain", cwd=clone).strip() == ""
 
 
@@ -517,11 +518,15 @@ def test_the_capacity_study_in_a_fresh_clone_plans_only_its_runs_not_committed(t
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     env.pop("MOHGE_RERUN_COMMITTED", None)
     subprocess.run(["python", "-m", "mohge", "mtimes"], cwd=clone, env=env, check=True, capture_output=True)
-    runs = plan_runs(clone / "configs" / "capacity.yaml")
+    runs = plan_runs(clone / "studies" / "capacity" / "config.yaml")
     tracked = set(git("ls-files", "results/capacity/runs", cwd=clone).split())
     pending = {r for r in runs if f"results/capacity/runs/{r}/summary.json" not in tracked}
     out = subprocess.run(
-        [*SNAKEMAKE, "-n", "--configfile", "configs/capacity.yaml"], cwd=clone, env=env, capture_output=True, text=True
+        [*SNAKEMAKE, "-n", "--configfile", "studies/capacity/config.yaml"],
+        cwd=clone,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout + out.stderr
@@ -542,7 +547,7 @@ def test_committed_runs_are_sources_until_their_config_changes(tmp_path, monkeyp
     monkeypatch.delenv("MOHGE_RERUN_COMMITTED", raising=False)
     work = copy_workflow(tmp_path)
     git("init", "-q", cwd=work)
-    cap = ("--configfile", "configs/capacity.yaml")
+    cap = ("--configfile", "studies/capacity/config.yaml")
     kept = ["facts-moe-s0", "facts-mohge-s0"]
     made = smk(*(f"results/capacity/runs/{r}/config.json" for r in kept), "--cores", "1", *cap, cwd=work)
     assert made.returncode == 0, made.stderr[-2000:]
@@ -568,7 +573,7 @@ def test_committed_runs_are_sources_until_their_config_changes(tmp_path, monkeyp
         return {re.search(r"wildcards: run=(\S+)", b)[1] for b in blocks}
 
     commit()
-    everything = set(plan_runs(work / "configs" / "capacity.yaml"))
+    everything = set(plan_runs(work / "studies" / "capacity" / "config.yaml"))
     assert trained() == everything - set(kept)
     # a key the code added since the run was recorded, at its default: still the same run
     path = work / "results" / "capacity" / "runs" / "facts-mohge-s0" / "config.json"

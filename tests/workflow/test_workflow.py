@@ -25,10 +25,12 @@ def smk(*args: str, cwd: Path = ROOT, timeout: int = 300) -> subprocess.Complete
 
 
 def copy_workflow(dst: Path) -> Path:
-    """A fresh working copy: Snakefile, workflow, configs and the committed benchmark CSV, no results."""
+    """A fresh working copy: Snakefile, workflow, configs, the studies' folders (their configs, rules, scripts and
+    captions) and the committed benchmark CSV, no results."""
     for name in ("Snakefile", "workflow", "configs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dst / name)
+    shutil.copytree(ROOT / "studies", dst / "studies", ignore=shutil.ignore_patterns("__pycache__", "tests"))
     (dst / "results" / "bench").mkdir(parents=True)
     shutil.copy(ROOT / "results" / "bench" / "kernels.csv", dst / "results" / "bench" / "kernels.csv")
     return dst
@@ -56,7 +58,7 @@ def test_lint_clean():
 
 
 @pytest.mark.parametrize(
-    "configfile", ["configs/config.yaml", "configs/smoke.yaml", "configs/paper.yaml", "configs/capacity.yaml"]
+    "configfile", ["configs/config.yaml", "configs/smoke.yaml", "configs/paper.yaml", "studies/capacity/config.yaml"]
 )
 def test_dry_run(configfile, tmp_path):
     work = copy_workflow(tmp_path)
@@ -70,7 +72,7 @@ def test_dry_run(configfile, tmp_path):
     assert ("rule inference:" in text and "rule fig_inference:" in text) == asks, configfile
     runs = yaml.safe_load((ROOT / configfile).read_text())["experiments"]
     assert runs
-    if configfile == "configs/capacity.yaml":  # the declared capacity analysis, not the claims study's tables
+    if configfile == "studies/capacity/config.yaml":  # the declared capacity analysis, not the claims study's tables
         assert "capacity_analysis" in text and "study_analysis" not in text
     # the utilization job asks for the ranks it measures (utilization.measure_nproc, MoHGE runs only), else one
     # thread, so an analytic placement runs beside a training; evaluate and trace run before the next training

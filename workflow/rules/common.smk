@@ -9,8 +9,8 @@ import sys
 
 from mohge.config import to_dict
 from mohge_studies.workflow.checkout import asked_targets
+from mohge_studies.design import rules_files
 from mohge_studies.workflow.plan import digest, plan_or_refuse
-from mohge_studies.workflow.targets import CAPACITY_TABLES, STUDY_TABLES, TEX_TABLES
 
 # Asked for `figures` alone, the workflow holds only the table and figure rules: the committed CSVs are their
 # sources, so no training, evaluation or collect job can enter the plan.
@@ -21,6 +21,8 @@ CHECKOUT = os.path.relpath(
     os.path.join(workflow.current_basedir.get_path_or_uri(secret_free=True), "..", "..")
 )
 CONFIGS = os.path.normpath(os.path.join(CHECKOUT, "configs"))
+# the rules of every declared analysis (mohge_studies.DESIGNS), relative to the checkout (the Snakefile includes them)
+DESIGN_RULES = rules_files()
 # Under --sdm conda, each env's post-deploy script (workflow/envs/*.post-deploy.sh) installs this checkout into it
 os.environ.update(MOHGE_CHECKOUT=os.path.abspath(CHECKOUT))
 with open(workflow.source_path("../schemas/config.schema.json")) as fh:

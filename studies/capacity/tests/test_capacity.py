@@ -1,4 +1,4 @@
-"""The capacity study's declared analysis (mohge_studies.analysis.capacity) on synthetic runs with known answers: a gate
+"""The capacity study's declared analysis (mohge_studies.capacity.analysis) on synthetic runs with known answers: a gate
 that passes and a claim that holds, a gate that fails, the sweep fit, the equivalent size, unpaired comparisons, and
 the tables and figure of its workflow script."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from mohge_studies.analysis import capacity as ca
+from mohge_studies.capacity import analysis as ca
 from scipy import stats as sp
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "workflow" / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def _script():
@@ -94,8 +94,8 @@ def test_a_blind_setup_fails_the_gate_and_says_so():
 
 
 def test_a_study_that_declares_only_g1_is_gated_by_g1_alone():
-    """The GPU capacity ladder (configs/gpu_capacity.yaml) declares G1 only: no sweep, no quarter set; G2 and G3 are
-    printed as not declared and leave the gate to G1."""
+    """The GPU capacity ladder (studies/gpu_capacity/config.yaml) declares G1 only: no sweep, no quarter set; G2 and G3
+    are printed as not declared and leave the gate to G1."""
     df = synthetic(noise=0.004)
     main = df[(df.dataset == "facts") & df.family.isin(["mohge", "moe", "moe_equal"])]
     tests, summary = ca.decide(main, df.iloc[0:0], {**ca.DEFAULTS, "gates": ["G1"], "sweep": []})
@@ -300,14 +300,16 @@ def best(runs: pd.DataFrame, table: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committed_selection():
+    from mohge_studies.capacity import settings as capacity_settings
     from mohge_studies.config.runs import merge_config, plan
-    from mohge_studies.workflow import settings
 
     from mohge.config import load_yaml_or_json
 
-    root = Path(__file__).resolve().parents[2]
-    cfg = merge_config(*(load_yaml_or_json(root / "configs" / f"{n}.yaml") for n in ("config", "capacity")))
-    chosen = settings.capacity_settings(cfg)["selection"]
+    root = Path(__file__).resolve().parents[3]
+    cfg = merge_config(
+        *map(load_yaml_or_json, (root / "configs" / "config.yaml", root / "studies/capacity/config.yaml"))
+    )
+    chosen = capacity_settings(cfg)["selection"]
     runs = pd.read_csv(root / "results" / "capacity" / "runs.csv")
     declared = pd.Series([v["family"] for v in chosen.values()]).value_counts().to_dict()
     settings_of = {r: {"lr": v["lr"], "gate_mode": v["gate_mode"]} for r, v in chosen.items()}
@@ -327,7 +329,7 @@ def test_best_labels_are_the_models_configs_capacity_yaml_plans_from_the_committ
     seeds = {m: sorted(c.train.seed for c in plan(cfg).values() if (c.dataset, c.family + "+" + c.variant) == m)
              for m in [("facts", labels[r]) for r in ("mohge", "reference", "equal")]}  # fmt: skip
     assert all(s == list(range(10, 18)) for s in seeds.values()), seeds
-    declared = settings.capacity_settings(cfg)["declared"]
+    declared = capacity_settings(cfg)["declared"]
     assert all(declared[labels[r]] == 8 for r in ("mohge", "reference", "equal")), declared
 
 

@@ -1,8 +1,8 @@
 """The capacity pilot's record: one row per finished pilot run and its curve of bits stored against exposures.
 
-    python workflow/scripts/capacity_pilot_table.py [--pilot results/capacity/pilot] [--fig figures/capacity]
+    python studies/capacity/scripts/pilot_table.py [--pilot results/capacity/pilot] [--fig figures/capacity]
 
-Reads every PILOT/<name>/{summary,config}.json and curve.csv (workflow/scripts/capacity_pilot.py); writes
+Reads every PILOT/<name>/{summary,config}.json and curve.csv (studies/capacity/scripts/pilot.py); writes
 PILOT/pilot.csv and PILOT/pilot.md (model, parameters, data, exposures, tokens/s, final B by both routes,
 bits per non-embedding parameter) and FIG/pilot_curves.{png,pdf} (B against exposures, one line per run).
 """

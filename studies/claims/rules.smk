@@ -1,6 +1,8 @@
-# A study's pre-declared analysis (docs/study.md; configs/study.yaml) and its tables S1-S11 and figures F7-F12:
-# only for a config with an `analysis` section. Like the other tables and figures, they read only the study's
-# collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
+# The claims study's declared analysis (studies/claims; docs/study.md) and its tables S1-S11 and figures F7-F12, for
+# every study whose config declares `analysis.design: claims`. Like the other tables and figures, they read only the
+# study's collected CSVs and its committed per-run routing traces, so `figures` redraws them with no training job.
+# Paths of scripts, captions and conda envs are relative to this file.
+from mohge_studies import claims
 
 
 rule study_analysis:
@@ -16,47 +18,47 @@ rule study_analysis:
             f"{t}_{ext}": (
                 report(
                     f"results/{{study}}/study/{t}.{ext}",
-                    caption="../report/study_tables.rst",
+                    caption="captions/study_tables.rst",
                     category="Study tables",
                 )
                 if ext == "html"
                 else f"results/{{study}}/study/{t}.{ext}"
             )
-            for t in STUDY_TABLES
+            for t in claims.TABLES
             for ext in ["csv", "md", "html"]
         },
     log:
         "logs/{study}/study_analysis.log",
     localrule: True
     conda:
-        "../envs/train.yaml"
+        "../../workflow/envs/train.yaml"
     params:
         # canonical JSON: the merged config compared as data, so the order of its keys (a --configfile run
         # against the figures target's merge) does not rerun the job
         cfg=lambda wc: json.dumps(PLAN.study_config(wc.study), sort_keys=True),
     script:
-        "../scripts/study_analysis.py"
+        "scripts/study_analysis.py"
 
 
 rule study_tables_tex:
-    # keys s1 .. s4, s8: the table's number (workflow/scripts/study_tables.py builds each)
+    # keys s1 .. s4, s8: the table's number (scripts/study_tables.py builds each)
     input:
         **{
             t.split("_")[0].lower(): f"results/{{study}}/study/{t}.csv"
-            for t in TEX_TABLES
+            for t in claims.TEX_TABLES
         },
     output:
         **{
             f"{t.split('_')[0].lower()}_tex": f"results/{{study}}/study/{t}.tex"
-            for t in TEX_TABLES
+            for t in claims.TEX_TABLES
         },
     log:
         "logs/{study}/study_tables_tex.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables imports mohge_studies.analysis.study (scipy)
+        "../../workflow/envs/train.yaml"  # make_tables imports mohge_studies.analysis.study (scipy)
     script:
-        "../scripts/study_tables.py"
+        "scripts/study_tables.py"
 
 
 rule fig_study_quality:
@@ -65,7 +67,7 @@ rule fig_study_quality:
     output:
         png=report(
             "figures/{study}/F7_study_quality.png",
-            caption="../report/F7_study_quality.rst",
+            caption="captions/F7_study_quality.rst",
             category="Study",
         ),
         pdf="figures/{study}/F7_study_quality.pdf",
@@ -73,12 +75,12 @@ rule fig_study_quality:
         "logs/{study}/figures/F7.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     params:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         metric=lambda wc: study_param(wc.study, "metric"),
     script:
-        "../scripts/study_quality.py"
+        "scripts/study_quality.py"
 
 
 rule fig_study_tests:
@@ -87,7 +89,7 @@ rule fig_study_tests:
     output:
         png=report(
             "figures/{study}/F8_study_tests.png",
-            caption="../report/F8_study_tests.rst",
+            caption="captions/F8_study_tests.rst",
             category="Study",
         ),
         pdf="figures/{study}/F8_study_tests.pdf",
@@ -95,12 +97,12 @@ rule fig_study_tests:
         "logs/{study}/figures/F8.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     params:
         metric=lambda wc: study_param(wc.study, "metric"),
         margin=lambda wc: study_param(wc.study, "margin"),
     script:
-        "../scripts/study_tests.py"
+        "scripts/study_tests.py"
 
 
 rule fig_study_controls:
@@ -109,7 +111,7 @@ rule fig_study_controls:
     output:
         png=report(
             "figures/{study}/F12_study_controls.png",
-            caption="../report/F12_study_controls.rst",
+            caption="captions/F12_study_controls.rst",
             category="Study",
         ),
         pdf="figures/{study}/F12_study_controls.pdf",
@@ -117,12 +119,12 @@ rule fig_study_controls:
         "logs/{study}/figures/F12.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     params:
         metric=lambda wc: study_param(wc.study, "metric"),
         margin=lambda wc: study_param(wc.study, "margin"),  # the x-axis spans at least the margin
     script:
-        "../scripts/study_tests.py"
+        "scripts/study_tests.py"
 
 
 rule fig_study_balance:
@@ -131,7 +133,7 @@ rule fig_study_balance:
     output:
         png=report(
             "figures/{study}/F9_study_balance.png",
-            caption="../report/F9_study_balance.rst",
+            caption="captions/F9_study_balance.rst",
             category="Study",
         ),
         pdf="figures/{study}/F9_study_balance.pdf",
@@ -139,7 +141,7 @@ rule fig_study_balance:
         "logs/{study}/figures/F9.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     params:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         models=lambda wc: ["mohge", study_param(wc.study, "reference")],
@@ -147,7 +149,7 @@ rule fig_study_balance:
         bar=lambda wc: study_param(wc.study, "balance_bar"),
         decision_ep=lambda wc: study_param(wc.study, "balance_ep"),
     script:
-        "../scripts/study_balance.py"
+        "scripts/study_balance.py"
 
 
 rule fig_study_frontier:
@@ -157,7 +159,7 @@ rule fig_study_frontier:
     output:
         png=report(
             "figures/{study}/F10_study_frontier.png",
-            caption="../report/F10_study_frontier.rst",
+            caption="captions/F10_study_frontier.rst",
             category="Study",
         ),
         pdf="figures/{study}/F10_study_frontier.pdf",
@@ -165,14 +167,14 @@ rule fig_study_frontier:
         "logs/{study}/figures/F10.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     params:
         dataset=lambda wc: study_param(wc.study, "dataset"),
         ep=lambda wc: study_param(wc.study, "balance_ep"),
         bar=lambda wc: study_param(wc.study, "balance_bar"),
         metric=lambda wc: study_param(wc.study, "metric"),
     script:
-        "../scripts/study_frontier.py"
+        "scripts/study_frontier.py"
 
 
 rule fig_study_difficulty:
@@ -181,7 +183,7 @@ rule fig_study_difficulty:
     output:
         png=report(
             "figures/{study}/F11_study_difficulty.png",
-            caption="../report/F11_study_difficulty.rst",
+            caption="captions/F11_study_difficulty.rst",
             category="Study",
         ),
         pdf="figures/{study}/F11_study_difficulty.pdf",
@@ -189,46 +191,6 @@ rule fig_study_difficulty:
         "logs/{study}/figures/F11.log",
     localrule: True
     conda:
-        "../envs/plot.yaml"
+        "../../workflow/envs/plot.yaml"
     script:
-        "../scripts/study_difficulty.py"
-
-
-rule capacity_analysis:
-    # The capacity study's declared tests (docs/study.md "The capacity study"): gate, claim 1, the sweep fit,
-    # heterogeneity, unused experts; tables C1-C5 (C4 the selection, C5 the best shot) and the
-    # bits-stored-vs-parameters figure.
-    input:
-        runs="results/{study}/runs.csv",
-        traces=study_traces,
-        logs=study_logs,  # C3's steps with an unused expert
-    output:
-        # the HTML tables go into `snakemake --report` (category Study tables), shown inline
-        **{
-            f"{t}_{ext}": (
-                report(
-                    f"results/{{study}}/study/{t}.{ext}",
-                    caption="../report/study_tables.rst",
-                    category="Study tables",
-                )
-                if ext == "html"
-                else f"results/{{study}}/study/{t}.{ext}"
-            )
-            for t in CAPACITY_TABLES
-            for ext in ["csv", "md", "tex", "html"]
-        },
-        png=report(
-            "figures/{study}/C1_bits_params.png",
-            caption="../report/C1_bits_params.rst",
-            category="Study",
-        ),
-        pdf="figures/{study}/C1_bits_params.pdf",
-    log:
-        "logs/{study}/capacity_analysis.log",
-    localrule: True
-    conda:
-        "../envs/train.yaml"  # scipy
-    params:
-        settings=lambda wc: PLAN.capacity_settings(wc.study),
-    script:
-        "../scripts/capacity_analysis.py"
+        "scripts/study_difficulty.py"

@@ -10,7 +10,7 @@ listed as "declared, not run".
 
 Inputs: s2 (S2_tests.csv of mohge_studies.analysis.study) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
 Params: metric (the pre-declared primary metric), margin (the TOST margin; also F12's axis span around 1): the
-study's analysis section (rules/study.smk passes them).
+study's analysis section (studies/claims/rules.smk passes them).
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.
 """
 

@@ -1,4 +1,5 @@
-"""The capacity study's declared analysis (configs/capacity.yaml; docs/study.md "The capacity study"): tables C1-C5.
+"""The capacity study's declared analysis (studies/capacity/config.yaml; docs/study.md "The capacity study"):
+tables C1-C6.
 
 B is the bits stored (runs.csv ``bits_stored``), P the total non-embedding parameters. Every interval and test comes
 from :mod:`mohge.core.stats`.
@@ -330,11 +331,11 @@ def kept_settings(table: pd.DataFrame) -> dict[str, str]:
 
 
 def best_labels(kept: dict[str, str], reference: str, equal: str) -> dict[str, str]:
-    """The best shot's models by role, named from each family's kept ``setting`` as configs/capacity.yaml names them:
-    ``<family>+best_<setting>`` (confirmatory), MoHGE's ``_quarter`` and ``_long``, the reference's ``_long``,
-    ``mohge+best_<setting>_hom12``, ``hmoe+best_<lr of MoHGE's setting>``, ``<equal>+best_<setting>_probsgate``,
-    every one of those three families' and HMoE's ``_d64`` (the size ladder), and MoHGE's ``_groups``.
-    Empty until the three families have a choice."""
+    """The best shot's models by role, named from each family's kept ``setting`` as studies/capacity/config.yaml names
+    them: ``<family>+best_<setting>`` (confirmatory), MoHGE's ``_quarter`` and ``_long``, the reference's ``_long``,
+    ``mohge+best_<setting>_hom12``, ``hmoe+best_<lr of MoHGE's setting>``, ``<equal>+best_<setting>_probsgate``, every
+    one of those three families' and HMoE's ``_d64`` (the size ladder), and MoHGE's ``_groups``. Empty until the three
+    families have a choice."""
     if not {"mohge", reference, equal} <= set(kept):
         return {}
     m, r, i = (f"{BEST_SHOT}{kept[f]}" for f in ("mohge", reference, equal))

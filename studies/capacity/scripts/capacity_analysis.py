@@ -1,13 +1,13 @@
-"""Snakemake glue: the capacity study's declared analysis (mohge_studies.analysis.capacity) into its tables and figure.
+"""Snakemake glue: the capacity study's declared analysis (mohge_studies.capacity.analysis) into its tables and figure.
 
 Inputs: runs (results/capacity/runs.csv), traces (the runs' trace.json; optional), logs (the runs'
 train_log.jsonl; optional: C3's steps with an unused expert). Params: settings (the study
-config's analysis section; mohge_studies.analysis.capacity.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
+config's analysis section; mohge_studies.capacity.analysis.DEFAULTS lists every key). Outputs: C1_models, C2_tests,
 C3_unused, C4_selection, C5_best_shot, C6_decomposition as csv/md/tex/html; the figure (png, pdf) of bits stored
 against total non-embedding parameters: the sweep with its fit, the MoHGE arms, the equal-parameter and the
 reference MoE, and the best shot's confirmatory arms beside them, 95 % CIs, n.
 
-    python workflow/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
+    python studies/capacity/scripts/capacity_analysis.py --in runs=results/capacity/runs.csv \
         --out C2_tests_csv=results/capacity/study/C2_tests.csv ... --param reference='"moe"' ...
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import mohge_studies.analysis.plotstyle as ps
 import numpy as np
 import pandas as pd
-from mohge_studies.analysis import capacity
+from mohge_studies.capacity import analysis as capacity
 
 from mohge.core import stats
 

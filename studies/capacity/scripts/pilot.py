@@ -1,6 +1,6 @@
 """The capacity study's pilot (docs/study.md "The capacity study"): bits stored against exposures.
 
-    python workflow/scripts/capacity_pilot.py SPEC.yaml NAME [--work DIR] [--results results/capacity/pilot]
+    python studies/capacity/scripts/pilot.py SPEC.yaml NAME [--work DIR] [--results results/capacity/pilot]
 
 SPEC holds a run config's sections (data, model, loss, train; the rest from configs/config.yaml's defaults)
 and the pilot's own `curve_points` (checkpoints to score, evenly spaced). The data is prepared with
