@@ -29,6 +29,7 @@ for _rules in DESIGN_RULES:
 
     include: _rules
 
+
 include: "workflow/rules/figures.smk"
 
 

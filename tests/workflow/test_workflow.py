@@ -47,7 +47,10 @@ def test_schema_file_is_generated_from_the_dataclasses():
 
 def test_snakefmt_clean():
     out = subprocess.run(
-        [str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/rules"], cwd=ROOT, capture_output=True, text=True
+        [str(BIN / "snakefmt"), "--check", "Snakefile", "workflow/rules", *map(str, ROOT.glob("studies/*/rules.smk"))],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stdout + out.stderr
 
