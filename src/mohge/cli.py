@@ -39,7 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "utilization": ("mohge_studies.analysis.utilization", "per-GPU load of expert placements, from a routing trace"),
     "collect": ("mohge_studies.analysis.collect", "the per-run summaries gathered into the study's tables"),
-    "study": ("mohge_studies.analysis.study", "the paired tests and claims of a study (docs/study.md)"),
+    "study": ("mohge_studies.claims.analysis", "the paired tests and claims of a study (docs/study.md)"),
     "verdicts": (
         "mohge_studies.analysis.verdicts",
         "each claim's verdict, estimate and interval (committed tables)",

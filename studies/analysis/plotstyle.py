@@ -386,7 +386,7 @@ def curve_panel(ax, df: pd.DataFrame, y: str, smooth: int = 0, families: Iterabl
     return ends
 
 
-# ---- the study tables (mohge_studies.analysis.study: S1_models, S2_tests, S3_balance, S4_difficulty) -----------------
+# ---- the study tables (mohge_studies.claims.analysis: S1_models, S2_tests, S3_balance, S4_difficulty) ------------
 def ci_err(mean: pd.Series, low: pd.Series, high: pd.Series) -> list[list[float]]:
     """Asymmetric error bars [below, above] from a table's CI bounds; 0 where there is no interval (n = 1)."""
     below = (mean - low).where(low.notna(), 0.0).clip(lower=0)

@@ -3,10 +3,14 @@ GPUs, do easy tokens route narrower? (docs/study.md; its one-GPU version: studie
 
 Here:
   config.yaml   the study's workflow config, its analysis declared before its runs
+  analysis.py   the paired tests (TOST, one-sided, the width sweep), balance over seeds and by difficulty, the tasks
+                reported: tables S1-S7 (``mohge study``)
+  controls.py   the tests of the arms declared after the results: S8-S11
   rules.smk     rules study_analysis, study_tables_tex and the figures F7-F12, for every study whose config declares
                 ``analysis.design: claims`` (the default design)
   scripts/      the rules' scripts: the tables S1-S11 and their LaTeX, figures F7-F12
   captions/     the report's captions of those tables and figures
+  tests/        the analysis on known data, and every sentence of the prose that quotes a committed table
 
 ``DESIGN`` is what the generic workflow reads (:class:`mohge_studies.design.Design`).
 """

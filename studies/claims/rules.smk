@@ -6,7 +6,7 @@ from mohge_studies import claims
 
 
 rule study_analysis:
-    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge_studies.analysis.study).
+    # Paired tests (TOST, one-sided, width sweep), balance over seeds and by difficulty (mohge_studies.claims.analysis).
     input:
         runs="results/{study}/runs.csv",
         util="results/{study}/utilization_summary.csv",
@@ -56,7 +56,7 @@ rule study_tables_tex:
         "logs/{study}/study_tables_tex.log",
     localrule: True
     conda:
-        "../../workflow/envs/train.yaml"  # make_tables imports mohge_studies.analysis.study (scipy)
+        "../../workflow/envs/train.yaml"  # make_tables imports mohge_studies.claims.analysis (scipy)
     script:
         "scripts/study_tables.py"
 

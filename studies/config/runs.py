@@ -152,7 +152,7 @@ CAPACITY_GATES = ("G1", "G2", "G3")  # the capacity study's gate (docs/study.md 
 @dataclass(frozen=True)
 class AnalysisConfig(_Section):
     """A study's pre-declared statistical analysis (docs/study.md): the claims study's
-    (mohge_studies.analysis.study) or the capacity study's (studies/capacity/scripts/capacity_analysis.py,
+    (mohge_studies.claims.analysis) or the capacity study's (studies/capacity/scripts/capacity_analysis.py,
     `design: capacity`)."""
 
     design: str = knob("claims", "which declared analysis: claims (tables S1-S5) or capacity (C1-C5)", choices=DESIGNS)

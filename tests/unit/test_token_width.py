@@ -126,7 +126,7 @@ def test_tracer_writes_the_token_record_over_every_test_token(run, tmp_path):
 def test_the_study_table_reads_what_the_tracer_writes(run, tmp_path):
     """The tracer's token_q3 block, in a study root as the workflow copies it, is what S10 aggregates."""
     import pandas as pd
-    from mohge_studies.analysis import controls
+    from mohge_studies.claims import controls
 
     model, data = run
     rows = []

@@ -437,7 +437,7 @@ rule t3:
     assert (tmp_path / "logs/f4.log").exists() and "max/mean" in (tmp_path / "out/T3.md").read_text()
 
 
-# ---- the claims study's figures (studies/claims/scripts/study_*.py) on tables made by mohge_studies.analysis.study --
+# ---- the claims study's figures (studies/claims/scripts/study_*.py) on tables made by mohge_studies.claims.analysis --
 STUDY_MODELS = {  # model: (seeds, total params, mean test ppl)
     "mohge": (8, 8.96e6, 80.0),
     "moe": (8, 10.7e6, 80.5),
@@ -453,8 +453,8 @@ GRADED_MODELS = {"mohge+ag1e5": 30.0, "mohge+ag1e4": 30.3, "mohge+ag1e3": 31.0}
 
 def write_study(d: Path) -> dict[str, Path]:
     """A synthetic study (studies/claims/config.yaml's models and seeds) collected and analysed by the claims analysis
-    (mohge_studies.analysis.study)."""
-    from mohge_studies.analysis import study
+    (mohge_studies.claims.analysis)."""
+    from mohge_studies.claims import analysis as study
 
     rnd = random.Random(1)
     runs, util, groups = [], [], []
@@ -555,7 +555,7 @@ def study(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def default_study(tmp_path_factory) -> dict[str, Path]:
     """The study tables of the committed default-config results (few models, mostly one seed)."""
-    from mohge_studies.analysis import study
+    from mohge_studies.claims import analysis as study
 
     out = tmp_path_factory.mktemp("default_study")
     config = Path(__file__).resolve().parents[2] / "configs" / "config.yaml"
@@ -639,7 +639,7 @@ def test_f12_draws_the_control_arms_paired_tests(tmp_path, monkeypatch):
     """F12 from S8: every paired test of a control arm with its n, p and decision, readable arm labels (no raw
     variant tag, no nan), no equivalence band; the selection and rule rows are not drawn; an arm not run is
     listed as such."""
-    from mohge_studies.analysis import controls
+    from mohge_studies.claims import controls
     from mohge_studies.config.runs import merge_config
 
     from mohge.config import load_yaml_or_json
@@ -715,7 +715,7 @@ def test_study_controls_tex(tmp_path):
     """S8 (the controls declared after the results) as LaTeX from the committed claims study, where every arm has
     run: each row with its status (run, or declared, not run) and no nan (a dash where a row has no number), the
     restated Q1b last; a rerun is identical."""
-    from mohge_studies.analysis import controls
+    from mohge_studies.claims import controls
     from mohge_studies.config.runs import merge_config
 
     from mohge.config import load_yaml_or_json

@@ -27,7 +27,7 @@ rule tables:
         "logs/{study}/tables.log",
     localrule: True
     conda:
-        "../envs/train.yaml"  # make_tables takes the task filter and CIs from mohge_studies.analysis.study (scipy)
+        "../envs/train.yaml"  # make_tables takes the task filter from mohge_studies.analysis.tasks (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
         source=lambda wc: PLAN.study_settings(wc.study)["source"],

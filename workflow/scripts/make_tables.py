@@ -9,7 +9,7 @@ used where runs.csv has no task:<task>:n_samples column), alpha (T1: the level o
 the study's analysis.alpha, which rules/figures.smk passes).
 Reporting rules: means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
 parameters are reported beside every comparison, one definition per column; a task is reported only where its
-declared metric leaves both chance and ceiling (mohge_studies.analysis.study.reportable_tasks), the others are
+declared metric leaves both chance and ceiling (mohge_studies.analysis.tasks.reportable_tasks), the others are
 listed in a note with the reason; a cell is bold only when its row wins a test (n >= 2 and a 95% CI disjoint from
 every other row).
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import mohge_studies.analysis.plotstyle as ps
 import pandas as pd
 from mohge_studies.analysis.plotstyle import fmt_params, fmt_pm, table_key, write_table
-from mohge_studies.analysis.study import TASK_METRIC, reportable_tasks
+from mohge_studies.analysis.tasks import TASK_METRIC, reportable_tasks
 
 COMPONENTS = ("embeddings", "lm_head", "attention", "norms", "routers", "routed_experts", "shared_experts")
 COMPONENTS += ("dense_ffn", "total", "non_embedding")

@@ -5,9 +5,9 @@ import sys
 
 import numpy as np
 import torch
+from mohge.evaluate.capacity import fact_rows
 
 from mohge.data.facts import bits_per_fact
-from mohge.evaluate.capacity import fact_rows
 from mohge.train.checkpoint import load_trained
 
 torch.set_num_threads(1)

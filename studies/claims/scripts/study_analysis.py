@@ -1,4 +1,4 @@
-"""Snakemake glue: a study's pre-declared analysis (mohge_studies.analysis.study.run_analysis) into
+"""Snakemake glue: a study's pre-declared analysis (mohge_studies.claims.analysis.run_analysis) into
 results/<study>/study/.
 
 The config arrives as canonical JSON (keys sorted: rule study_analysis), so the order its keys were merged in
@@ -9,7 +9,7 @@ import json
 import traceback
 from pathlib import Path
 
-from mohge_studies.analysis.study import run_analysis
+from mohge_studies.claims.analysis import run_analysis
 
 snakemake = globals()["snakemake"]
 with open(snakemake.log[0], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):

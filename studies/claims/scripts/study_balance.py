@@ -1,12 +1,12 @@
 """F9: per-GPU balance in the claims study: max/mean expert-FLOP load per placement strategy at each EP size,
 mean and 95% CI over the seeds' routing traces, MoHGE (filled) against the homogeneous MoE reference (open).
 
-Inputs: s3 (S3_balance.csv of mohge_studies.analysis.study). Outputs: png, pdf. Params (studies/claims/rules.smk passes
+Inputs: s3 (S3_balance.csv of mohge_studies.claims.analysis). Outputs: png, pdf. Params (studies/claims/rules.smk passes
 them from the study's config): dataset (else the first in S3), models (MoHGE and the reference), ep_sizes
 (utilization.ep_sizes). One panel per trace kind when S3 has a ``trace`` column (trained | even_within_groups), else one
 panel. Models or strategies absent from S3 are skipped. bar and decision_ep (analysis.balance_bar, balance_ep): Q2's
 pre-declared bar, drawn as a line and its EP marked. Markers: geometric mean over seeds; error bars: its 95% interval on
-the log scale, truncated at 1 (mohge_studies.analysis.study).
+the log scale, truncated at 1 (mohge_studies.claims.analysis).
 """
 
 import mohge_studies.analysis.plotstyle as ps

@@ -4,7 +4,7 @@ alpha_G): left, the tested quantity, the paired easy - hard difference of the me
 width per level (means over seeds; their between-seed intervals are not the test and are in S4); right, test
 perplexity with its 95% CI, the cost side of the dose-response.
 
-Inputs: s4 (S4_difficulty.csv of mohge_studies.analysis.study). Outputs: png, pdf.
+Inputs: s4 (S4_difficulty.csv of mohge_studies.claims.analysis). Outputs: png, pdf.
 Params: alpha_g (model -> alpha_G; default: read from the variant tag, mohge+ag1e5 = 1e-5, mohge+ag0 = 0,
 mohge+ag1rel = 1 with cost weights spanning the widths, ticked "ω∝h" and drawn apart),
 dataset (default "graded", else the first in S4). Without any alpha_G variant in S4, every model of S4 is shown.

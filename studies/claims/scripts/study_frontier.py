@@ -2,7 +2,7 @@
 expert FLOPs at one EP size), one point per alpha_E with 95% CIs on both axes; contiguous placement of the same
 models as a second series.
 
-Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge_studies.analysis.study. Outputs: png, pdf. Params: alpha_e
+Inputs: s1 (S1_models.csv), s3 (S3_balance.csv) of mohge_studies.claims.analysis. Outputs: png, pdf. Params: alpha_e
 (model -> alpha_E; default mohge 5e-3, mohge+ae5e2 5e-2, mohge+ae2e1 2e-1); from the study's config
 (studies/claims/rules.smk passes them): ep (analysis.balance_ep, the EP where Q2 is decided), bar (analysis.balance_bar,
 Q2's bar, drawn), dataset, metric (analysis.primary_metric). Models absent from either table are skipped.

@@ -1,7 +1,7 @@
 """F7: quality against total parameters in the claims study: test perplexity (full split) of every model of one
 dataset, the homogeneous MoE width sweep as a connected line, MoHGE and the dense model marked.
 
-Inputs: s1 (S1_models.csv of mohge_studies.analysis.study). Outputs: png, pdf.
+Inputs: s1 (S1_models.csv of mohge_studies.claims.analysis). Outputs: png, pdf.
 Params: dataset (default "shakespeare", else the first in S1), metric (default "test_ppl").
 Each marker is the mean over the model's n seeds (n in the legend) with its 95% t-CI (error bar, n >= 2);
 models of equal size are spread a little along x so that none hides another.

@@ -1,4 +1,4 @@
-"""The claims study's tables S1-S4 and S8 (written as CSV and Markdown by mohge_studies.analysis.study) also as
+"""The claims study's tables S1-S4 and S8 (written as CSV and Markdown by mohge_studies.claims.analysis) also as
 LaTeX tabulars.
 
 Inputs: s1 (S1_models.csv), s2 (S2_tests.csv), s3 (S3_balance.csv), s4 (S4_difficulty.csv), s8 (S8_controls.csv);

@@ -3,12 +3,12 @@ seeds) for every S2_tests row of one metric with the interval its test reads dra
 non-inferiority and one-sided tests at alpha 0.05; 95% CI for two-sided tests) and the other one thin, the
 ±margin equivalence band shaded, each row's test, n, p-value and decision written beside it.
 
-F12, the same plot of S8_controls (mohge_studies.analysis.controls): the paired tests of the control arms declared after
+F12, the same plot of S8_controls (mohge_studies.claims.controls): the paired tests of the control arms declared after
 the results, labelled by arm, without the equivalence band (none of them is an equivalence test); the
 selection and rule rows of S8 (best lr, Q1b restated) have no ratio and are not drawn; an arm not run yet is
 listed as "declared, not run".
 
-Inputs: s2 (S2_tests.csv of mohge_studies.analysis.study) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
+Inputs: s2 (S2_tests.csv of mohge_studies.claims.analysis) for F8, or s8 (S8_controls.csv) for F12. Outputs: png, pdf.
 Params: metric (the pre-declared primary metric), margin (the TOST margin; also F12's axis span around 1): the
 study's analysis section (studies/claims/rules.smk passes them).
 A row with n < 2 paired seeds has no interval and no test: it is listed as such.

@@ -494,7 +494,7 @@ def bias_balance(
 ) -> pd.DataFrame:
     """S11_bias_balance (module docstring): the rows of every arm of :data:`BIAS_ARMS` the study config plans, on the
     dataset it plans them on; empty where it plans none. ``util``: utilization_summary.csv; ``unused``: S7
-    (:func:`mohge_studies.analysis.study.unused_experts`)."""
+    (:func:`mohge_studies.claims.analysis.unused_experts`)."""
     a = AnalysisConfig.from_dict(config.get("analysis") or {}, "analysis")
     planned = planned_models(config) if planned is None else planned
     arms = [(ds, m) for ds, m in planned if m in BIAS_ARMS]

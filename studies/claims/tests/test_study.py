@@ -1,4 +1,4 @@
-"""The claims study's analysis (mohge_studies.analysis.study): paired tests on known data, balance and difficulty
+"""The claims study's analysis (mohge_studies.claims.analysis): paired tests on known data, balance and difficulty
 summaries."""
 
 import math
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from mohge_studies.analysis import study
+from mohge_studies.claims import analysis as study
 
 from mohge.core import stats
 from mohge.core.vocab import GATE_MODE_ALIASES
@@ -214,7 +214,7 @@ def test_task_table_reports_only_tasks_off_chance_and_ceiling():
 
 def test_run_analysis_on_the_committed_default_results(tmp_path, capsys):
     """`mohge study` on the committed default results: its tables, and one line that says what it wrote."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     results, config = root / "results" / "default", root / "configs" / "config.yaml"
     assert study.main(["--results", str(results), "--config", str(config), "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.splitlines() == [
@@ -234,7 +234,7 @@ def test_run_analysis_on_the_committed_default_results(tmp_path, capsys):
     assert {"S2_tests.md", "S4_difficulty.csv", "S5_tasks.csv"} <= {p.name for p in tmp_path.iterdir()}
 
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 PROSE = ("README.md", "docs/results.md", "docs/study.md")  # where the studies' numbers are written

@@ -1,4 +1,4 @@
-"""The arms declared after the claims study's results (mohge_studies.analysis.controls): each declared test on synthetic
+"""The arms declared after the claims study's results (mohge_studies.claims.controls): each declared test on synthetic
 runs with known effects (direction, p against a direct scipy computation), "declared, not run" without the runs, the
 restatement rule of Q1b on constructed cases, Q3's control and dose-response, and the token-level table."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from mohge_studies.analysis import controls
+from mohge_studies.claims import controls
 from scipy import stats
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_token_table_reads_each_trace_and_says_which_have_no_record(tmp_path, pl
 def test_the_committed_claims_tables_are_what_the_analysis_makes(tmp_path, config):
     """run_analysis on the committed results/claims CSVs: every committed csv/md table byte for byte; every
     declared arm has run in the committed study, so each row of S8 and S9 says so, and S10 has every graded run."""
-    from mohge_studies.analysis import study
+    from mohge_studies.claims import analysis as study
 
     committed = ROOT / "results" / "claims" / "study"
     study.run_analysis(ROOT / "results" / "claims", config, tmp_path)

@@ -32,7 +32,7 @@ data order of every model) and works on log-perplexity, so a difference is a rat
   test split (from each run's trace.json), mean over seeds.
 * Q3, difficulty: mean routed expert width per difficulty level (from groups_by_level.csv), per seed, then mean
   and CI over seeds; the paired easy - hard difference per seed.
-* The arms declared after the results (:mod:`mohge_studies.analysis.controls`): S8 the controls of Q1b and its
+* The arms declared after the results (:mod:`mohge_studies.claims.controls`): S8 the controls of Q1b and its
   restatement, S9 Q3's alpha_G = 0 control and dose-response, S10 the token-level Q3 record of the traces.
 
     mohge study --results results/claims --config configs/config.yaml studies/claims/config.yaml --out DIR
@@ -48,11 +48,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from mohge_studies.analysis.tasks import TASK_METRIC, reportable_tasks
+from mohge_studies.analysis.utilization import analyze
 from mohge_studies.config.runs import AnalysisConfig, UtilizationConfig
 
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
-from mohge.core.stats import compare, holm, p_binomial_h0_le, ratio_interval, t_interval
+from mohge.core.stats import compare, holm, ratio_interval, t_interval
 from mohge.evaluate.traces import Trace, TraceLayer, load_trace
 
 from .controls import (
@@ -64,16 +66,7 @@ from .controls import (
     q3_dose,
     token_q3,
 )
-from .utilization import analyze
 
-# The metric each local task is scored by (what its YAML's metric_list declares first) and its chance level.
-TASK_METRIC = {
-    "mohge_cloze": ("acc", 0.25),
-    "mohge_hellaswag": ("acc_norm", 0.25),
-    "mohge_graded_easy": ("acc", 0.25),
-    "mohge_graded_medium": ("acc", 0.25),
-    "mohge_graded_hard": ("acc", 0.25),
-}
 LEVELS = ("easy", "medium", "hard")
 # the columns of S4 and S5, also when a study has no graded dataset or no reportable task (an empty table, not a
 # file without a header)
@@ -186,28 +179,6 @@ def model_summary(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
             row.update({metric: mean, f"{metric}_low": lo, f"{metric}_high": hi})
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def reportable_tasks(runs: pd.DataFrame, docs: dict[str, int], alpha: float = 0.05) -> dict[str, str]:
-    """task -> why it is (not) reported: pooled over the study's runs, the task's declared metric must be above
-    chance (one-sided binomial test at alpha) and below ceiling (pooled score < 0.99)."""
-    out = {}
-    for task, (metric, chance) in TASK_METRIC.items():
-        col = f"task:{task}:{metric}"
-        if col not in runs or runs[col].isna().all() or not docs.get(task):
-            continue
-        scores = runs[col].dropna()
-        k = int(round(float(scores.sum()) * docs[task]))
-        n = docs[task] * len(scores)
-        p = p_binomial_h0_le(k, n, chance)
-        pooled = k / n
-        if p >= alpha:
-            out[task] = f"not reported: at chance ({pooled:.3f} vs {chance:.2f}, p = {p:.2g})"
-        elif pooled >= 0.99:
-            out[task] = f"not reported: at ceiling ({pooled:.3f})"
-        else:
-            out[task] = f"reported: {metric} {pooled:.3f} (chance {chance:.2f})"
-    return out
 
 
 def task_table(runs: pd.DataFrame, alpha: float = 0.05) -> pd.DataFrame:
