@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import os
 
-# study (results/<study>/, figures/<study>/) -> its folder here, which holds its config.yaml; the other studies'
-# configs are the files in configs/ that name them (configs/README.md)
+# study (results/<study>/, figures/<study>/) -> its folder here, which holds its config.yaml; configs/ holds the
+# default study's (config.yaml, under every other), the smoke run's and the release-scale recipe's
 STUDIES = {
+    "ablations": "ablations",
     "capacity": "capacity",
     "claims": "claims",
+    "frontier": "frontier",
     "gpu": "gpu",
     "gpu_capacity": "gpu_capacity",
 }

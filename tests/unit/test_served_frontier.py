@@ -84,7 +84,7 @@ def test_a_seed_below_every_served_point_is_left_out_and_counted():
 
 def test_the_config_refuses_a_frontier_test_naming_a_model_it_does_not_plan():
     base = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())
-    frontier = yaml.safe_load((ROOT / "configs" / "frontier.yaml").read_text())
+    frontier = yaml.safe_load((ROOT / "studies" / "frontier" / "config.yaml").read_text())
     assert "graded-mohge-ag1rel-s2" in plan(merge_config(base, frontier), preflight=False)
     bad = merge_config(
         base, {**frontier, "inference": {"frontier_test": {"trained": "mohge+ag2", "served": "mohge+ag0"}}}

@@ -145,7 +145,7 @@ SMOKE_OUTPUTS = [
 
 def test_each_config_writes_under_its_own_study(tmp_path):
     """The ablations plan lands in results/ablations/ and work/ablations/, never in another study's folders."""
-    out = smk("-n", "-p", "--configfile", "configs/ablations.yaml", cwd=copy_workflow(tmp_path))
+    out = smk("-n", "-p", "--configfile", "studies/ablations/config.yaml", cwd=copy_workflow(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     text = out.stdout + out.stderr
     assert "shakespeare-mohge-renorm-s1" in text and "params_preset" in text

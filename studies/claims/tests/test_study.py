@@ -577,8 +577,8 @@ def test_default_balance_paragraph_is_the_committed_t3():
 
 
 def test_the_frontier_studys_mohge_runs_are_the_claims_runs_retrained_bit_for_bit():
-    """configs/frontier.yaml retrains the claims study's graded arms of the same name (same data, model, training and
-    seed; docs/study.md "The served-frontier study"): each committed run's held-out loss and perplexity equal the
+    """studies/frontier/config.yaml retrains the claims study's graded arms of the same name (same data, model, training
+    and seed; docs/study.md "The served-frontier study"): each committed run's held-out loss and perplexity equal the
     claims run's exactly."""
     import json
 
