@@ -526,3 +526,31 @@ def test_the_figure_draws_the_ladder_beside_the_main_set_with_its_own_data_bits(
     legend = [t.get_text() for t in drawn["fig"].axes[0].get_legend().get_texts()]
     assert f"{arms[0]} (d_model 64, n = 2)" in legend and f"{arms[1]} (d_model 64, n = 2)" in legend
     assert "the d_model 64 set's bits" in legend and "the data's bits" in legend
+
+
+def test_docs_agree_with_the_committed_group_arm():
+    """docs/results.md's paragraph on every group kept alive carries C5's two "Groups alive" rows and C3's idle
+    columns of the arm, formatted here from the committed tables: a rerun that moves them fails."""
+    root = Path(__file__).resolve().parents[3]
+    text = " ".join((root / "docs" / "results.md").read_text().replace("**", "").split())
+    tables = root / "results" / "capacity" / "study"
+    c5 = pd.read_csv(tables / "C5_best_shot.csv").set_index("test")
+    own, hmoe = c5.loc["Groups alive: MoHGE+group bias / MoHGE"], c5.loc["Groups alive: MoHGE+group bias / HMoE"]
+    expect = [f"{own['n_a']} seeds against best-MoHGE's {own['n_b']} and HMoE's {hmoe['n_b']}"]
+    for row, whose in ((own, "best-MoHGE's bits"), (hmoe, "HMoE's")):
+        holm_p, verdict = row["verdict"].removeprefix("Holm p ").split(";")[0].split(": ")
+        assert verdict == "differs" and row["estimate"] < 1
+        expect.append(
+            f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] {whose} bits (Holm p {holm_p}"
+        )
+    share = own["verdict"].split("(share ")[1].rstrip(")")
+    assert "the router factor not recovered" in own["verdict"] and float(share) < 0
+    expect.append(f"the share of the gap to HMoE that the group bias closes is {share}")
+    c3 = pd.read_csv(tables / "C3_unused.csv")
+    arm = c3[c3["model"] == own["a"]].sort_values("layer")
+    steps = " and ".join(f"{v:g}" for v in arm["steps_with_unused"])
+    expect.append(f"{steps} of {int(arm['logged_steps'].iloc[0])} logged steps with an unused expert in layers 0 and 1")
+    expect.append(f"(mean over {arm['n'].iloc[0]} seeds), the last at step {int(arm['last_unused_step'].max()):,}")
+    assert (arm["unused"] == 0).all() and "none in the trained model (C3)" in text
+    missing = [e for e in expect if e not in text]
+    assert not missing, missing
