@@ -541,7 +541,7 @@ def test_docs_agree_with_the_committed_group_arm():
         holm_p, verdict = row["verdict"].removeprefix("Holm p ").split(";")[0].split(": ")
         assert verdict == "differs" and row["estimate"] < 1
         expect.append(
-            f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] {whose} bits (Holm p {holm_p}"
+            f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] {whose} (Holm p {holm_p}"
         )
     share = own["verdict"].split("(share ")[1].rstrip(")")
     assert "the router factor not recovered" in own["verdict"] and float(share) < 0
