@@ -4,6 +4,7 @@ the hash moves with the code that computes, not with documentation or imports.""
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import mohge_studies
@@ -131,6 +132,12 @@ def test_a_result_records_commit_clean_and_hashes():
     assert code["config_sha256"] == prov.config_sha256({"model": {"d_model": 8}})
 
 
+def _default_today() -> str:
+    """Today's digest of a run of the default study's source (the fake runs' config)."""
+    config = json.loads(next((ROOT / "results" / "default" / "runs").glob("*/config.json")).read_text())
+    return prov.sources_sha256(prov.source_of(config))
+
+
 def _fake_run(root: Path, code: dict | None) -> Path:
     run = root / "runs" / "r"
     run.mkdir(parents=True)
@@ -147,7 +154,7 @@ def test_a_config_key_added_since_at_its_default_is_not_another_config(tmp_path)
     """A run recorded before a config key existed: its config.json lacks the key, its config_sha256 is the file's as
     written; today's read fills the default. Neither a restamp nor the check calls that another config; a changed
     value does."""
-    run = _fake_run(tmp_path / "r", {"sources_sha256": prov.sources_sha256()})
+    run = _fake_run(tmp_path / "r", {"sources_sha256": _default_today()})
     config = json.loads((run / "config.json").read_text())
     config["model"]["router"].pop("flat_gate", None)  # added after the run, at its default ("logits")
     (run / "config.json").write_text(json.dumps(config))
@@ -178,7 +185,7 @@ def test_stale_names_results_without_a_record_or_of_other_code_or_config(tmp_pat
     assert prov.stale([tmp_path / "old"]) == {} and prov.main(["check", str(tmp_path / "old")]) == 0
     assert json.loads((run / "summary.json").read_text())["code"]["restamped_from"] == "0" * 64
     # a second restamp keeps the first one's reason: the history, oldest first
-    today = prov.sources_sha256()
+    today = _default_today()
     code = json.loads((run / "summary.json").read_text())["code"]
     code.update(sources_sha256="2" * 64)
     (run / "summary.json").write_text(json.dumps({"code": code}))
@@ -289,15 +296,58 @@ def test_every_hashed_spelling_is_an_alias_of_its_value():
 
 def test_check_and_restamp_end_in_a_one_line_summary(tmp_path, capsys):
     """Silence is no answer: a check that finds nothing says how many results it checked, and of which code."""
-    today = prov.sources_sha256()
+    today = _default_today()
     _fake_run(tmp_path / "ok", {"sources_sha256": today})
     assert prov.main(["check", str(tmp_path / "ok")]) == 0
+    facts = prov.sources_sha256("facts")
     assert capsys.readouterr().out.splitlines() == [
-        f"2 result files in 1 study roots, all made by today's code (sources {today[:12]})"
+        f"2 result files in 1 study roots, all made by today's code (sources facts {facts[:12]}, others {today[:12]})"
     ]
     _fake_run(tmp_path / "old", {"sources_sha256": "0" * 64})
     assert prov.main(["check", str(tmp_path / "ok"), str(tmp_path / "old")]) == 1
     assert capsys.readouterr().out.splitlines()[-1].startswith("2 of 4 result files in 2 study roots are stale")
     assert prov.main(["restamp", "--from", "0" * 64, "--reason", "r", str(tmp_path / "old")]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == f"2 result files restamped from sources {'0' * 12} to {today[:12]}"
+    assert last == f"2 result files restamped from sources {'0' * 12} to today's digest of each run's source"
+    assert json.loads((tmp_path / "old" / "runs" / "r" / "summary.json").read_text())["code"]["sources_sha256"] == today
+
+
+BLOCKED_RUN = """
+import importlib.abc, json, sys
+from pathlib import Path
+
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name in BLOCKED:
+            raise ImportError(f"blocked: {name}")
+
+
+BLOCKED = set(json.loads(sys.argv[1]))
+sys.meta_path.insert(0, Block())
+sys.path.insert(0, sys.argv[3])
+from conftest import tiny_run, train_tiny
+from mohge.evaluate import suite
+
+model, data = train_tiny(Path(sys.argv[2]), tiny_run())
+metrics = suite.evaluate(model, data, limit=2, device="cpu", max_loss_batches=1)
+print(json.dumps({"code": metrics["code"], "loaded": sorted(m for m in sys.modules if m in BLOCKED)}))
+"""
+
+
+def test_a_run_of_another_source_never_imports_the_code_scoped_to_facts(tmp_path):
+    """The facts source's own code is out of every other source's scope: a graded run prepared, trained and
+    evaluated with those modules blocked from import completes, and records the digest of its own scope, which
+    leaves them out and differs from the facts runs' (a change to them stales no other source's results)."""
+    modules = [n for n in prov.SOURCE_SCOPED["facts"] if "/" not in n]
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCKED_RUN, json.dumps(modules), str(tmp_path), str(ROOT / "tests")],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    record = json.loads(out.stdout.strip().splitlines()[-1])
+    assert record["loaded"] == []
+    assert record["code"]["sources_sha256"] == prov.sources_sha256("graded") != prov.sources_sha256("facts")
+    facts_files = {prov._scoped_file(n) for n in prov.SOURCE_SCOPED["facts"]}
+    assert facts_files <= set(prov.scope("facts")) and not facts_files & set(prov.scope("graded"))
+    assert set(prov.scope("graded")) | facts_files == set(prov.deciding_files())

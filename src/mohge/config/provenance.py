@@ -8,9 +8,11 @@ one of the run config, recorded as ``"code"`` in every run's ``summary.json`` (t
 
 ``sources_sha256``, the deciding sources: every module of the package that the entry points of data preparation,
 training, evaluation and tracing (``mohge.data``, ``mohge.train``, ``mohge.evaluate``, ``mohge.evaluate.traces``)
-import, transitively, imports inside functions included, and the local task definitions (``mohge/tasks``, package
-data: the YAMLs and ``mohge_task_data.py``). ``mohge.kernels`` is outside it (CPU results run the pure-torch
-reference, which the kernels are tested against), and so is this module, which only records. The hash is of a
+import, transitively, imports inside functions included, and the local task definitions (``mohge/tasks``, package data:
+the YAMLs and ``mohge_task_data.py``), less the code :data:`SOURCE_SCOPED` to another data source than the run's (the
+facts source's own modules and task, for every other source's runs): each run's scope is the code that made it, so a
+change to one source's own code stales no other source's results. ``mohge.kernels`` is outside it (CPU results run the
+pure-torch reference, which the kernels are tested against), and so is this module, which only records. The hash is of a
 normalized form, so that only what can change a number changes it:
 
 * each file's AST, which drops comments and formatting, without docstrings (any bare string statement),
@@ -176,10 +178,43 @@ def digest_units(units: Iterable[str]) -> str:
     return h.hexdigest()
 
 
+# Code that decides only the runs of one data source (``data.source``): a run of another source never runs it
+# (tests/unit/test_provenance.py trains and evaluates one with these modules blocked from import), so it is out of
+# that run's scope, and a change to it leaves every other source's results as they were.
+SOURCE_SCOPED = {
+    "facts": ("mohge.data.facts", "mohge.evaluate.bits_stored", "mohge/tasks/mohge_facts.yaml"),
+}
+
+
+def _scoped_file(name: str) -> Path:
+    """The file of a :data:`SOURCE_SCOPED` entry: a module, or a path under the package's parent folder."""
+    path = PACKAGE.parent / name if "/" in name else _module_file(name)
+    if path is None or not path.is_file():
+        raise FileNotFoundError(f"provenance: SOURCE_SCOPED names {name}, which is not a file of the package")
+    return path
+
+
+def source_of(config: dict[str, Any] | None) -> str | None:
+    """The data source a run config (``to_dict`` of a RunConfig, or its config.json) reads; None without one."""
+    from .data import DataConfig
+
+    data = (config or {}).get("data")
+    return data.get("source", DataConfig.__dataclass_fields__["source"].default) if isinstance(data, dict) else None
+
+
+def scope(source: str | None = None) -> tuple[Path, ...]:
+    """The deciding files of a run of ``source``: every deciding file but those scoped to another source (None:
+    every deciding file, the scope of a run of each source at once)."""
+    if source is None:
+        return deciding_files()
+    other = {_scoped_file(n) for s, names in SOURCE_SCOPED.items() if s != source for n in names}
+    return tuple(f for f in deciding_files() if f not in other)
+
+
 @functools.cache
-def sources_sha256() -> str:
-    """The digest of today's deciding sources (module docstring)."""
-    return digest_units(u for path in deciding_files() for u in _units(path))
+def sources_sha256(source: str | None = None) -> str:
+    """The digest of today's deciding sources (module docstring) in the scope of a run of ``source``."""
+    return digest_units(u for path in scope(source) for u in _units(path))
 
 
 def config_sha256(config: dict[str, Any]) -> str:
@@ -199,11 +234,12 @@ def _git(*args: str) -> str | None:
 def code_version(config: dict[str, Any]) -> dict[str, Any]:
     """The ``code`` record of a result made now from ``config`` (``to_dict`` of the RunConfig the code read)."""
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--", *map(str, deciding_files())) if commit else None
+    source = source_of(config)
+    status = _git("status", "--porcelain", "--", *map(str, scope(source))) if commit else None
     return {
         "commit": commit.strip() if commit else None,
         "clean": None if status is None else status.strip() == "",
-        "sources_sha256": sources_sha256(),
+        "sources_sha256": sources_sha256(source),
         "config_sha256": config_sha256(config),
     }
 
@@ -278,6 +314,12 @@ def expected_configs(run_dir: Path) -> dict[str, tuple[str, ...]]:
     return out
 
 
+def _run_source(run_dir: Path) -> str | None:
+    """The data source of the run in ``run_dir`` (its config.json; None without one: every deciding file)."""
+    config = run_dir / "config.json"
+    return source_of(json.loads(config.read_text())) if config.is_file() else None
+
+
 def result_files(roots: Sequence[Path]) -> list[Path]:
     """Every ``ROOT/runs/*/{summary,metrics}.json``: the results whose code :func:`stale` checks."""
     return [
@@ -293,12 +335,12 @@ def stale(roots: Sequence[Path]) -> dict[str, str]:
     """``{result file: why}`` for every result of :func:`result_files` not made by today's code from its run's
     config.json."""
     out: dict[str, str] = {}
-    today = sources_sha256()
     configs: dict[Path, dict[str, tuple[str, ...]]] = {}
     for path in result_files(roots):
         run_dir = path.parent
         if run_dir not in configs:
             configs[run_dir] = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
+        today = sources_sha256(_run_source(run_dir))
         code = json.loads(path.read_text()).get("code")
         if not isinstance(code, dict):
             out[str(path)] = "no code record (made before results recorded their code)"
@@ -317,16 +359,17 @@ def restamp(roots: Sequence[Path], old: str, reason: str) -> list[Path]:
     may."""
     if not reason.strip():
         raise ConfigError("restamp needs --reason: what shows the change leaves every result as it was")
-    today, done = sources_sha256(), []
+    done = []
     for root in roots:
         for run_dir in sorted(Path(root).glob("runs/*")):
             configs = expected_configs(run_dir) if (run_dir / "config.json").is_file() else {}
+            today = sources_sha256(_run_source(run_dir))
             for name in ("summary.json", "metrics.json"):
                 path = run_dir / name
                 result = json.loads(path.read_text()) if path.is_file() else {}
                 code = result.get("code")
-                if not isinstance(code, dict) or code.get("sources_sha256") != old:
-                    continue
+                if not isinstance(code, dict) or code.get("sources_sha256") != old or old == today:
+                    continue  # not recorded with old, or old is this run's digest today: nothing to restamp
                 if code.get("config_sha256") not in configs.get(name, ()):
                     continue
                 history = code.get("restamps")
@@ -361,7 +404,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reason", default="", help="restamp: why the change leaves every result as it was")
     args = ap.parse_intermixed_args(argv)  # the epilog's order: options before the roots
     if args.command == "digest":
-        print(json.dumps({"sources_sha256": sources_sha256(), "files": [str(p) for p in deciding_files()]}, indent=2))
+        by_source = {s: sources_sha256(s) for s in SOURCE_SCOPED}
+        by_source["every other source"] = sources_sha256("")  # one digest: no scoped file is theirs
+        record = {"sources_sha256": sources_sha256(), "by_source": by_source, "source_scoped": SOURCE_SCOPED}
+        print(json.dumps({**record, "files": [str(p) for p in deciding_files()]}, indent=2))
         return 0
     if args.command == "restamp":
         if not args.old:
@@ -369,13 +415,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = restamp(_roots(args.roots), args.old, args.reason)
         for path in done:
             print(path)
-        print(f"{len(done)} result files restamped from sources {args.old[:12]} to {sources_sha256()[:12]}")
+        print(f"{len(done)} result files restamped from sources {args.old[:12]} to today's digest of each run's source")
         return 0
     roots = _roots(args.roots)
     found = stale(roots)
     for path, why in found.items():
         print(f"{path}: {why}")
-    checked, today = len(result_files(roots)), sources_sha256()[:12]
+    checked = len(result_files(roots))
+    today = ", ".join(f"{s} {d[:12]}" for s, d in (("facts", sources_sha256("facts")), ("others", sources_sha256(""))))
     if found:
         print(f"{len(found)} of {checked} result files in {len(roots)} study roots are stale, as listed (today's "
               f"sources {today})")  # fmt: skip

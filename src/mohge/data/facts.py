@@ -165,24 +165,6 @@ def write_tokenizer(cfg: DataConfig, path: str | os.PathLike) -> None:
         tok.save(str(tmp), pretty=True)
 
 
-def tokenizer_probe(cfg: DataConfig) -> str:
-    """The text a prepared tokenizer must round-trip (mohge.tokenizer.check_tokenizer): for the facts source the
-    end-of-text word and the first and last symbol of each kind, for every other source the byte-level probe."""
-    from .tokenizer import PROBE
-
-    if cfg.source != "facts":
-        return PROBE
-    return " ".join(
-        [
-            cfg.eot_token,
-            key_word(0),
-            key_word(cfg.facts_key_tokens - 1),
-            value_word(0),
-            value_word(cfg.facts_value_tokens - 1),
-        ]
-    )
-
-
 def task_docs(cfg: DataConfig) -> list[dict[str, str]]:
     """The documents of lm-eval's `mohge_facts` task: one per fact, in table order. The context is the
     end-of-text word and the key (the context every fact has in training), the continuation the value."""

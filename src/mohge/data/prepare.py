@@ -35,13 +35,11 @@ from mohge.core.atomic import atomic_path, sha256_file, write_json_atomic
 from mohge.core.cli import setup_logging, user_errors
 
 from .document import CANDIDATE, Doc
-from .facts import tokenizer_probe
-from .facts import write_tokenizer as write_facts_tokenizer
 from .holdout import CandidateWriter
 from .manifest import TOKENIZER_INFO, gather, load_meta
 from .shards import MAX_META_DOC_NAMES, SHARDS, SplitShardWriter, part_name, token_dtype
 from .sources import carved_by_tokens, default_cache_dir, iter_shard_docs, iter_tokenizer_sample, split_record
-from .tokenizer import check_tokenizer, eot_id, load_tokenizer, train_tokenizer
+from .tokenizer import check_tokenizer, eot_id, load_tokenizer, tokenizer_probe, train_tokenizer
 
 log = logging.getLogger("mohge.data")
 
@@ -87,6 +85,8 @@ def prepare_tokenizer(
         if counted["docs"] == 0:
             raise ConfigError(f"data.source={cfg.source!r}: the train split is empty")
     elif cfg.tokenizer_kind == "facts":  # one word per symbol (mohge.data.facts, docs/method.md §12.5)
+        from .facts import write_tokenizer as write_facts_tokenizer
+
         write_facts_tokenizer(cfg, target)
         info["source"] = "facts"
     elif cfg.tokenizer_kind == "file":

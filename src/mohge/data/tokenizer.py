@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from mohge.config import EOT, MIN_VOCAB_SIZE, ConfigError
+from mohge.config import EOT, MIN_VOCAB_SIZE, ConfigError, DataConfig
 from mohge.core.atomic import atomic_path
 
 EOT_ID = 0  # the id our trained BPE gives EOT; a prepared folder's own id is meta["eot_id"]
@@ -130,7 +130,7 @@ def check_tokenizer(path: str | os.PathLike, eot_token: str | None = None, probe
     give back its input is a ConfigError naming the file (checked before training, never copied to outputs).
     With ``eot_token`` (data.eot_token), a tokenizer without that token is a ConfigError naming the key.
     ``probe``: any text for a byte-level tokenizer; a word-level one (the facts source) round-trips only its
-    own words (mohge.data.facts.tokenizer_probe)."""
+    own words (tokenizer_probe)."""
     try:
         tok = load_tokenizer(path)
         back = decode(tok, encode(tok, probe))
@@ -143,3 +143,21 @@ def check_tokenizer(path: str | os.PathLike, eot_token: str | None = None, probe
     if eot_token is not None:
         eot_id(tok, eot_token, path)
     return tok
+
+
+def tokenizer_probe(cfg: DataConfig) -> str:
+    """The text a prepared tokenizer must round-trip (mohge.tokenizer.check_tokenizer): for the facts source the
+    end-of-text word and the first and last symbol of each kind, for every other source the byte-level probe."""
+    if cfg.source != "facts":
+        return PROBE
+    from .facts import key_word, value_word  # the facts source's own code, only for its runs
+
+    return " ".join(
+        [
+            cfg.eot_token,
+            key_word(0),
+            key_word(cfg.facts_key_tokens - 1),
+            value_word(0),
+            value_word(cfg.facts_value_tokens - 1),
+        ]
+    )

@@ -415,8 +415,7 @@ def trained_tokenizer(folder: str | Path, given: str | Path | None = None) -> Pa
     """The tokenizer.json a model reads with: the folder's own (sealed by its manifest), or ``given`` (a step_*
     checkpoint has none), which must parse and round-trip, and be the folder's own when it has one. Every
     refusal is one line naming the file."""
-    from mohge.data.facts import tokenizer_probe
-    from mohge.data.tokenizer import check_tokenizer
+    from mohge.data.tokenizer import check_tokenizer, tokenizer_probe
 
     folder = Path(folder)
     own = folder / "tokenizer.json"

@@ -16,9 +16,8 @@ from mohge.config.sizes import count_params
 from mohge.core.atomic import sha256_file, write_bytes_atomic, write_json_atomic
 from mohge.core.knobs import to_dict
 from mohge.data import load_meta, prepare
-from mohge.data.facts import tokenizer_probe
 from mohge.data.loader import sealed_entry, verify_folder
-from mohge.data.tokenizer import check_tokenizer, eot_id
+from mohge.data.tokenizer import check_tokenizer, eot_id, tokenizer_probe
 
 from . import checkpoint as ckpt
 from .runtime import Runtime
