@@ -12,7 +12,7 @@ from conftest import tiny_run, train_tiny
 
 from mohge.config import ConfigError, DataConfig
 from mohge.data import facts, prepare, read_split
-from mohge.data.tokenizer import check_tokenizer, encode, load_tokenizer
+from mohge.data.tokenizer import check_tokenizer, encode, load_tokenizer, tokenizer_probe
 from mohge.evaluate import bits_stored as bits
 from mohge.evaluate import suite as ev
 
@@ -106,7 +106,7 @@ def test_every_training_window_starts_with_the_scored_context(data_dir):
 
 
 def test_the_word_level_tokenizer_is_a_real_tokenizer_json(data_dir):
-    tok = check_tokenizer(data_dir / "tokenizer.json", "<|endoftext|>", facts.tokenizer_probe(cfg()))
+    tok = check_tokenizer(data_dir / "tokenizer.json", "<|endoftext|>", tokenizer_probe(cfg()))
     assert tok.get_vocab_size() == 514
     text = facts.fact_texts(cfg())[0]
     ids = encode(load_tokenizer(data_dir / "tokenizer.json"), f"<|endoftext|> {text}")
