@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 
 from mohge import __version__
-from mohge.core.cli import user_errors
+from mohge.core.cli import EXIT_USER, user_errors
 
 # subcommand -> (module owning its main, one line of help); in the order of a study: data, train, evaluate, analyse
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,7 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(command: str, argv: Sequence[str]) -> int:
     """``main(argv)`` of the module that owns ``command``, under the exit-code policy of mohge.core.cli."""
-    module = importlib.import_module(COMMANDS[command][0])
+    try:
+        module = importlib.import_module(COMMANDS[command][0])
+    except ModuleNotFoundError as err:  # a command of an extra the install lacks: one line, not a traceback
+        if (err.name or "mohge").split(".")[0] in ("mohge", "mohge_studies"):
+            raise  # a module of ours missing is a bug
+        print(f"mohge {command}: needs {err.name}, which is not installed here (the bare library installs torch alone;"
+              " pip install 'mohge[all]', or the checkout's setup.sh)", file=sys.stderr)  # fmt: skip
+        return EXIT_USER
     return user_errors(module.main)(list(argv))
 
 

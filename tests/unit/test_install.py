@@ -131,6 +131,11 @@ def test_the_bare_library_installs_beside_torch_alone_and_its_layer_trains(tmp_p
     assert out["missing"] == list(NOT_CORE) and out["imported"] == []
     assert out["fits"][-1] < out["fits"][0] and all(a > 0 for a in out["auxes"]) and all(out["grads"]), out
     assert out["doc_losses"][-1] < out["doc_losses"][0] / 10, out["doc_losses"]
+    # a study command needs the extras: one line that says which, status 2 (not a traceback)
+    study = subprocess.run([python, "-m", "mohge", "collect", "--help"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert study.returncode == 2 and len(study.stderr.splitlines()) == 1, study.stderr[-2000:]
+    assert "which is not installed here" in study.stderr and "mohge[all]" in study.stderr
 
     requires = [Requirement(line) for line in out["requires"]]
     assert not [str(r) for r in requires if any(s.operator in ("==", "===") for s in r.specifier)]
