@@ -540,9 +540,7 @@ def test_docs_agree_with_the_committed_group_arm():
     for row, whose in ((own, "best-MoHGE's bits"), (hmoe, "HMoE's")):
         holm_p, verdict = row["verdict"].removeprefix("Holm p ").split(";")[0].split(": ")
         assert verdict == "differs" and row["estimate"] < 1
-        expect.append(
-            f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] {whose} (Holm p {holm_p}"
-        )
+        expect.append(f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] {whose} (Holm p {holm_p}")
     share = own["verdict"].split("(share ")[1].rstrip(")")
     assert "the router factor not recovered" in own["verdict"] and float(share) < 0
     expect.append(f"the share of the gap to HMoE that the group bias closes is {share}")
