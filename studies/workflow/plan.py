@@ -93,10 +93,10 @@ def committed_diff(config: dict, recorded: dict | None) -> list[str]:
 
 
 class WorkflowPlan:
-    """The plan of one merged workflow ``config`` run from the working directory, whose checkout (configs/, the
-    committed benchmark CSV) is ``checkout``. ``from_results``: only tables and figures are asked for (the
-    `figures` target), from the committed CSVs. ``tracked``: the files git tracks under a folder.
-    ``rerun_committed``: make every run again (MOHGE_RERUN_COMMITTED=1, a reproduction)."""
+    """The plan of one merged workflow ``config`` run from the working directory, whose checkout (configs/, studies/,
+    the committed benchmark CSV) is ``checkout``. ``from_results``: only tables and figures are asked for (the `figures`
+    target), from the committed CSVs. ``tracked``: the files git tracks under a folder. ``rerun_committed``: make every
+    run again (MOHGE_RERUN_COMMITTED=1, a reproduction)."""
 
     def __init__(
         self,
@@ -134,7 +134,7 @@ class WorkflowPlan:
         differs = committed_diff(self.config, recorded)
         if not differs:
             return
-        made_by = os.path.relpath(source) if source else "a config not in configs/"
+        made_by = os.path.relpath(source) if source else "a config in neither configs/ nor studies/"
         raise ConfigError(
             f"study={self.study!r}: {self.res}/ holds {len(files)} committed files, made by {made_by}, and this "
             f"config differs from it (in {', '.join(differs)}); name another study (a top-level `study:` in your "
