@@ -95,12 +95,14 @@ def _ladder(c5: pd.DataFrame) -> str:
     if c1["n_a"] != c1["n_a"] or min(c1["n_a"], c1["n_b"]) == 0:
         return ""
     n = f"{int(c1['n_a'])} and {int(c1['n_b'])} seeds" if c1["n_a"] != c1["n_b"] else f"{int(c1['n_a'])} seeds each"
+    gate = "MoE-12 for its gate not yet in" if not g1["n_b"] else f"its gate G1: {g1['verdict']}"
     if c1["ci_low"] != c1["ci_low"]:
-        read = f"per seed {_seeds(c1['per_seed'])}, no interval below 2 degrees of freedom"
+        read = f"{c1['estimate']:.3f}×, per seed {_seeds(c1['per_seed'])}, no interval below 2 degrees of freedom"
+    elif str(c1["verdict"]).startswith("interim"):
+        read = f"{_ci(c1)}, no verdict before the declared seeds are in"
     else:
         read = f"{_ci(c1)}, {c1['verdict']}"
-    gate = "MoE-12 for its gate not yet in" if not g1["n_b"] else f"its gate G1: {g1['verdict']}"
-    return f"At d_model 64 ({n} so far, {gate}): {c1['estimate']:.3f}×, {read}."
+    return f"At d_model 64 ({n} so far, {gate}): {read}."
 
 
 def claim_1(root: Path = ROOT) -> tuple[list[Verdict], str]:

@@ -423,8 +423,13 @@ def ladder(runs: pd.DataFrame, main: pd.DataFrame, labels: dict[str, str], p: di
             read = f"grows (p of H0 ratio >= 1: {sest.p_h0_ge(0.0):.3g})"
         else:
             read = "not shown to shrink"
-        note = "" if gates else " (estimate only: G1 fails at a size)"
+        failed = "fail" in (g1["verdict"], g1_32["verdict"])
+        note = (
+            "" if gates else " (estimate only: G1 fails at a size)" if failed else " (estimate only: G1 not read at 64)"
+        )
         slope["verdict"] = f"Holm p {adjusted[1]:.3g}: {read}{note}"
+        # it reads both sizes' arms: interim while the d_model 64 arms have fewer seeds in than declared
+        slope["verdict"] = _interim(c1, p.get("declared", {})) or slope["verdict"]
     else:
         slope["verdict"] = "per-seed values only (df < 2)" if sest.defined else "needs 2 seeds a model at each size"
     test = "Router factor at d_model 64: MoHGE / HMoE"

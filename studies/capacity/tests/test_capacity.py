@@ -442,6 +442,23 @@ def test_the_size_ladder_is_read_by_the_confirmatory_rule_at_d_model_64():
     assert c1["ci_low"] == c1["ci_low"] and c1["verdict"] != "per-seed values only (df < 2)"
 
 
+def test_the_size_row_is_interim_while_the_ladders_arms_are():
+    """H0 'the size row gives a reading on 3 of 4 declared seeds' fails: with 3 seeds in of the 4 declared for the
+    d_model 64 arms the row says interim (its numbers kept); with every seed in it reads; and it never says G1
+    fails where G1 at 64 has not been read (no MoE-12 there)."""
+    labels = ca.best_labels(KEPT, "moe", "moe_equal")
+    base, table = best_runs(BASE32)
+    runs = pd.concat([base, d64_runs({"mohge_d64": 4.8e5, "reference_d64": 6.0e5}, 3, spread=0.02)])
+    declared = {labels["mohge_d64"]: 4, labels["reference_d64"]: 4}
+    t = ca.best_shot(runs, table, {**ca.DEFAULTS, "declared": declared}).set_index("test")
+    size = t.loc["Size: (MoHGE / MoE-15 at 64) / (at 32)"]
+    assert size["verdict"] == "interim: n 3/3 of 4/4 declared" and size["estimate"] == size["estimate"]
+    runs = pd.concat([base, d64_runs({"mohge_d64": 4.8e5, "reference_d64": 6.0e5}, 4, spread=0.02)])
+    t = ca.best_shot(runs, table, {**ca.DEFAULTS, "declared": declared}).set_index("test")
+    verdict = t.loc["Size: (MoHGE / MoE-15 at 64) / (at 32)", "verdict"]
+    assert verdict.startswith("Holm p") and verdict.endswith("(estimate only: G1 not read at 64)"), verdict
+
+
 def test_no_interval_is_printed_on_fewer_than_2_degrees_of_freedom():
     """H0 'an interval on about one degree of freedom is printed' fails: two seeds of unequal spread (df near 1)
     give the estimate, the per-seed ratios, no interval; C1 gives each seed's B and no interval below 3 seeds."""

@@ -118,3 +118,17 @@ def test_the_size_ladder_reads_as_its_c5_row_in_the_docs():
     else:
         said = f"MoHGE stores {row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}] the bits of MoE-15"
     assert said in docs, said
+    runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
+    b = {arm: runs.loc[runs["family"] == row[arm], "bits_stored"] / 1e3 for arm in ("a", "b")}
+    share = runs.loc[runs["family"] == row["b"], "bits_stored"] / runs.loc[runs["family"] == row["b"], "data_bits"]
+    n = {3: "3 seeds each of the 4 declared so far", 4: "4 seeds each"}[int(min(row["n_a"], row["n_b"]))]
+    expect = [
+        n,
+        f"with MoE-15 storing {share.mean():.0%} of the set's bits",
+        f"MoHGE's seeds spread from {b['a'].min():.1f} k to {b['a'].max():.1f} k bits while MoE-15's lie within "
+        f"{b['b'].min():.1f} k to {b['b'].max():.1f} k",
+    ]
+    if str(row["verdict"]).startswith("interim"):
+        expect.append("No verdict is read before the declared seeds are in")
+    missing = [e for e in expect if e not in docs]
+    assert not missing, missing
