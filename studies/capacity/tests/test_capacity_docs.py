@@ -130,5 +130,7 @@ def test_the_size_ladder_reads_as_its_c5_row_in_the_docs():
     ]
     if str(row["verdict"]).startswith("interim"):
         expect.append("No verdict is read before the declared seeds are in")
+    elif row["verdict"] == "not decidable by the declared rule (G1 at 64)":
+        expect.append("Claim 1 at d_model 64 is not decidable until its gate G1 is read")
     missing = [e for e in expect if e not in docs]
     assert not missing, missing
