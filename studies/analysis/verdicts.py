@@ -36,6 +36,16 @@ class Verdict:
     table: str
 
 
+PROSE = ("README.md", "docs/results.md", "docs/study.md")  # where the studies' numbers are written in sentences
+
+
+def prose(root: Path = ROOT) -> str:
+    """The README, docs/results.md and docs/study.md as one line of text, line breaks inside sentences and bold
+    markers gone: what the tests that hold each sentence to its table search."""
+    text = "".join((root / name).read_text() for name in PROSE)
+    return " ".join(text.replace("**", "").split())
+
+
 def _csv(root: Path, rel: str) -> pd.DataFrame:
     return pd.read_csv(root / rel)
 

@@ -4,19 +4,12 @@ or an extension that moves a table and leaves the prose behind fails."""
 from pathlib import Path
 
 import pandas as pd
+from mohge_studies.analysis.verdicts import prose
 
 from mohge.core import stats
 from mohge.core.vocab import GATE_MODE_ALIASES
 
 ROOT = Path(__file__).resolve().parents[3]
-PROSE = ("README.md", "docs/results.md", "docs/study.md")  # where the studies' numbers are written
-
-
-def prose() -> str:
-    """The README, docs/results.md and docs/study.md as one line of text: line breaks inside sentences and bold
-    markers gone."""
-    text = "".join((ROOT / name).read_text() for name in PROSE)
-    return " ".join(text.replace("**", "").split())
 
 
 def test_docs_agree_with_the_committed_capacity_tables():

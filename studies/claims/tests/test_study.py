@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from mohge_studies.analysis.verdicts import prose
 from mohge_studies.claims import analysis as study
 
 from mohge.core import stats
@@ -234,16 +235,6 @@ def test_run_analysis_on_the_committed_default_results(tmp_path, capsys):
 
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-PROSE = ("README.md", "docs/results.md", "docs/study.md")  # where the studies' numbers are written
-
-
-def prose() -> str:
-    """The README, docs/results.md and docs/study.md as one line of text: line breaks inside sentences and bold
-    markers gone."""
-    text = "".join((ROOT / name).read_text() for name in PROSE)
-    return " ".join(text.replace("**", "").split())
 
 
 def test_docs_agree_with_the_committed_claims_tables():
