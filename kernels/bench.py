@@ -11,6 +11,8 @@ d_model 1024, 8 groups x 8 experts of widths 384, 512, ..., 1280, top-4 groups t
 and forward+backward (CUDA events through ``triton.testing.do_bench``, median):
 
 * ``triton`` - :func:`mohge.kernels.swiglu.swiglu_grouped_triton`;
+* ``triton_graph`` - the same kernels from device-built tables (:class:`mohge.kernels.capture.CapturablePlan`), the
+  forward and the forward+backward each captured once in a CUDA graph and replayed (no host work per pass);
 * ``dense``  - one dense SwiGLU pair of equal FLOPs: [T, D] x [D, 2 F] and [T, F] x [F, D], F = K * mean width;
 * ``loop``   - the per-expert loop :func:`mohge.kernels.reference.swiglu_loop` (what the release runs);
 * ``torch``  - the pure-torch grouped path :func:`mohge.kernels.reference.swiglu_grouped_torch`;
@@ -46,7 +48,7 @@ from .roofline import HOMOGENEOUS, annotate, summary
 
 D_MODEL, GROUPS, PER_GROUP, GROUP_TOPK, TOPK = 1024, 8, 8, 4, 6
 WIDTHS = [384 + 128 * g for g in range(GROUPS)]
-PATHS = ("triton", "grouped_mm", "hom_grouped_mm", "dense", "loop", "torch", "mm")
+PATHS = ("triton", "triton_graph", "grouped_mm", "hom_grouped_mm", "dense", "loop", "torch", "mm")
 DECODE_T = 64  # tokens of one decode step of a batch: the weights read dominate, so bandwidth is the measure
 CPU_PATHS = ("grouped_mm", "torch", "loop", "dense")
 SIZE_KEYS = ("name", "d_model", "widths", "per_width", "topk", "T")
@@ -100,6 +102,7 @@ def mm_roofline(A: int, D: int, h: int, dtype: torch.dtype, dev: str = "cuda", s
 
 def _runners(T: int, dtype: torch.dtype, seed: int):
     """{path: (forward thunk, forward+backward thunk, FLOPs of the forward)}."""
+    from .capture import CapturablePlan, cuda_graphed
     from .reference import swiglu_grouped_torch, swiglu_loop
     from .swiglu import swiglu_grouped_triton
     from .torch_grouped_mm import swiglu_grouped_mm
@@ -126,9 +129,13 @@ def _runners(T: int, dtype: torch.dtype, seed: int):
     hom = timed(
         lambda: swiglu_grouped_mm(x, idx, gates, [w1h], [w2h]), [x, gates, w1h, w2h], 2 * T * TOPK * D_MODEL * 3 * h
     )
+    plan = CapturablePlan(w1s, w2s, T, TOPK)
+    graph_fwd = cuda_graphed(lambda: plan(x, idx, gates))
+    graph_fwd_bwd = cuda_graphed(lambda: torch.autograd.grad(plan(x, idx, gates), moe_leaves, dy))
     return {
         HOMOGENEOUS: hom,
         "triton": moe(swiglu_grouped_triton),
+        "triton_graph": (graph_fwd, graph_fwd_bwd, moe_flops),
         "grouped_mm": moe(swiglu_grouped_mm),
         "dense": timed(lambda: _dense_swiglu(x, w1d, w2d), [x, w1d, w2d], 2 * T * D_MODEL * 3 * F_dense),
         "loop": moe(swiglu_loop),
@@ -291,6 +298,18 @@ def main(argv: list[str] | None = None) -> int:
                 y_tri, y_ref = runners["triton"][0](), runners["torch"][0]()
             rel = ((y_tri.float() - y_ref.float()).abs().max() / y_ref.float().abs().max()).item()
             print(f"T={T:6d} check: max|triton - torch| / max|torch| = {rel:.2e}", flush=True)
+        if "triton_graph" in args.paths:  # capture both graphs now: a path that cannot be captured is reported
+            try:
+                with torch.no_grad():
+                    y_graph = runners["triton_graph"][0]().clone()
+                runners["triton_graph"][1]()
+                if "triton" in args.paths:
+                    with torch.no_grad():
+                        same = torch.equal(y_graph, runners["triton"][0]())
+                    print(f"T={T:6d} check: triton_graph {'equals' if same else 'DIFFERS FROM'} triton bit for bit")
+            except Exception as err:  # noqa: BLE001 - a path that cannot run is reported, the others still measured
+                print(f"T={T:6d} triton_graph failed: {type(err).__name__}: {str(err)[:400]}", flush=True)
+                args.paths = [p for p in args.paths if p != "triton_graph"]
         for path in args.paths:
             fwd, fwd_bwd, flops = runners[path]
             for ps, fn, mult in (("fwd", fwd, 1), ("fwd+bwd", fwd_bwd, 3)):

@@ -6,8 +6,9 @@ For each T and path of :mod:`mohge.kernels.bench` (the release's shapes, bf16), 
 passes by the wall clock (CUDA-synchronized), then profiles ``--profiled`` more with ``torch.profiler`` and sums the
 device time of the CUDA kernels. ``gpu_busy_share`` = kernel time / wall time: near 1 the path is bound by its
 kernels; far below 1 the GPU waits on the host (Python, dispatch, launches), which faster kernels cannot fix and
-CUDA graphs or fewer launches can. Writes one JSON row per (T, path): wall_ms, kernel_ms, kernels_per_iter,
-gpu_busy_share. Imports nothing beyond torch (tests/unit/test_gpu_check_imports.py).
+CUDA graphs or fewer launches can (``triton_graph``: the same kernels replayed from one CUDA graph). Writes one JSON
+row per (T, path): wall_ms, kernel_ms, kernels_per_iter, gpu_busy_share (or ``error``, for a path that could not
+run). Imports nothing beyond torch (tests/unit/test_gpu_check_imports.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from .bench import _runners
 
-PATHS = ("triton", "grouped_mm", "hom_grouped_mm")
+PATHS = ("triton", "triton_graph", "grouped_mm", "hom_grouped_mm")
 TOKENS = (4096, 16384, 65536)
 
 
@@ -70,7 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for T in args.tokens:
         runners = _runners(T, torch.bfloat16, 0)
         for path in args.paths:
-            row = {"T": T, "path": path, **profile_path(runners[path][1], args.iters, args.profiled)}
+            try:
+                row = {"T": T, "path": path, **profile_path(runners[path][1], args.iters, args.profiled)}
+            except Exception as err:  # noqa: BLE001 - one path that cannot run (a graph not captured) is a row
+                rows.append({"T": T, "path": path, "error": f"{type(err).__name__}: {str(err)[:400]}"})
+                print(f"T={T:>6} {path:<15} failed: {rows[-1]['error']}", flush=True)
+                continue
             print(
                 f"T={T:>6} {path:<15} wall {row['wall_ms']:8.3f} ms, kernels {row['kernel_ms']:8.3f} ms "
                 f"({row['kernels_per_iter']:.0f} a pass): GPU busy {row['gpu_busy_share']:.0%}",

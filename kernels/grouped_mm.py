@@ -50,6 +50,8 @@ def _grouped_mm_kernel(
     # SWIGLU_BWD: h_ptr holds [a | u] laid out like C with 2*ncol columns; the product is d(act) and
     #   the kernel writes [da | du] into C (which then has 2*ncol columns too)
     e, m0, n0 = load_tile(tile_ptr, BM, BN)
+    if e < 0:  # a surplus tile of a fixed grid (the capturable path, kernels/capture.py)
+        return
     a_off, lda, kdim, b_addr, ldb, ncol, c_off, ldc, rows = row_problem(desc_ptr, e, HINT)
     b_ptr = weight_ptr(b_addr, a_ptr, HINT)
     rm = m0 + tl.arange(0, BM)

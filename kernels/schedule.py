@@ -132,3 +132,35 @@ def to_device(desc: np.ndarray, tiles: np.ndarray, device: torch.device) -> tupl
     flat = np.concatenate([desc.reshape(-1), tiles.reshape(-1)]).astype(np.int64)
     buf = torch.from_numpy(flat).to(device, non_blocking=True)
     return buf[: desc.size], buf[desc.size :]
+
+
+# ----------------------------------------------------------------------------------------------------
+# The same schedule built on the device (the capturable path, :mod:`.capture`): no host copy of the counts
+# ----------------------------------------------------------------------------------------------------
+
+
+def tile_bound(n_E: np.ndarray, rows_total: int, bm: int, bn: int) -> int:
+    """An upper bound on the tiles of row GEMMs whose experts share ``rows_total`` rows in any split, expert e's
+    output ``n_E[e]`` columns wide: sum_e ceil(C_e / bm) <= ceil(rows_total / bm) + E - 1 row blocks (ceil(a/b) +
+    ceil(c/b) <= ceil((a+c)/b) + 1), each at most max_e ceil(n_E / bn) column blocks wide."""
+    if n_E.size == 0:
+        return 0
+    return int(-(-n_E.max() // bn)) * (-(-rows_total // bm) + n_E.size - 1)
+
+
+def device_tiles(m_E: Tensor, nn_E: Tensor, bm: int, bn: int, bound: int) -> Tensor:
+    """:func:`tile_list` computed on the device from per-expert row counts ``m_E`` (int64, on the device) and column
+    blocks ``nn_E`` (int64 [E] on the device, ceil(N_e / bn)), padded to ``bound`` rows: int64 [bound, 3] of (expert,
+    m0, n0), the real tiles first and in :func:`tile_list`'s order, then surplus rows of expert -1, whose programs
+    return at once. Every op is a device op of a shape fixed by ``bound``: a CUDA graph can capture it."""
+    nm_E = torch.div(m_E + (bm - 1), bm, rounding_mode="floor")
+    per_E = nm_E * nn_E
+    end_E = torch.cumsum(per_E, 0)
+    i = torch.arange(bound, device=m_E.device, dtype=torch.int64)
+    e = torch.searchsorted(end_E, i, right=True)
+    real = e < m_E.numel()
+    e = e.clamp(max=m_E.numel() - 1)
+    local = i - (end_E - per_E)[e]
+    nm = nm_E[e].clamp(min=1)
+    n0 = torch.div(local, nm, rounding_mode="floor") * bn
+    return torch.stack([torch.where(real, e, -1), (local % nm) * bm, n0], 1)

@@ -45,6 +45,8 @@ def _up_swiglu_kernel(
     # W1_e [2H, D] at b_addr (ldb = D): rows [0, H) give a, rows [H, 2H) give u; ncol = H
     # act ragged [C, H] at c_off = rag_e (ldc = H);  h ragged [C, 2H] = [a | u] at 2 c_off (ld 2 ldc)
     e, m0, n0 = load_tile(tile_ptr, BM, BN)
+    if e < 0:  # a surplus tile of a fixed grid (the capturable path, kernels/capture.py)
+        return
     a_off, lda, kdim, b_addr, ldb, ncol, c_off, ldc, rows = row_problem(desc_ptr, e, HINT)
     w_ptr = weight_ptr(b_addr, x_ptr, HINT)
     rm = m0 + tl.arange(0, BM)

@@ -45,6 +45,8 @@ def _wgrad_kernel(
     # dW_e[ncol, mcol] = G_e[rows, ncol]^T @ X_e[rows, mcol], written densely (ld mcol) at out_addr
     # G_e at g_ptr + g_off (ldg), X_e at x_ptr + x_off (ldx); tile (e, n0, m0) covers dW_e[n0:+BM, m0:+BN]
     e, n0, m0 = load_tile(tile_ptr, BM, BN)
+    if e < 0:  # a surplus tile of a fixed grid (the capturable path, kernels/capture.py)
+        return
     d = desc_ptr + e * 8
     g_off = load_hinted(d + 0, HINT)
     ldg = load_hinted(d + 1, HINT)

@@ -59,10 +59,18 @@ STRATEGY_LABELS = {
 }
 LEVELS = ("easy", "medium", "hard")
 LEVEL_COLORS = {"easy": "#9ECAE1", "medium": "#4292C6", "hard": "#08306B"}  # light to dark: ordinal
-PATHS = ("triton", "grouped_mm", "dense", "loop", "torch")
-PATH_COLORS = {"triton": "#D55E00", "dense": "#555555", "loop": "#0072B2", "torch": "#009E73", "grouped_mm": "#CC79A7"}
+PATHS = ("triton", "triton_graph", "grouped_mm", "dense", "loop", "torch")
+PATH_COLORS = {
+    "triton": "#D55E00",
+    "triton_graph": "#E69F00",
+    "dense": "#555555",
+    "loop": "#0072B2",
+    "torch": "#009E73",
+    "grouped_mm": "#CC79A7",
+}
 PATH_LABELS = {  # the paths of mohge.kernels.bench
     "triton": "Triton",
+    "triton_graph": "Triton, one CUDA graph",
     "dense": "dense (equal FLOPs)",
     "loop": "loop (release)",
     "torch": "torch grouped",

@@ -125,3 +125,59 @@ def test_auto_backend_picks_triton_on_cuda(monkeypatch):
     y_auto = expert_swiglu(x, idx, gates, w1s, w2s, backend="auto")
     assert calls == [1]
     torch.testing.assert_close(y_auto, swiglu_grouped_torch(x, idx, gates, w1s, w2s), rtol=2e-4, atol=2e-4)
+
+
+def _plan_run(plan, x, idx, gates, dy, leaves):
+    y = plan(x, idx, gates)
+    return [y, *torch.autograd.grad(y, leaves, dy)]
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_capturable_path_reads_nothing_on_the_host_and_equals_the_triton_path(name):
+    """Under CUDA's sync debug mode "error" a device-to-host copy raises: the capturable forward and backward make
+    none, and give the host-scheduled Triton path's bits."""
+    from mohge.kernels.capture import CapturablePlan
+    from mohge.kernels.swiglu import swiglu_grouped_triton
+
+    T, K = SHAPES[name][:2]
+    x, idx, gates, w1s, w2s, dy = _problem(*SHAPES[name])
+    leaves = [t.bfloat16().requires_grad_() for t in (x, gates, *w1s, *w2s)]
+    xb, gb, ws, dyb = leaves[0], leaves[1], leaves[2:], dy.bfloat16()
+    nc = len(w1s)
+    plan = CapturablePlan(ws[:nc], ws[nc:], T, K)
+    plan_out = _plan_run(plan, xb, idx, gb, dyb, leaves)  # first call outside the debug mode: Triton compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = _plan_run(plan, xb, idx, gb, dyb, leaves)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = swiglu_grouped_triton(xb, idx, gb, ws[:nc], ws[nc:])
+    want = [want, *torch.autograd.grad(want, leaves, dyb)]
+    labels = _labels(nc)
+    for label, a, b, c in zip(labels, plan_out, again, want, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c), f"{name}: {label}"
+
+
+def test_one_cuda_graph_replays_new_routings_as_the_eager_plan_computes_them():
+    """Captured once, replayed after new tokens, routings and gates are copied into its inputs: each replay's
+    output and gradients are those of the plan run eagerly on the same inputs, bit for bit."""
+    from mohge.kernels.capture import CapturablePlan, cuda_graphed
+
+    T, K, D, widths, ns, unused = SHAPES["t600_three_classes"]
+    x, idx, gates, w1s, w2s, dy = _problem(T, K, D, widths, ns, unused)
+    w1s, w2s = [w.bfloat16().requires_grad_() for w in w1s], [w.bfloat16().requires_grad_() for w in w2s]
+    x_in, idx_in, g_in = x.bfloat16().requires_grad_(), idx.clone(), gates.bfloat16().requires_grad_()
+    leaves = [x_in, g_in, *w1s, *w2s]
+    plan = CapturablePlan(w1s, w2s, T, K)
+    replay = cuda_graphed(lambda: _plan_run(plan, x_in, idx_in, g_in, dy.bfloat16(), leaves))
+    for seed in (1, 2, 3):
+        nx, nidx, ng, _, _, _ = _problem(T, K, D, widths, ns, [] if seed % 2 else unused, seed=seed)
+        with torch.no_grad():
+            x_in.copy_(nx.bfloat16())
+            idx_in.copy_(nidx)
+            g_in.copy_(ng.bfloat16())
+        got = [t.clone() for t in replay()]
+        want = _plan_run(plan, x_in, idx_in, g_in, dy.bfloat16(), leaves)
+        for label, a, b in zip(_labels(len(w1s)), got, want, strict=True):
+            assert torch.equal(a, b), f"seed {seed}: {label}"

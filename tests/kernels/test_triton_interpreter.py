@@ -35,6 +35,9 @@ TOL = 1e-4  # max |triton - loop| / max(1, max |loop|), fp32 against a float64 l
 OPS = ("gather_rows", "combine_rows", "gate_grad", "up_swiglu", "down_proj", "down_proj_bwd", "up_proj_bwd_x")
 OPS += ("grad_w1", "grad_w2")
 WORKERS = 2
+# the cases the capturable path (kernels/capture.py) also runs, fp32 and bf16: an idle expert, three classes,
+# frozen weights
+CAPTURE_CASES = ("t127_k2_empty_expert", "t24_k6_three_classes", "t40_k3_d36_frozen_weights")
 
 
 def _interpreter_usable() -> str | None:
@@ -84,6 +87,14 @@ def test_forward_and_grads_match_loop(interpreter_results, name):
         assert res["unused_expert_grad"][str(e)] == 0.0, f"expert {e} has no token: its grads must be zero"
 
 
+@pytest.mark.parametrize("name", CAPTURE_CASES)
+def test_capturable_path_differs_from_the_host_scheduled_path_in_no_bit(interpreter_results, name):
+    """The same kernels from tables and tiles built on the device, on a fixed grid whose surplus programs return:
+    the output and every gradient equal the host-scheduled path's bit for bit, fp32 and bf16."""
+    diffs = interpreter_results[name]["capturable_vs_triton"]
+    assert diffs and all(d == 0.0 for d in diffs.values()), diffs
+
+
 def test_custom_ops_pass_opcheck(interpreter_results):
     assert interpreter_results["opcheck"]["failed"] == {}, interpreter_results["opcheck"]["failed"]
 
@@ -111,6 +122,25 @@ def test_kernels_compile_for_hopper():
     for name, feats in res["features"].items():
         if name.startswith("bf16 ") and "gemm" in name:
             assert feats["wgmma"] and feats["cp_async"], (name, feats)
+
+
+def test_device_tiles_are_the_tile_list_then_surplus_tiles_within_the_bound():
+    import torch
+    from mohge.kernels.schedule import device_tiles, tile_bound, tile_list
+
+    rng = np.random.default_rng(0)
+    for trial in range(100):
+        E, bm, bn = int(rng.integers(1, 10)), (16, 32)[trial % 2], 16
+        m_E, n_E = rng.integers(0, 100, E), rng.choice([16, 20, 36, 48], E)
+        m_E[rng.integers(0, E)] = 0  # an idle expert
+        host = tile_list(m_E, n_E, bm, bn)
+        bound = tile_bound(n_E, int(m_E.sum()), bm, bn)
+        dev = device_tiles(torch.tensor(m_E), torch.tensor(-(-n_E // bn)), bm, bn, bound).numpy()
+        assert host.shape[0] <= bound and dev.shape == (bound, 3)
+        assert np.array_equal(dev[: host.shape[0]], host) and np.all(dev[host.shape[0] :, 0] == -1), trial
+    # the bound is reached: each expert's rows just past one block
+    reached = tile_list(np.array([17, 17, 17]), np.full(3, 16), 16, 16).shape[0]
+    assert tile_bound(np.full(3, 16), 3 * 17, 16, 16) == reached == 6
 
 
 def test_tile_list_covers_each_output_once():
@@ -175,7 +205,36 @@ def _run_case(name: str) -> dict:
             unused_grad[str(e)] = float(grads[2 + c][j].abs().max() + grads[2 + nc + c][j].abs().max())
     else:
         unused_grad = {str(e): 0.0 for e in unused}
-    return {"errors": errors, "unused_expert_grad": unused_grad}
+    out = {"errors": errors, "unused_expert_grad": unused_grad}
+    if name in CAPTURE_CASES:
+        out["capturable_vs_triton"] = _capturable_vs_triton(name)
+    return out
+
+
+def _capturable_vs_triton(name: str) -> dict:
+    """Max |difference| of the output and every gradient, capturable path against the host-scheduled one."""
+    import torch
+    from mohge.kernels.capture import CapturablePlan
+    from mohge.kernels.swiglu import swiglu_grouped_triton
+
+    T, K = CASES[name][:2]
+    diffs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        x, idx, gates, w1s, w2s, dy, leaves = _make_case(*CASES[name])
+        x, gates, dy = x.detach().to(dtype), gates.detach().to(dtype), dy.to(dtype)
+        w1s, w2s = [w.detach().to(dtype) for w in w1s], [w.detach().to(dtype) for w in w2s]
+        frozen = len(leaves) == 2
+        leaves = [x, gates] + ([] if frozen else [*w1s, *w2s])
+        for t in leaves:
+            t.requires_grad_(True)
+        plan = CapturablePlan(w1s, w2s, T, K)
+        got = [plan(x, idx, gates)]
+        got += torch.autograd.grad(got[0], leaves, dy)
+        want = [swiglu_grouped_triton(x, idx, gates, w1s, w2s)]
+        want += torch.autograd.grad(want[0], leaves, dy)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            diffs[f"{dtype} {i}"] = (a.float() - b.float()).abs().max().item()
+    return diffs
 
 
 def _opcheck_all() -> dict:

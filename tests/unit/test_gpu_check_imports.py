@@ -27,7 +27,7 @@ def test_the_blocker_blocks_what_is_installed_but_not_allowed():
 def test_kernels_import_with_only_torch_triton_numpy(tmp_path):
     code = (
         "import sys, mohge.kernels, mohge.kernels.bench, mohge.kernels.gpu_profile, mohge.kernels.swiglu\n"
-        "import mohge.kernels.device_record\n"
+        "import mohge.kernels.device_record, mohge.kernels.capture\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('mohge'))))"
     )
     r = blocked("--report", str(tmp_path / "blocked.txt"), "-c", code)
