@@ -99,13 +99,23 @@ def _lr_choice(root: Path) -> str:
     )
 
 
+def _declared(interim: str) -> str:
+    """The declared seeds of a test row's second model, from its verdict ``interim: n a/b of A/B declared``."""
+    return interim.split(" of ")[1].split()[0].split("/")[1]
+
+
 def _ladder(c5: pd.DataFrame) -> str:
     """The size ladder's sentence: per-seed values while an interval is not informative, the rule's reading after."""
     c1, g1 = c5.loc["Claim 1 at d_model 64"], c5.loc["G1 at d_model 64"]
     if c1["n_a"] != c1["n_a"] or min(c1["n_a"], c1["n_b"]) == 0:
         return ""
     n = f"{int(c1['n_a'])} and {int(c1['n_b'])} seeds" if c1["n_a"] != c1["n_b"] else f"{int(c1['n_a'])} seeds each"
-    gate = "MoE-12 for its gate not yet in" if not g1["n_b"] else f"its gate G1: {g1['verdict']}"
+    if not g1["n_b"]:
+        gate = "MoE-12 for its gate not yet in"
+    elif str(g1["verdict"]).startswith("interim"):
+        gate = f"its gate G1 not yet read, MoE-12 at {int(g1['n_b'])} of {_declared(g1['verdict'])} seeds"
+    else:
+        gate = f"its gate G1: {g1['verdict']}"
     if c1["ci_low"] != c1["ci_low"]:
         read = f"{c1['estimate']:.3f}×, per seed {_seeds(c1['per_seed'])}, no interval below 2 degrees of freedom"
     elif str(c1["verdict"]).startswith("interim"):

@@ -125,5 +125,12 @@ def test_the_size_ladder_reads_as_its_c5_row_in_the_docs():
         expect.append("No verdict is read before the declared seeds are in")
     elif row["verdict"] == "not decidable by the declared rule (G1 at 64)":
         expect.append("Claim 1 at d_model 64 is not decidable until its gate G1 is read")
+    g1 = c5.loc["G1 at d_model 64"]
+    if str(g1["verdict"]).startswith("interim") and 0 < g1["n_b"] < 4:
+        pairs = [part.split() for part in g1["per_seed"].split("; ")]
+        ratios = " and ".join(f"{float(v):.3f}×" for _, v in pairs)
+        seeds = " and ".join(s.removeprefix("s") for s, _ in pairs)
+        expect.append(f"{int(g1['n_b'])} of MoE-12's 4 so far")
+        expect.append(f"so far MoE-15 stores {ratios} the bits of MoE-12 (seeds {seeds};")
     missing = [e for e in expect if e not in docs]
     assert not missing, missing
