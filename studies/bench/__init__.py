@@ -11,6 +11,7 @@
     mohge bench profile            # CPU time per aten op of one ``bench train`` step, by MoE phase
     mohge bench compile            # one run config's training step eager vs torch.compile: does compiling pay
     mohge bench step               # training tokens/s of this checkout vs a baseline commit on a study's run configs
+    mohge bench front-door         # make test and make run in a fresh clone, timed, with the host's vector unit
 
 ``python -m mohge_studies.bench ...`` is the same command (mohge.cli dispatches to it).
 
@@ -26,7 +27,8 @@ tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation again
 `inference` (<- inference: per-token serving cost of trained models and the route-override knob sweep) and
 `peers` (one layer against torchtitan's and transformers' MoE layers), `profile` (one training step's CPU time per
 aten op), `compile` (a run's training step eager against ``torch.compile``), `step` (this checkout's training step
-against a baseline commit's, each in its own process, on a study's run configs).
+against a baseline commit's, each in its own process, on a study's run configs), `front_door` (the README's two
+commands in a fresh clone, timed, with the host they ran on).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge_studies.bench.
@@ -132,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("profile", add_help=False, help="CPU time per aten op of one bench train step, by MoE phase")
     sub.add_parser("compile", add_help=False, help="a run config's training step, eager vs torch.compile")
     sub.add_parser("step", add_help=False, help="training tokens/s of this checkout vs a baseline commit")
+    sub.add_parser("front-door", add_help=False, help="make test and make run in a fresh clone, timed, with the host")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -169,6 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .step import main as step_main
 
         return step_main(rest)
+    if args.what == "front-door":
+        from .front_door import main as front_door_main
+
+        return front_door_main(rest)
     if args.what == "profile":
         from .profile import main as profile_main
 

@@ -1,0 +1,160 @@
+"""The README's two commands in a fresh clone, timed as a user meets them, with the host they ran on.
+
+    mohge bench front-door --json results/bench/front_door_avx2.json [--targets test run] [--repo .]
+
+Clones the repository's committed HEAD (``git clone``: what a user gets; uncommitted changes are not measured, and the
+command says so) into a temporary folder and runs each of ``--targets`` there in order (``make test``, then ``make
+run``: the first sets up ``.venv``), each in its own session with no terminal and stdin from /dev/null, as a
+background or CI run starts it. Each target's wall time is the clock around it; its user and system CPU times are
+those of the ``make`` process and every process it waited for (``os.wait4``). The record adds:
+
+* the host: the CPU, its vector and matrix units as ATen and /proc/cpuinfo see them (``avx2``, ``avx512_bf16``,
+  ``amx_bf16``: the host kinds the project's budgets name), cores, memory, and the load average before each target
+  (the budgets are for an otherwise idle machine: a load above 0.5 is recorded, not refused);
+* for ``make test``: pytest's own summary line, its counts and the suite's wall time, and what setup took;
+* for ``make run``: the Snakemake jobs of each kind this run made (the study's benchmark files written during it:
+  ``results/<study>/benchmarks/<rule>/``), with their count and summed seconds.
+
+Each target's output is kept beside the record (``<json stem>.<target>.log``). The record is written whole or not at
+all; a target that fails is recorded with its exit status and the command exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from mohge.core.atomic import write_json_atomic
+
+from .step import host
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = ("test", "run")
+# the benchmark folders of a study's rules, as the record names their jobs
+JOB_KINDS = {"train": "train", "eval": "evaluate", "inference": "inference"}
+SUMMARY = re.compile(r"=*\s*((\d+) passed[^\n]*? in ([\d.]+)s[^\n]*?)\s*=*\s*$", re.M)
+
+
+def machine() -> dict:
+    """The host of the record: :func:`.step.host` (CPU, ATen's capability, vector and matrix units, cores, versions)
+    and its memory."""
+    mem_kib = next(
+        (int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:")), 0
+    )
+    return {**host(), "memory_gib": round(mem_kib / 2**20, 1)}
+
+
+def pytest_summary(text: str) -> dict:
+    """pytest's last summary line (``909 passed, 13 skipped, 5 warnings in 554.20s (0:09:14)``) and its counts."""
+    found = SUMMARY.findall(text)
+    if not found:
+        return {"pytest_summary": None}
+    line, passed, seconds = found[-1]
+    count = {k: int(m.group(1)) if (m := re.search(rf"(\d+) {k}", line)) else 0 for k in ("failed", "skipped")}
+    return {"pytest_summary": line, "pytest_wall_s": float(seconds), "passed": int(passed), **count}
+
+
+def job_seconds(clone: Path, since: float) -> dict:
+    """{kind: {jobs, wall_s}} of the Snakemake benchmark files every study wrote under ``clone/results`` after
+    ``since`` (the files a fresh clone holds from the commit are older)."""
+    out: dict[str, dict] = {}
+    for tsv in sorted((clone / "results").glob("*/benchmarks/*/*.tsv")):
+        if tsv.stat().st_mtime < since:
+            continue
+        kind = JOB_KINDS.get(tsv.parent.name, tsv.parent.name)
+        rows = tsv.read_text().splitlines()
+        seconds = float(rows[1].split("\t")[0]) if len(rows) > 1 else 0.0
+        entry = out.setdefault(kind, {"jobs": 0, "wall_s": 0.0})
+        entry["jobs"] += 1
+        entry["wall_s"] = round(entry["wall_s"] + seconds, 2)
+    return out
+
+
+def run_target(clone: Path, target: str, log: Path) -> dict:
+    """``make <target>`` in ``clone``, in its own session, no terminal: wall, user and system seconds, exit status."""
+    load = list(os.getloadavg())
+    start_wall, start = time.time(), time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            ["make", target], cwd=clone, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: Popen must not wait again
+    rec = {
+        "command": f"make {target}",
+        "exit_status": proc.returncode,
+        "loadavg_before": load,
+        "wall_s": round(wall, 2),
+        "user_s": round(usage.ru_utime, 2),
+        "system_s": round(usage.ru_stime, 2),
+        "log": log.name,
+    }
+    text = log.read_text(errors="replace")
+    if target == "test":
+        rec.update(pytest_summary(text))
+        if rec.get("pytest_wall_s") is not None:
+            rec["setup_and_startup_s"] = round(wall - rec["pytest_wall_s"], 2)
+    if target == "run":
+        rec["job_seconds"] = job_seconds(clone, start_wall)
+        rec["jobs"] = sum(k["jobs"] for k in rec["job_seconds"].values())
+    return rec
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="mohge bench front-door", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", required=True, type=Path, help="the record to write (target logs go beside it)")
+    ap.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS, help="make targets, in order")
+    ap.add_argument("--repo", type=Path, default=ROOT, help="the repository to clone (its committed HEAD)")
+    ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    args = ap.parse_args(argv)
+    repo = args.repo.resolve()
+    head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True)
+    if head.returncode != 0:
+        print(f"mohge bench front-door: {repo} is not a git checkout", file=sys.stderr)
+        return 2
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo, capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    if dirty:
+        print(f"mohge bench front-door: {repo} has uncommitted changes; the clone measures HEAD without them")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="front-door-"))
+    clone = tmp / repo.name
+    record = {
+        "what": "the README's commands in a fresh clone (git clone of HEAD), each make target in its own session, "
+        "no terminal, stdin /dev/null; CPU times of make and every process it waited for",
+        "machine": machine(),
+        "commit": head.stdout.strip(),
+        "date_utc": datetime.now(UTC).strftime("%Y-%m-%d"),
+    }
+    failed = False
+    try:
+        subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(clone)], check=True)
+        for target in args.targets:
+            log = args.json.with_name(f"{args.json.stem}.{target}.log")
+            print(f"make {target} in {clone} (output: {log}) ...", flush=True)
+            rec = run_target(clone, target, log)
+            record[f"make_{target}"] = rec
+            cpu = (rec["user_s"] + rec["system_s"]) / 60
+            print(f"  make {target}: exit {rec['exit_status']}, {rec['wall_s'] / 60:.1f} min wall, {cpu:.1f} min CPU")
+            if rec["exit_status"] != 0:
+                failed = True
+                break
+    finally:
+        if args.keep:
+            print(f"kept the clone: {clone}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    write_json_atomic(args.json, record)
+    print(f"wrote {args.json}")
+    return 1 if failed else 0

@@ -1,0 +1,72 @@
+"""`mohge bench front-door`: the README's make targets in a fresh clone, timed, with the host they ran on.
+
+The repository here is a small one of this test's making whose make targets print what pytest prints and write what a
+study's rules write, so that what the record reads of a real run (pytest's summary, the benchmark files of the jobs,
+the CPU time of every process make waits for) is checked in seconds; the real targets are what a user runs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+MAKEFILE = """\
+test:
+\t@{py} -c "sum(range(3 * 10**7))"
+\t@echo "========== 3 passed, 1 skipped, 2 warnings in 0.42s =========="
+run:
+\t@mkdir -p results/toy/benchmarks/train results/toy/benchmarks/eval
+\t@printf 's\\th:m:s\\n1.5\\t0:00:01\\n' > results/toy/benchmarks/train/a.tsv
+\t@printf 's\\th:m:s\\n2.5\\t0:00:02\\n' > results/toy/benchmarks/train/b.tsv
+\t@printf 's\\th:m:s\\n9\\t0:00:09\\n' > results/toy/benchmarks/eval/a.tsv
+broken:
+\t@exit 3
+"""
+
+
+def _repo(tmp_path: Path, makefile: str) -> Path:
+    repo = tmp_path / "toy"
+    (repo / "results" / "toy" / "benchmarks" / "inference").mkdir(parents=True)
+    (repo / "Makefile").write_text(makefile.format(py=sys.executable))
+    # a benchmark file the commit holds: older than the run, not one of its jobs
+    (repo / "results" / "toy" / "benchmarks" / "inference" / "old.tsv").write_text("s\th:m:s\n7\t0:00:07\n")
+    for cmd in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "toy"]):
+        subprocess.run(["git", *cmd], cwd=repo, check=True)
+    return repo
+
+
+def _front_door(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "mohge", "bench", "front-door", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def test_the_record_holds_both_targets_the_host_the_suite_summary_and_the_jobs_this_run_made(tmp_path):
+    repo = _repo(tmp_path, MAKEFILE)
+    out = tmp_path / "rec" / "front_door.json"
+    r = _front_door("--json", str(out), "--repo", str(repo))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rec = json.loads(out.read_text())
+    host = rec["machine"]
+    assert host["cores"] >= 1 and host["memory_gib"] > 0 and host["cpu_capability"] and "matrix_units" in host
+    test, run = rec["make_test"], rec["make_run"]
+    assert test["exit_status"] == 0 and test["passed"] == 3 and test["skipped"] == 1 and test["failed"] == 0
+    assert test["pytest_summary"] == "3 passed, 1 skipped, 2 warnings in 0.42s" and test["pytest_wall_s"] == 0.42
+    assert test["user_s"] > 0.1, test  # the Python make ran is counted: CPU time of every process make waited for
+    assert run["job_seconds"] == {"train": {"jobs": 2, "wall_s": 4.0}, "evaluate": {"jobs": 1, "wall_s": 9.0}}
+    assert run["jobs"] == 3  # the committed inference file is older than the run
+    assert rec["commit"] and (out.parent / "front_door.test.log").is_file()
+
+
+def test_a_failing_target_is_recorded_with_its_status_and_the_command_fails(tmp_path):
+    repo = _repo(tmp_path, MAKEFILE.replace("test:\n", "test: broken\n"))
+    out = tmp_path / "front_door.json"
+    r = _front_door("--json", str(out), "--repo", str(repo))
+    rec = json.loads(out.read_text())
+    assert r.returncode == 1 and rec["make_test"]["exit_status"] == 2 and "make_run" not in rec
+
+
+def test_a_folder_that_is_no_checkout_is_refused_in_one_line(tmp_path):
+    r = _front_door("--json", str(tmp_path / "x.json"), "--repo", str(tmp_path))
+    assert r.returncode == 2 and "is not a git checkout" in r.stderr and not (tmp_path / "x.json").exists()
