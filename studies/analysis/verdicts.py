@@ -114,6 +114,8 @@ def _ladder(c5: pd.DataFrame) -> str:
         gate = "MoE-12 for its gate not yet in"
     elif str(g1["verdict"]).startswith("interim"):
         gate = f"its gate G1 not yet read, MoE-12 at {int(g1['n_b'])} of {_declared(g1['verdict'])} seeds"
+    elif g1["verdict"] in ("pass", "fail"):
+        gate = f"its gate G1 {'passing' if g1['verdict'] == 'pass' else 'failing'} at {_ci(g1).replace('×', '')}"
     else:
         gate = f"its gate G1: {g1['verdict']}"
     if c1["ci_low"] != c1["ci_low"]:
@@ -122,7 +124,8 @@ def _ladder(c5: pd.DataFrame) -> str:
         read = f"{_ci(c1)}, no verdict before the declared seeds are in"
     else:
         read = f"{_ci(c1)}, {c1['verdict']}"
-    return f"At d_model 64 ({n} so far, {gate}): {read}."
+    interim = any(str(r["verdict"]).startswith("interim") for r in (c1, g1)) or not g1["n_b"]
+    return f"At d_model 64 ({n}{' so far' if interim else ''}, {gate}): {read}."
 
 
 def claim_1(root: Path = ROOT) -> tuple[list[Verdict], str]:

@@ -114,18 +114,31 @@ def test_the_size_ladder_reads_as_its_c5_row_in_the_docs():
     runs = pd.read_csv(ROOT / "results" / "capacity" / "runs.csv")
     b = {arm: runs.loc[runs["family"] == row[arm], "bits_stored"] / 1e3 for arm in ("a", "b")}
     share = runs.loc[runs["family"] == row["b"], "bits_stored"] / runs.loc[runs["family"] == row["b"], "data_bits"]
-    n = {3: "3 seeds each of the 4 declared so far", 4: "4 seeds each"}[int(min(row["n_a"], row["n_b"]))]
+    n = {3: "3 seeds each of the 4 declared so far", 4: "4 seeds each of MoHGE"}[int(min(row["n_a"], row["n_b"]))]
     expect = [
         n,
         f"with MoE-15 storing {share.mean():.0%} of the set's bits",
         f"MoHGE's seeds spread from {b['a'].min():.1f} k to {b['a'].max():.1f} k bits while MoE-15's lie within "
         f"{b['b'].min():.1f} k to {b['b'].max():.1f} k",
     ]
+    g1 = c5.loc["G1 at d_model 64"]
     if str(row["verdict"]).startswith("interim"):
         expect.append("No verdict is read before the declared seeds are in")
+    elif row["verdict"] == "not decidable by the declared rule (G1 at 64)" and g1["verdict"] == "fail":
+        values = [part.split()[1] for part in g1["per_seed"].split("; ")]
+        expect.append(
+            "Claim 1 at d_model 64 is not decidable by the declared rule: its gate G1 fails there, MoE-15 storing "
+            f"{g1['estimate']:.3f}× [{g1['ci_low']:.3f}, {g1['ci_high']:.3f}] the bits of MoE-12 (per seed "
+            f"{', '.join(values[:-1])} and {values[-1]})"
+        )
+        size = c5.loc["Size: (MoHGE / MoE-15 at 64) / (at 32)"]
+        assert "G1 fails" in size["verdict"]
+        expect.append(
+            f"is an estimate only for the same reason: {size['estimate']:.3f}× [{size['ci_low']:.3f}, "
+            f"{size['ci_high']:.3f}]"
+        )
     elif row["verdict"] == "not decidable by the declared rule (G1 at 64)":
         expect.append("Claim 1 at d_model 64 is not decidable until its gate G1 is read")
-    g1 = c5.loc["G1 at d_model 64"]
     if str(g1["verdict"]).startswith("interim") and 0 < g1["n_b"] < 4:
         pairs = [part.split() for part in g1["per_seed"].split("; ")]
         ratios = " and ".join(f"{float(v):.3f}×" for _, v in pairs)
