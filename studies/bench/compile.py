@@ -37,6 +37,7 @@ import torch
 from mohge.config import load_run_config
 from mohge.core.atomic import write_json_atomic
 
+from .step import host
 from .train import Trainer
 
 
@@ -86,6 +87,7 @@ def measure(model_cfg, batch: int, seq: int, run_steps: int, steps: int, warmup:
         "clock": "thread_time" if torch.get_num_threads() == 1 else "wall",
         "loadavg": list(os.getloadavg()),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "host": host(),
     }
 
 

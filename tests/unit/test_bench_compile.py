@@ -56,3 +56,19 @@ def test_speed_doc_quotes_the_recorded_compile_benchmark():
     verdict = "does not pay" if not rec["pays"] else "pays"
     assert f"{verdict}: repaid after {rec['break_even_steps']:,.0f} steps".replace(",", " ") in text
     assert f"a default run trains {rec['run_steps']}" in text
+
+
+def test_speed_doc_quotes_the_capacity_compile_record_with_its_host():
+    rec = json.loads((ROOT / "results" / "bench" / "compile_capacity_d64_cpu.json").read_text())
+    s = rec["step_seconds"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    row = (
+        f"**{rec['ratio_compiled_over_eager']:.3f}×** the eager step ({1e3 * s['eager']:.1f} → "
+        f"{1e3 * s['compiled']:.1f} ms of thread CPU time), after {rec['compile_seconds']:.1f} s of compilation"
+    )
+    paid = f"pays: repaid after {rec['break_even_steps']:,.0f} steps of the run's {rec['run_steps']:,}"
+    paid = paid.replace(",", " ")
+    assert row in text and paid in text and rec["pays"] and rec["inductor_cache"] == "empty"
+    assert f"{1 / rec['ratio_compiled_over_eager']:.2f}× the tokens/s" in text
+    assert "amx_bf16" in rec["host"]["matrix_units"] and "Intel Xeon with AMX, ATen AVX512" in text
+    assert rec["host"]["cpu_capability"] == "AVX512"
