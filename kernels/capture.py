@@ -75,11 +75,14 @@ class _RowGemm:
         self.nn_E = torch.from_numpy(-(-n_E // b.bn)).to(dev)
         self.options = launch_options(dtype)
 
-    def __call__(self, args, values: list[Tensor], rows_E: Tensor) -> None:
+    def tiles(self, rows_E: Tensor) -> Tensor:
+        """This launch's tile list for ``rows_E`` rows per expert, [bound, 3] on the device."""
+        return device_tiles(rows_E, self.nn_E, self.blocks.bm, self.blocks.bn, self.bound)
+
+    def __call__(self, args, values: list[Tensor], tiles: Tensor) -> None:
         given = dict(zip(self.dynamic, values, strict=True))
         desc = torch.stack([given.get(name, col) for name, col in zip(ROW_FIELDS, self.static, strict=True)], 1)
         b = self.blocks
-        tiles = device_tiles(rows_E, self.nn_E, b.bm, b.bn, self.bound)
         self.kernel[(self.bound,)](
             *args, desc, tiles, HINT=self.hint, BM=b.bm, BN=b.bn, BK=b.bk,
             num_warps=b.num_warps, num_stages=b.num_stages, **self.options, **self.constexprs,
@@ -190,23 +193,26 @@ class _CapturableSwiGLU(torch.autograd.Function):
         xs_AD = gather_rows(x_TD, tok_A)
         act_R = xs_AD.new_empty(plan.rag_bound)
         h_R = xs_AD.new_empty(2 * plan.rag_bound)
-        plan.up((xs_AD, act_R, h_R), [row0_E * D, rag_E, C_E], C_E)
+        # the tiles of the launches whose outputs are H wide (up, down_bwd) and D wide (down, up_bwd_x)
+        tiles_H, tiles_D = plan.up.tiles(C_E), plan.down.tiles(C_E)
+        plan.up((xs_AD, act_R, h_R), [row0_E * D, rag_E, C_E], tiles_H)
         out_AD = xs_AD.new_empty(xs_AD.shape)
-        plan.down((act_R, out_AD, out_AD), [rag_E, row0_E * D, C_E], C_E)
+        plan.down((act_R, out_AD, out_AD), [rag_E, row0_E * D, C_E], tiles_D)
         y_TD = combine_rows(out_AD, inv_TK, gates_TK)
         ctx.plan = plan
-        ctx.save_for_backward(xs_AD, act_R, h_R, out_AD, order_A, inv_TK, gates_TK, C_E, row0_E, rag_E)
+        saved = (xs_AD, act_R, h_R, out_AD, order_A, inv_TK, gates_TK, C_E, row0_E, rag_E, tiles_H, tiles_D)
+        ctx.save_for_backward(*saved)
         return y_TD
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_AD, act_R, h_R, out_AD, order_A, inv_TK, gates_TK, C_E, row0_E, rag_E = ctx.saved_tensors
+        xs_AD, act_R, h_R, out_AD, order_A, inv_TK, gates_TK, C_E, row0_E, rag_E, tiles_H, tiles_D = ctx.saved_tensors
         plan, D, nc = ctx.plan, ctx.plan.D, len(ctx.plan.w1s)
         dgates_TK, dout_AD = gate_grad(dy_TD.contiguous(), out_AD, order_A, gates_TK)
         dh_R = torch.empty_like(h_R)
-        plan.down_bwd((dout_AD, dh_R, h_R), [row0_E * D, 2 * rag_E, C_E], C_E)
+        plan.down_bwd((dout_AD, dh_R, h_R), [row0_E * D, 2 * rag_E, C_E], tiles_H)
         dxs_AD = torch.empty_like(xs_AD)
-        plan.up_bwd_x((dh_R, dxs_AD, dxs_AD), [2 * rag_E, row0_E * D, C_E], C_E)
+        plan.up_bwd_x((dh_R, dxs_AD, dxs_AD), [2 * rag_E, row0_E * D, C_E], tiles_D)
         dx_TD = combine_rows(dxs_AD, inv_TK, None)
         dw1s = plan.grad_w1(dh_R, xs_AD, 2 * rag_E, row0_E * D, C_E)
         dw2s = plan.grad_w2(dout_AD, act_R, row0_E * D, rag_E, C_E)
