@@ -147,3 +147,26 @@ def test_the_size_ladder_reads_as_its_c5_row_in_the_docs():
         expect.append(f"so far MoE-15 stores {ratios} the bits of MoE-12 (seeds {seeds};")
     missing = [e for e in expect if e not in docs]
     assert not missing, missing
+
+
+def test_the_decomposition_paragraph_is_c6():
+    """docs/results.md's "Where the deficit sits" paragraph, formatted from C6: each factor at d_model 32, and at 64
+    those whose runs are in."""
+    c6 = pd.read_csv(ROOT / "results" / "capacity" / "study" / "C6_decomposition.csv")
+    docs = " ".join((ROOT / "docs" / "results.md").read_text().replace("**", "").split())
+
+    def said(d_model: int, factor: str) -> str:
+        row = c6[(c6["d_model"] == d_model) & c6["factor"].str.startswith(factor + ":")].iloc[0]
+        return f"{row['estimate']:.3f}× [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+    expect = [f"the {f} {said(32, f)}" for f in ("router factor", "width factor", "parameter factor")]
+    at64 = set(c6.loc[c6["d_model"] == 64, "factor"].str.split(":").str[0])
+    if "router factor" not in at64 and "parameter factor" in at64:
+        expect.append(
+            f"the parameter factor is {said(64, 'parameter factor')} and the equal-parameter factor "
+            f"{said(64, 'equal-parameter factor')}"
+        )
+        expect.append("so its router and width factors are not yet in C6")
+    assert "router factor" not in at64, "HMoE at d_model 64 is in: docs/results.md says its factors there"
+    missing = [e for e in expect if e not in docs]
+    assert not missing, missing
