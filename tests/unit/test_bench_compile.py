@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from mohge_studies.bench import compile as bench_compile
 from mohge_studies.bench import main
 
@@ -28,7 +29,9 @@ def test_the_command_writes_both_trainers_and_the_verdict(tmp_path, monkeypatch)
     rec = json.loads(out.read_text())
     assert rec["first_loss"]["eager"] == rec["first_loss"]["compiled"] and rec["first_loss_rel_diff"] == 0.0
     assert set(rec["step_seconds"]) == {"eager", "compiled"} and len(rec["times"]["eager"]) == 2
-    assert rec["run_steps"] == 300 and rec["setup"]["batch"] == 16 and rec["setup"]["seq"] == 128
+    train = json.loads(config.read_text())["train"]
+    assert rec["run_steps"] == train["steps"] and rec["setup"]["batch"] == train["batch_size"] == 16
+    assert rec["setup"]["seq"] == 128
     assert (
         rec["pays"]
         == bench_compile.payoff(
@@ -55,7 +58,8 @@ def test_speed_doc_quotes_the_recorded_compile_benchmark():
     assert row in text and rec["inductor_cache"] == "empty" and rec["first_loss_rel_diff"] == 0.0
     verdict = "does not pay" if not rec["pays"] else "pays"
     assert f"{verdict}: repaid after {rec['break_even_steps']:,.0f} steps".replace(",", " ") in text
-    assert f"a default run trains {rec['run_steps']}" in text
+    steps = yaml.safe_load((ROOT / "configs" / "config.yaml").read_text())["train"]["steps"]
+    assert f"a run of {rec['run_steps']} steps, the one measured (a default run trains {steps})" in text
 
 
 def test_speed_doc_quotes_the_capacity_compile_record_with_its_host():
