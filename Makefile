@@ -12,11 +12,17 @@ STAMP := $(VENV)/.setup-done
 # the jobs' shell commands (python -m mohge ...) find the .venv's python first on PATH, as after `source
 # .venv/bin/activate`; --rerun-incomplete: a run stopped by Ctrl-C picks up where it left off
 SNAKEMAKE_ARGS ?= --cores all
+# Every job and test process imports this checkout's modules: byte-compiled here once (fast when up to date), no
+# process compiles them again (pip does not byte-compile an editable install, and CI images often set
+# PYTHONDONTWRITEBYTECODE, which stops Python writing what it compiled)
+PYC = $(VENV)/bin/python -m compileall -q -j 0 src studies kernels tests workflow/scripts
 run: $(STAMP)
+	$(PYC)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/snakemake --rerun-incomplete $(SNAKEMAKE_ARGS)
 
 # loadgroup: tests marked with one xdist_group (one fresh clone, one trained model) run on one worker
 test: $(STAMP)
+	$(PYC)
 	$(VENV)/bin/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder
 
 setup: $(STAMP)

@@ -3,6 +3,7 @@ the commit, whether the tree was clean, a normalized hash of the sources that de
 the hash moves with the code that computes, not with documentation or imports."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -122,6 +123,75 @@ def test_the_scope_is_the_import_closure_of_training_and_evaluation():
     assert {"src/mohge/tasks/mohge_cloze.yaml", "src/mohge/tasks/mohge_task_data.py"} <= files
     assert not any("kernels/" in f or f.endswith("provenance.py") or f.endswith(".md") for f in files)
     assert prov.sources_sha256() == prov.sources_sha256() and len(prov.sources_sha256()) == 64
+
+
+def _uncached(source: str | None) -> tuple[tuple[Path, ...], str]:
+    """The scope and the digest computed afresh, without the cache."""
+    files = prov._deciding_files()
+    other = {prov._scoped_file(n) for s, names in prov.SOURCE_SCOPED.items() if s != source for n in names}
+    kept = files if source is None else tuple(f for f in files if f not in other)
+    return files, prov.digest_units(u for path in kept for u in prov._units(path))
+
+
+def _forget(*functions) -> None:
+    for fn in (prov.package_key, prov.deciding_files, prov.sources_sha256, *functions):
+        fn.cache_clear()
+
+
+def test_a_cold_or_warm_cache_gives_the_scope_and_digest_computed_afresh(tmp_path, monkeypatch):
+    """The cache across processes (one record per package content under $XDG_CACHE_HOME/mohge/provenance) returns
+    what a fresh computation gives, for the whole scope and for each source's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for attempt in ("cold", "warm"):
+        _forget()
+        for source in (None, "graded", "facts"):
+            files, digest = _uncached(source)
+            assert prov.deciding_files() == files and prov.sources_sha256(source) == digest, (attempt, source)
+    (record,) = (tmp_path / "mohge" / "provenance").iterdir()
+    assert record.name == f"{prov.package_key()}.json"
+    assert set(json.loads(record.read_text())) == {
+        "deciding",
+        *(f"sources_sha256 {s}" for s in (None, "graded", "facts")),
+    }
+    _forget()
+
+
+def test_any_edit_added_or_removed_file_of_the_package_is_another_cache_key(tmp_path, monkeypatch):
+    """The key hashes every .py and .yaml file under the package by path and bytes: a cached scope or digest is
+    never read for other code, however small the change (a comment, an empty module, a deleted task file)."""
+    copy = tmp_path / "mohge"
+    shutil.copytree(prov.PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(prov, "PACKAGE", copy)
+    keys = set()
+    for change in (
+        lambda: None,
+        lambda: (copy / "model" / "routing.py").write_text((copy / "model" / "routing.py").read_text() + "# a\n"),
+        lambda: (copy / "model" / "new_module.py").write_text(""),
+        lambda: (copy / "tasks" / "mohge_cloze.yaml").unlink(),
+        lambda: (copy / "README.txt").write_text("not code"),  # neither .py nor .yaml: the same key
+    ):
+        change()
+        prov.package_key.cache_clear()
+        keys.add(prov.package_key())
+    assert len(keys) == 4
+    _forget()
+
+
+def test_an_unreadable_or_unwritable_cache_is_skipped(tmp_path, monkeypatch):
+    """A record that is not JSON is read as none, and a cache folder that cannot be written leaves the digest to be
+    computed: the digest is never wrong for want of a cache."""
+    _, digest = _uncached(None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    _forget()
+    (tmp_path / "mohge" / "provenance").mkdir(parents=True)
+    (tmp_path / "mohge" / "provenance" / f"{prov.package_key()}.json").write_text("{not json")
+    assert prov.sources_sha256() == digest
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would be: every write fails
+    _forget()
+    assert prov.sources_sha256() == digest and prov.deciding_files() == prov._deciding_files()
+    _forget()
 
 
 def test_a_result_records_commit_clean_and_hashes():

@@ -37,13 +37,16 @@ import ast
 import functools
 import hashlib
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
 from mohge.core.resources import TASKS
@@ -106,9 +109,59 @@ def _with_parents(name: str) -> list[str]:
     return [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+# ----------------------------------------------------------------------------------------------------
+# A cache across processes: every job of a study computes the same scope and digest from the same files (about half a
+# second of AST work in each process). It is keyed by the content of the whole package, so it cannot go stale.
+# ----------------------------------------------------------------------------------------------------
+
+
+def cache_dir() -> Path:
+    """Where the scope and digests of each package content are kept: ``$XDG_CACHE_HOME/mohge/provenance`` (default
+    ``~/.cache``)."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mohge" / "provenance"
+
+
+@functools.cache
+def package_key() -> str:
+    """sha256 of every ``.py`` and ``.yaml`` file under the package (relative path and bytes) and of the Python and
+    PyYAML versions (whose ``ast.dump`` and parser spell the units): what the scope and the digests are a function of.
+    Any edit, added or removed file, or another interpreter is another key."""
+    h = hashlib.sha256(f"python {sys.version_info[:3]} yaml {yaml.__version__}\0".encode())
+    for path in sorted(PACKAGE.rglob("*")):
+        if path.suffix in (".py", ".yaml") and "__pycache__" not in path.parts and path.is_file():
+            h.update(str(path.relative_to(PACKAGE)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _cached() -> dict[str, Any]:
+    """This package content's cache record (empty if there is none, or it cannot be read)."""
+    try:
+        rec = json.loads((cache_dir() / f"{package_key()}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def _cache(key: str, value: Any) -> None:
+    """Add ``key`` to this package content's record, written whole (a record that cannot be written is skipped)."""
+    try:
+        write_json_atomic(cache_dir() / f"{package_key()}.json", {**_cached(), key: value})
+    except OSError:
+        pass
+
+
 @functools.cache
 def deciding_files() -> tuple[Path, ...]:
     """The source files in the scope of ``sources_sha256`` (module docstring), sorted."""
+    known = _cached().get("deciding")
+    if isinstance(known, list):
+        return tuple(PACKAGE.parent / p for p in known)
+    files = _deciding_files()
+    _cache("deciding", [str(f.relative_to(PACKAGE.parent)) for f in files])
+    return files
+
+
+def _deciding_files() -> tuple[Path, ...]:
     todo = [m for e in ENTRY_POINTS for m in (*_with_parents(e), f"{e}.__main__")]
     seen: dict[str, Path] = {}
     while todo:
@@ -214,7 +267,13 @@ def scope(source: str | None = None) -> tuple[Path, ...]:
 @functools.cache
 def sources_sha256(source: str | None = None) -> str:
     """The digest of today's deciding sources (module docstring) in the scope of a run of ``source``."""
-    return digest_units(u for path in scope(source) for u in _units(path))
+    name = f"sources_sha256 {source}"
+    known = _cached().get(name)
+    if isinstance(known, str):
+        return known
+    digest = digest_units(u for path in scope(source) for u in _units(path))
+    _cache(name, digest)
+    return digest
 
 
 def config_sha256(config: dict[str, Any]) -> str:
