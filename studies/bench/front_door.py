@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ("test", "run")
 # the benchmark folders of a study's rules, as the record names their jobs
 JOB_KINDS = {"train": "train", "eval": "evaluate", "inference": "inference"}
+# the host kinds the budgets name, fastest first: (unit in the record's matrix_units, its words)
+KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "AVX-512"), ("avx2", "AVX2 only"))
 SUMMARY = re.compile(r"=*\s*((\d+) passed[^\n]*? in ([\d.]+)s[^\n]*?)\s*=*\s*$", re.M)
 
 
@@ -51,6 +53,17 @@ def machine() -> dict:
         (int(ln.split()[1]) for ln in Path("/proc/meminfo").read_text().splitlines() if ln.startswith("MemTotal:")), 0
     )
     return {**host(), "memory_gib": round(mem_kib / 2**20, 1)}
+
+
+def host_kind(machine: dict) -> str:
+    """A record's host in the words of the project's budgets: its CPU's maker and line and the fastest units it has
+    for training (``an Intel Xeon with AMX``, ``an AMD EPYC with avx512_bf16``, ``an AMD EPYC with AVX2 only``)."""
+    words = re.sub(r"\((R|TM)\)", "", machine.get("cpu", "")).split()
+    name = " ".join(w for w in words[:2] if w != "Processor") or "a CPU"
+    units = set(machine.get("matrix_units", []))
+    kind = next((k for u, k in KINDS if u in units), "")
+    article = "an" if name[0].lower() in "aeiou" else "a"
+    return f"{article} {name}{' with ' + kind if kind else ''}" if name != "a CPU" else f"a CPU with {kind}"
 
 
 def pytest_summary(text: str) -> dict:

@@ -185,19 +185,24 @@ class WorkflowPlan:
         return self.study_settings(study)["config"]
 
     def study_settings(self, study: str) -> dict:
-        """What the tables and figures of ``study`` take from its config: F4/T3's routing trace (`source`) and
-        F6's benchmark CSV (`bench_csv`)."""
+        """What the tables and figures of ``study`` take from its config: its merged config and F6's benchmark CSV
+        (`bench_csv`); F4/T3's routing trace is :meth:`study_source`."""
         if study not in self._settings:
             cfg = self.config if study == self.study else study_config_file(self.checkout, study)[0]
             cfg = cfg or {"study": study}
+            self._settings[study] = {"config": cfg, "bench_csv": settings.figures(cfg).bench_csv}
+        return self._settings[study]
+
+    def study_source(self, study: str) -> str:
+        """F4/T3's routing trace of ``study`` (the run its config names, else the first traced MoHGE run); planned
+        when a job of those figures asks, so that parsing the workflow plans no other study's runs."""
+        found = self.study_settings(study)
+        if "source" not in found:
+            cfg = found["config"]
             # another study's runs only name its trace source: its inputs are not checked here (nothing of it runs)
             runs = self.runs if study == self.study else plan(cfg, preflight=False) if "experiments" in cfg else {}
-            self._settings[study] = {
-                "config": cfg,
-                "source": settings.util_source(runs, cfg) if runs else "",
-                "bench_csv": settings.figures(cfg).bench_csv,
-            }
-        return self._settings[study]
+            found["source"] = settings.util_source(runs, cfg) if runs else ""
+        return found["source"]
 
     def in_checkout(self, path: str) -> str:
         """A relative path from the config, read from the workdir when it is there, else from the checkout."""

@@ -70,3 +70,16 @@ def test_a_failing_target_is_recorded_with_its_status_and_the_command_fails(tmp_
 def test_a_folder_that_is_no_checkout_is_refused_in_one_line(tmp_path):
     r = _front_door("--json", str(tmp_path / "x.json"), "--repo", str(tmp_path))
     assert r.returncode == 2 and "is not a git checkout" in r.stderr and not (tmp_path / "x.json").exists()
+
+
+def test_each_host_kind_of_the_budgets_is_named_by_its_fastest_units():
+    """The words README and docs/speed.md give a record's host: maker and line, then AMX, avx512_bf16, AVX-512 or
+    AVX2 only, whichever of them the host has first."""
+    from mohge_studies.bench.front_door import host_kind
+
+    xeon = {"cpu": "Intel(R) Xeon(R) Processor", "matrix_units": ["amx_bf16", "avx2", "avx512_bf16", "avx512f"]}
+    assert host_kind(xeon) == "an Intel Xeon with AMX"
+    epyc = {"cpu": "AMD EPYC 9B14 96-Core Processor", "matrix_units": ["avx2", "avx512_bf16", "avx512f"]}
+    assert host_kind(epyc) == "an AMD EPYC with avx512_bf16"
+    assert host_kind({**epyc, "matrix_units": ["avx2"]}) == "an AMD EPYC with AVX2 only"
+    assert host_kind({"cpu": "", "matrix_units": ["avx2", "avx512f"]}) == "a CPU with AVX-512"

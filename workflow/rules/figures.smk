@@ -30,7 +30,7 @@ rule tables:
         "../envs/train.yaml"  # make_tables takes the task filter from mohge_studies.analysis.tasks (scipy)
     params:
         # T3 shows the imbalance on the MoHGE model's routing
-        source=lambda wc: PLAN.study_settings(wc.study)["source"],
+        source=lambda wc: PLAN.study_source(wc.study),
         alpha=lambda wc: study_param(wc.study, "alpha"),  # T1's chance and ceiling tests
     script:
         "../scripts/make_tables.py"
@@ -114,7 +114,7 @@ rule fig_gpu_load:
     conda:
         "../envs/plot.yaml"
     params:
-        source=lambda wc: PLAN.study_settings(wc.study)["source"],
+        source=lambda wc: PLAN.study_source(wc.study),
     script:
         "../scripts/plot_gpu_load.py"
 
