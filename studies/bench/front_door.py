@@ -76,12 +76,17 @@ def pytest_summary(text: str) -> dict:
     return {"pytest_summary": line, "pytest_wall_s": float(seconds), "passed": int(passed), **count}
 
 
-def job_seconds(clone: Path, since: float) -> dict:
-    """{kind: {jobs, wall_s}} of the Snakemake benchmark files every study wrote under ``clone/results`` after
-    ``since`` (the files a fresh clone holds from the commit are older)."""
+def benchmark_files(clone: Path) -> dict[Path, int]:
+    """Every Snakemake benchmark file of every study under ``clone/results``, with its modification time (ns)."""
+    return {tsv: tsv.stat().st_mtime_ns for tsv in sorted((clone / "results").glob("*/benchmarks/*/*.tsv"))}
+
+
+def job_seconds(clone: Path, before: dict[Path, int]) -> dict:
+    """{kind: {jobs, wall_s}} of the Snakemake benchmark files the run wrote: those not in ``before`` (the files and
+    times :func:`benchmark_files` found as it started: the commit's) or written again since."""
     out: dict[str, dict] = {}
-    for tsv in sorted((clone / "results").glob("*/benchmarks/*/*.tsv")):
-        if tsv.stat().st_mtime < since:
+    for tsv, mtime in benchmark_files(clone).items():
+        if before.get(tsv) == mtime:
             continue
         kind = JOB_KINDS.get(tsv.parent.name, tsv.parent.name)
         rows = tsv.read_text().splitlines()
@@ -95,7 +100,7 @@ def job_seconds(clone: Path, since: float) -> dict:
 def run_target(clone: Path, target: str, log: Path) -> dict:
     """``make <target>`` in ``clone``, in its own session, no terminal: wall, user and system seconds, exit status."""
     load = list(os.getloadavg())
-    start_wall, start = time.time(), time.perf_counter()
+    before, start = benchmark_files(clone), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(
             ["make", target], cwd=clone, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -119,7 +124,7 @@ def run_target(clone: Path, target: str, log: Path) -> dict:
         if rec.get("pytest_wall_s") is not None:
             rec["setup_and_startup_s"] = round(wall - rec["pytest_wall_s"], 2)
     if target == "run":
-        rec["job_seconds"] = job_seconds(clone, start_wall)
+        rec["job_seconds"] = job_seconds(clone, before)
         rec["jobs"] = sum(k["jobs"] for k in rec["job_seconds"].values())
     return rec
 

@@ -267,7 +267,7 @@ def test_other_studies_settings_come_from_the_config_that_names_them(smoke):
     wp = workflow_plan(smoke)
     claims = wp.study_config("claims")
     assert claims["study"] == "claims" and "analysis" in claims
-    assert wp.study_settings("claims")["source"].startswith(claims["experiments"][0]["dataset"] + "-mohge-")
+    assert wp.study_source("claims").startswith(claims["experiments"][0]["dataset"] + "-mohge-")
     assert wp.study_settings("nowhere")["config"] == {"study": "nowhere"}
     assert wp.study_settings("nowhere")["bench_csv"] == "results/bench/kernels.csv"
     assert wp.study_outputs("capacity")[-1] == "figures/capacity/C1_bits_params.pdf"
