@@ -59,11 +59,11 @@ def host_kind(machine: dict) -> str:
     """A record's host in the words of the project's budgets: its CPU's maker and line and the fastest units it has
     for training (``an Intel Xeon with AMX``, ``an AMD EPYC with avx512_bf16``, ``an AMD EPYC with AVX2 only``)."""
     words = re.sub(r"\((R|TM)\)", "", machine.get("cpu", "")).split()
-    name = " ".join(w for w in words[:2] if w != "Processor") or "a CPU"
+    name = " ".join(w for w in words[:2] if w != "Processor")
+    name = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}" if name else "a CPU"
     units = set(machine.get("matrix_units", []))
     kind = next((k for u, k in KINDS if u in units), "")
-    article = "an" if name[0].lower() in "aeiou" else "a"
-    return f"{article} {name}{' with ' + kind if kind else ''}" if name != "a CPU" else f"a CPU with {kind}"
+    return f"{name} with {kind}" if kind else name
 
 
 def pytest_summary(text: str) -> dict:
