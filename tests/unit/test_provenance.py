@@ -133,12 +133,20 @@ def _uncached(source: str | None) -> tuple[tuple[Path, ...], str]:
     return files, prov.digest_units(u for path in kept for u in prov._units(path))
 
 
-def _forget(*functions) -> None:
-    for fn in (prov.package_key, prov.deciding_files, prov.sources_sha256, *functions):
+def _forget() -> None:
+    for fn in (prov.package_key, prov.deciding_files, prov.sources_sha256):
         fn.cache_clear()
 
 
-def test_a_cold_or_warm_cache_gives_the_scope_and_digest_computed_afresh(tmp_path, monkeypatch):
+@pytest.fixture
+def forget():
+    """The in-process caches cleared after the test, passed or failed: no later test reads a key or digest computed
+    for another cache folder or a copy of the package."""
+    yield
+    _forget()
+
+
+def test_a_cold_or_warm_cache_gives_the_scope_and_digest_computed_afresh(tmp_path, monkeypatch, forget):
     """The cache across processes (one record per package content under $XDG_CACHE_HOME/mohge/provenance) returns
     what a fresh computation gives, for the whole scope and for each source's."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
@@ -153,10 +161,9 @@ def test_a_cold_or_warm_cache_gives_the_scope_and_digest_computed_afresh(tmp_pat
         "deciding",
         *(f"sources_sha256 {s}" for s in (None, "graded", "facts")),
     }
-    _forget()
 
 
-def test_any_edit_added_or_removed_file_of_the_package_is_another_cache_key(tmp_path, monkeypatch):
+def test_any_edit_added_or_removed_file_of_the_package_is_another_cache_key(tmp_path, monkeypatch, forget):
     """The key hashes every .py and .yaml file under the package by path and bytes: a cached scope or digest is
     never read for other code, however small the change (a comment, an empty module, a deleted task file)."""
     copy = tmp_path / "mohge"
@@ -174,10 +181,9 @@ def test_any_edit_added_or_removed_file_of_the_package_is_another_cache_key(tmp_
         prov.package_key.cache_clear()
         keys.add(prov.package_key())
     assert len(keys) == 4
-    _forget()
 
 
-def test_an_unreadable_or_unwritable_cache_is_skipped(tmp_path, monkeypatch):
+def test_an_unreadable_or_unwritable_cache_is_skipped(tmp_path, monkeypatch, forget):
     """A record that is not JSON is read as none, and a cache folder that cannot be written leaves the digest to be
     computed: the digest is never wrong for want of a cache."""
     _, digest = _uncached(None)
@@ -191,7 +197,6 @@ def test_an_unreadable_or_unwritable_cache_is_skipped(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocked))  # a file where the folder would be: every write fails
     _forget()
     assert prov.sources_sha256() == digest and prov.deciding_files() == prov._deciding_files()
-    _forget()
 
 
 def test_a_result_records_commit_clean_and_hashes():
