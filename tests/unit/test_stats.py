@@ -1,6 +1,8 @@
 """mohge.core.stats against scipy.stats and cases computed by hand; a test is named by its null or what it shows."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -105,6 +107,24 @@ def test_t_quantiles_are_scipys():
     hw = stats.t_half_width(np.array([1.0, 2.0, 1.0]), np.array([1, 2, 9]))
     assert math.isnan(hw[0]) and hw[1] == pytest.approx(sp.t.ppf(0.975, 1) * 2 / math.sqrt(2))
     assert hw[2] == pytest.approx(sp.t.ppf(0.975, 8) / 3)
+
+
+def test_the_t_quantile_without_scipy_stats_is_scipys_to_the_bit_and_scipy_stats_is_not_imported_for_it():
+    """Every quantile of a grid (the ends of the support, q outside [0, 1], nan, df <= 0, fractional and huge df) is
+    scipy.stats.t.ppf's bit for bit, as scalars and broadcast arrays; a process that asks for intervals only does not
+    import scipy.stats."""
+    q = np.array([0.0, 1e-300, 1e-12, 0.025, 0.05, 0.5, 0.9, 0.95, 0.975, 0.995, 1 - 1e-12, 1.0, -0.1, 1.1, np.nan])
+    df = np.array([-1.0, 0.0, 0.5, 1.0, 2.0, 3.0, 7.5, 29.0, 120.0, 1e6, 1e300, np.inf, np.nan])
+    qq, dd = np.meshgrid(q, df)
+    ours, theirs = stats._t_ppf(qq, dd), sp.t.ppf(qq, dd)
+    assert ours.tobytes() == np.asarray(theirs, dtype=np.float64).tobytes()
+    for a, b in zip(qq.ravel(), dd.ravel(), strict=True):
+        assert np.float64(stats.t_quantile(a, b)).tobytes() == np.float64(sp.t.ppf(a, b)).tobytes(), (a, b)
+    code = (
+        "import sys; from mohge.core import stats; stats.one_sample([1.0, 2.0, 4.0]).interval(0.05); "
+        "stats.t_half_width([1.0], [3]); print('scipy.stats' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_n_2_is_the_smallest_sample_with_an_interval():

@@ -20,6 +20,7 @@ from mohge.config import ConfigError, RunConfig, TrainConfig, load_run_config
 from mohge.data import DataConfig, prepare
 from mohge.train import trainer as train_mod
 from mohge.train.checkpoint import find_latest_valid, list_checkpoints
+from mohge.train.step import build_optimizer
 from mohge.train.trainer import NonFiniteLossError, lr_at, train
 
 DATA = {"source": "graded", "vocab_size": 300, "seq_len": 32, "graded_num_docs": 200}
@@ -134,6 +135,36 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, data_dir):
         for d in (straight, killed)
     ]
     assert losses[0] == losses[1]
+
+
+def test_a_training_process_imports_no_compiler_and_its_adamw_updates_as_torchs(tmp_path, data_dir, monkeypatch):
+    """A run of the CLI, and its resume from the checkpoint before the last (the optimizer's state_dict,
+    load_state_dict, zero_grad and step), never import torch._dynamo; and the resumed run's weights and losses equal
+    those of the same run trained straight with torch.optim.AdamW itself in place of mohge's."""
+    config = write_config(tmp_path / "run.json", ckpt_every=4)
+    out, scratch = tmp_path / "cli", tmp_path / "scratch"
+    args = ["--config", str(config), "--out", str(out), "--scratch", str(scratch), "--data", str(data_dir)]
+    code = (
+        "import sys; from mohge.train.trainer import main; "
+        "rc = main(sys.argv[1:]); print(rc, 'torch._dynamo' in sys.modules)"
+    )
+    for resume in ([], ["--require-resume"]):
+        run = subprocess.run([sys.executable, "-c", code, *args, *resume], capture_output=True, text=True, timeout=300)
+        assert run.stdout.split() == ["0", "False"], run.stdout + run.stderr[-2000:]
+        if not resume:  # back to the checkpoint before the last: the second process loads the optimizer's state
+            shutil.rmtree(list_checkpoints(scratch)[0][1])
+            (out / "model.safetensors").unlink()
+    assert json.loads((out / "summary.json").read_text())["resumed_from_step"] == 12
+    monkeypatch.setattr(train_mod, "build_optimizer", torch_adamw_optimizer)
+    train(load_run_config(config), tmp_path / "torch", data=str(data_dir))
+    assert_same_weights(weights(out), weights(tmp_path / "torch"))
+    logs = [(d / "train_log.jsonl").read_text().splitlines() for d in (out, tmp_path / "torch")]
+    assert [json.loads(r)["loss"] for r in logs[0]] == [json.loads(r)["loss"] for r in logs[1]]
+
+
+def torch_adamw_optimizer(model, tc, fused=False):
+    """torch.optim.AdamW itself over mohge's parameter groups, each with every hyperparameter mohge's sets."""
+    return torch.optim.AdamW([dict(g) for g in build_optimizer(model, tc, fused).param_groups])
 
 
 def test_nan_loss_stops_naming_the_step_and_keeps_last_good_checkpoint(tmp_path, data_dir, monkeypatch, caplog):

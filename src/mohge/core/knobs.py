@@ -111,9 +111,16 @@ def _options(tp: Any) -> tuple:
 
 
 @functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints`` of a config class, resolved once per process (a workflow's parse builds thousands of
+    sections; callers only read the mapping)."""
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
 def _tuple_fields(cls: type) -> frozenset[str]:
     """The fields of a section annotated as a tuple (``tuple[int, ...]``, optional or not)."""
-    hints = typing.get_type_hints(cls).items()
+    hints = _hints(cls).items()
     return frozenset(name for name, tp in hints if any(typing.get_origin(a) is tuple for a in _options(tp)))
 
 
@@ -121,7 +128,7 @@ def _tuple_fields(cls: type) -> frozenset[str]:
 def _int_fields(cls: type) -> frozenset[str]:
     """The fields of a section annotated as an integer or a tuple of integers (``int``, ``tuple[int, ...]``,
     optional or not)."""
-    hints = typing.get_type_hints(cls).items()
+    hints = _hints(cls).items()
     return frozenset(
         name
         for name, tp in hints
@@ -210,7 +217,7 @@ def from_dict(cls: type, data: dict, path: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``; an unknown key is an error naming it and the known keys."""
     if not isinstance(data, dict):
         _fail(path or cls.__name__, data, f"expected a mapping for {cls.__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     public = sorted(names - {"_path"})
     unknown = sorted(set(data) - set(public))
@@ -267,7 +274,7 @@ def schema_of(tp: Any, meta: dict | None = None) -> dict:
         options = [schema_of(a, meta) for a in typing.get_args(tp) if a is not type(None)]
         return {"anyOf": [*options, {"type": "null"}]}
     if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
+        hints = _hints(tp)
         props = {}
         for f in dataclasses.fields(tp):
             if f.init and f.name != "_path":

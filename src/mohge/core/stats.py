@@ -46,7 +46,6 @@ from dataclasses import dataclass
 
 import numpy as np
 from scipy import special as _special
-from scipy import stats as _st
 
 __all__ = [
     "TEstimate",
@@ -94,9 +93,29 @@ def _upper(alpha: float) -> float:
     return (1 + (1 - alpha)) / 2
 
 
+def _scipy_stats():
+    """scipy.stats, imported where a test needs more than Student's t: its import is about half a second of the
+    start-up of every process that reads this module (each figure job), and t's quantiles and tails come from
+    scipy.special."""
+    from scipy import stats
+
+    return stats
+
+
+def _t_ppf(q, df):
+    """``scipy.stats.t.ppf(q, df)`` to the bit, from scipy.special: scipy's t computes its quantile as
+    ``special.stdtrit(df, q)`` times the scale 1 plus the location 0, the ends of the support at q 0 and 1, and nan
+    where df <= 0 or q lies outside [0, 1] (tests/unit/test_stats.py holds the two equal)."""
+    q, df = np.asarray(q, dtype=np.float64), np.asarray(df, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        inner = _special.stdtrit(df, q) * 1.0 + 0.0
+    ends = np.where(q == 0, -np.inf, np.where(q == 1, np.inf, inner))
+    return np.where((df > 0) & (q >= 0) & (q <= 1), ends, np.nan)
+
+
 def t_quantile(q: float, df: float) -> float:
     """The q quantile of Student's t with df > 0 degrees of freedom."""
-    return float(_st.t.ppf(q, df))
+    return float(_t_ppf(q, df))
 
 
 def t_half_width(sd, n, alpha: float = 0.05):
@@ -105,7 +124,7 @@ def t_half_width(sd, n, alpha: float = 0.05):
     sd, n = np.asarray(sd, dtype=np.float64), np.asarray(n, dtype=np.float64)
     ok = n >= 2
     df = np.where(ok, n - 1, 1.0)
-    out = np.where(ok, _st.t.ppf(_upper(alpha), df) * sd / np.sqrt(np.where(ok, n, 1.0)), np.nan)
+    out = np.where(ok, _t_ppf(_upper(alpha), df) * sd / np.sqrt(np.where(ok, n, 1.0)), np.nan)
     return float(out) if out.ndim == 0 else out
 
 
@@ -281,14 +300,14 @@ def ratio_interval(values: Sequence[float], alpha: float = 0.05, floor: float = 
 
 def p_binomial_h0_le(successes: int, trials: int, chance: float) -> float:
     """Exact one-sided binomial p of H0: success probability <= ``chance`` (H1: above chance)."""
-    return float(_st.binomtest(successes, trials, chance, alternative="greater").pvalue)
+    return float(_scipy_stats().binomtest(successes, trials, chance, alternative="greater").pvalue)
 
 
 def fisher_combined_p(pvalues: Sequence[float]) -> float:
     """Fisher's combination of independent p-values: the p of H0 "every one of their nulls holds" (-2 sum log p
     ~ chi^2 with 2k df); nan for none."""
     p = _values(pvalues)
-    return float(_st.combine_pvalues(p, method="fisher").pvalue) if len(p) else math.nan
+    return float(_scipy_stats().combine_pvalues(p, method="fisher").pvalue) if len(p) else math.nan
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -296,7 +315,7 @@ def fisher_combined_p(pvalues: Sequence[float]) -> float:
 
 
 def _centred_ranks(x: np.ndarray) -> np.ndarray:
-    r = _st.rankdata(x).astype(np.float64)
+    r = _scipy_stats().rankdata(x).astype(np.float64)
     r -= r.mean()
     return r / (np.linalg.norm(r) or 1.0)
 
@@ -351,11 +370,12 @@ def _power(df: float, se: float, effect: float, alpha: float, sided: str) -> flo
     if not (df == df and se == se):
         return math.nan
     ncp = abs(effect) / se if sided == "two" else effect / se
+    nct = _scipy_stats().nct
     if sided == "one":
         crit = t_quantile(1 - alpha, df)
-        return _tail(float(_st.nct.sf(crit, df, ncp)), ncp - crit)
+        return _tail(float(nct.sf(crit, df, ncp)), ncp - crit)
     crit = t_quantile(1 - alpha / 2, df)
-    return _tail(float(_st.nct.sf(crit, df, ncp) + _st.nct.cdf(-crit, df, ncp)), ncp - crit)
+    return _tail(float(nct.sf(crit, df, ncp) + nct.cdf(-crit, df, ncp)), ncp - crit)
 
 
 def _tail(power: float, margin: float) -> float:
@@ -402,18 +422,19 @@ def power_tost(n: int, sd: float, bound: float, true_mean: float = 0.0, alpha: f
         return 1.0 if abs(true_mean) < bound else 0.0
     from scipy import integrate
 
+    st = _scipy_stats()
     df, crit, se = n - 1, t_quantile(1 - alpha, n - 1), sd / math.sqrt(n)
 
     def given(q: float) -> float:  # q = chi^2 draw; s = sd * sqrt(q / df)
         half = bound - crit * sd * math.sqrt(q / df) / math.sqrt(n)
         if half <= 0:
             return 0.0
-        p = _st.norm.cdf((half - true_mean) / se) - _st.norm.cdf((-half - true_mean) / se)
-        return float(p * _st.chi2.pdf(q, df))
+        p = st.norm.cdf((half - true_mean) / se) - st.norm.cdf((-half - true_mean) / se)
+        return float(p * st.chi2.pdf(q, df))
 
     # beyond q_empty the acceptance region is empty; beyond q_tail the chi^2 density is below 1e-12 of its mass
     q_empty = df * (bound * math.sqrt(n) / (crit * sd)) ** 2
-    q_max = min(q_empty, float(_st.chi2.ppf(1 - 1e-12, df)))
+    q_max = min(q_empty, float(st.chi2.ppf(1 - 1e-12, df)))
     mode = min(max(df - 2.0, 0.0), q_max)  # where the density peaks: quad must not step over it
     pieces = [(0.0, mode), (mode, q_max)] if 0 < mode < q_max else [(0.0, q_max)]
     return float(sum(integrate.quad(given, a, b, limit=200)[0] for a, b in pieces)) if q_max > 0 else 0.0

@@ -8,15 +8,18 @@ Legend: B batch, S sequence length, L MoE layers.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import torch.optim.adam as _adam_module
 
 from mohge.config import FFNConfig, RunConfig, TrainConfig
 from mohge.config.sections import group_aux_active
@@ -41,6 +44,57 @@ def lr_at(step: int, tc: TrainConfig) -> float:
     return tc.min_lr + 0.5 * (tc.lr - tc.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
+def _raw(fn: Any) -> Any:
+    """The function under torch's decorators (``functools.wraps`` keeps it as ``__wrapped__``)."""
+    return inspect.unwrap(fn)
+
+
+# the functions of torch.optim that torch wraps in ``torch._disable_dynamo`` (it imports torch._dynamo on a first call)
+_MARKED = (
+    torch.optim.Optimizer.add_param_group,
+    torch.optim.Optimizer.zero_grad,
+    torch.optim.Optimizer.state_dict,
+    torch.optim.Optimizer.load_state_dict,
+    _adam_module.adam,
+)
+_ADAM_STEP = _raw(torch.optim.Adam.step)  # Adam.step's body, under _use_grad_for_differentiable
+
+
+def _mark_compiler_free() -> bool:
+    """Give each function of :data:`_MARKED` the disabled form that ``torch._disable_dynamo`` would import the compiler
+    to build, itself: in a process where nothing is compiled the disabled form of a function is the function. Done
+    only while ``torch._dynamo`` is not imported (a process that compiles keeps torch's own marks); returns whether the
+    marks are set."""
+    if "torch._dynamo" in sys.modules:
+        return False
+    for fn in _MARKED:
+        raw = _raw(fn)
+        if raw is fn:  # not a wrapper here: another torch, whose internals this does not know
+            return False
+        raw.__dynamo_disable = raw
+    return True
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW, every update its own, without importing torch's compiler front end in a process that compiles
+    nothing.
+
+    torch wraps an optimizer's ``step``, ``zero_grad``, ``add_param_group`` and ``state_dict`` and the functional Adam
+    update so that torch.compile does not trace them, and builds that wrapper by importing ``torch._dynamo`` on a first
+    call: about 1 s of a process's start-up, a third of a training job of the smoke study. Here ``step`` runs Adam's
+    step body under the grad mode torch's step wrapper sets (``differentiable``: False, no grad), and the other
+    functions find their disabled form already set (:func:`_mark_compiler_free`), so a training process whose model is
+    not compiled never imports the compiler (tests/unit/test_train.py)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        _mark_compiler_free()
+        super().__init__(*args, **kwargs)
+
+    def step(self, closure: Any = None) -> Any:
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return _ADAM_STEP(self, closure)
+
+
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW over ``model``'s parameters: ``fused`` (CUDA), else the foreach implementation where every parameter is
     a plain tensor (it updates each tensor with the single-tensor loop's arithmetic, bit for bit, in fewer calls;
@@ -51,9 +105,7 @@ def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False
     groups = [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     plain = all(type(p.data) is torch.Tensor for p in model.parameters())
     foreach = True if not fused and plain else None
-    return torch.optim.AdamW(
-        groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None, foreach=foreach
-    )
+    return AdamW(groups, lr=lr_at(0, tc), betas=(tc.beta1, tc.beta2), eps=1e-8, fused=fused or None, foreach=foreach)
 
 
 def compute_loss(
