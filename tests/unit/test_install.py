@@ -31,15 +31,17 @@ NOT_CORE = ("numpy", "triton", "yaml", "tqdm", "tokenizers", "safetensors", "pan
 
 def build_wheel(tmp_path: Path) -> Path:
     """This checkout's wheel, built offline by this venv's setuptools from a copy of what the wheel holds (so the
-    build leaves nothing in the checkout)."""
+    build leaves nothing in the checkout); the build backend warns of nothing (a directory of modules left out of
+    pyproject's packages, as mohge/tasks once was, is a BuildBackendWarning)."""
     source, wheels = tmp_path / "source", tmp_path / "wheels"
     skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for name in ("src", "kernels", "studies"):
         shutil.copytree(ROOT / name, source / name, ignore=skip)
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, source / name)
-    subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels),
-                    str(source)], **QUIET)  # fmt: skip
+    built = subprocess.run([*PIP, "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(wheels),
+                            str(source)], **QUIET)  # fmt: skip
+    assert "BuildBackendWarning" not in built.stdout + built.stderr, built.stderr[-3000:]
     (wheel,) = wheels.glob("mohge-*.whl")
     return wheel
 
