@@ -63,8 +63,10 @@ _ADAM_STEP = _raw(torch.optim.Adam.step)  # Adam.step's body, under _use_grad_fo
 def _mark_compiler_free() -> bool:
     """Give each function of :data:`_MARKED` the disabled form that ``torch._disable_dynamo`` would import the compiler
     to build, itself: in a process where nothing is compiled the disabled form of a function is the function. Done
-    only while ``torch._dynamo`` is not imported (a process that compiles keeps torch's own marks); returns whether the
-    marks are set."""
+    only while ``torch._dynamo`` is not imported; returns whether the marks are set. A process that compiles after
+    them would trace these functions where torch skips them: mohge compiles models (``mohge bench compile``), never an
+    optimizer step. On a torch whose functions here are not wrappers, the marks stop at the first such function (a
+    mark or none, each function computes the same)."""
     if "torch._dynamo" in sys.modules:
         return False
     for fn in _MARKED:
