@@ -116,6 +116,8 @@ class RowLayout:
     Sorted slot i of expert e sits at row ``row0[e] + i - bound[e]``; without padding the buffer is the
     sorted slots themselves (``dest_A`` None). With padding each expert owns ``rows[e] >= counts[e]`` rows, the
     extra rows all-zero in the inputs (a zero row maps to a zero output row and adds zero to a weight gradient).
+    ``tok_P`` is the token of each row, ``T`` (one past the last token) on a padding row: a gather reads a zero row
+    there and a sum by token drops it, so every per-row step of the layer runs on the row buffer as it is.
     """
 
     def __init__(self, x_TD: Tensor, idx_TK: Tensor, num_experts: int, pad: bool) -> None:
@@ -124,6 +126,7 @@ class RowLayout:
         self.bounds = [0, *torch.cumsum(counts_E, 0).tolist()]
         self.T = x_TD.shape[0]
         self.dest_A: Tensor | None = None
+        self.tok_P = self.tok_A
         self.rows = self.counts
         if pad:
             self.rows = [row_bucket(c) for c in self.counts]
@@ -131,6 +134,8 @@ class RowLayout:
             shift_E = row0_E - torch.tensor(self.bounds[:-1])
             self.dest_A = torch.arange(self.tok_A.numel()) + torch.repeat_interleave(shift_E, counts_E.cpu())
             self.dest_A = self.dest_A.to(x_TD.device)
+            self.tok_P = self.tok_A.new_full((sum(self.rows),), self.T)
+            self.tok_P[self.dest_A] = self.tok_A
         self.row0 = [0, *torch.tensor(self.rows, dtype=torch.int64).cumsum(0).tolist()]
 
     @property
@@ -138,22 +143,26 @@ class RowLayout:
         return self.row0[-1]
 
     def gather(self, x_TD: Tensor) -> Tensor:
-        """Row buffer [P, D] of the token rows: x[tok] per slot, zero rows for padding."""
+        """Row buffer [P, D] of the token rows: x[tok] per row, zero rows for padding."""
         if self.dest_A is None:
             return x_TD.index_select(0, self.tok_A)  # row copies: ~3x the speed of indexing at [T, 32]
-        tok_P = self.tok_A.new_full((self.num_rows,), self.T)
-        tok_P[self.dest_A] = self.tok_A
-        return torch.cat([x_TD, x_TD.new_zeros(1, x_TD.shape[1])]).index_select(0, tok_P)
+        return torch.cat([x_TD, x_TD.new_zeros(1, x_TD.shape[1])]).index_select(0, self.tok_P)
 
-    def spread(self, v_AD: Tensor) -> Tensor:
-        """Slot rows [A, D] (sorted order) into the row buffer [P, D], zero rows for padding."""
+    def per_row(self, v_A: Tensor) -> Tensor:
+        """A value per sorted slot [A] as a value per row [P], 0 on padding rows."""
         if self.dest_A is None:
-            return v_AD
-        return v_AD.new_zeros(self.num_rows, v_AD.shape[1]).index_copy_(0, self.dest_A, v_AD)
+            return v_A
+        return v_A.new_zeros(self.num_rows).index_copy_(0, self.dest_A, v_A)
 
-    def slots(self, v_PD: Tensor) -> Tensor:
-        """The real rows of a row buffer, in sorted slot order [A, D]."""
-        return v_PD if self.dest_A is None else v_PD.index_select(0, self.dest_A)
+    def per_slot(self, v_P: Tensor) -> Tensor:
+        """The values [A] of the real rows (sorted slot order) of a value per row [P]."""
+        return v_P if self.dest_A is None else v_P.index_select(0, self.dest_A)
+
+    def sum_by_token(self, v_PD: Tensor) -> Tensor:
+        """[T, D]: the rows of ``v_PD`` summed by token, in row order (padding rows dropped)."""
+        if self.dest_A is None:
+            return v_PD.new_zeros(self.T, v_PD.shape[1]).index_add_(0, self.tok_A, v_PD)
+        return v_PD.new_zeros(self.T + 1, v_PD.shape[1]).index_add_(0, self.tok_P, v_PD)[: self.T]
 
 
 def gate_up_halves(h_R2H: Tensor) -> tuple[Tensor, Tensor]:
@@ -184,7 +193,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
         w1_e, w2_e = _flat_weights(w1s, w2s)
         E = len(w1_e)
         lay = RowLayout(x_TD, idx_TK, E, pads_rows(x_TD))
-        gate_A = gates_TK.reshape(-1).index_select(0, lay.order_A)
+        gate_P = lay.per_row(gates_TK.reshape(-1).index_select(0, lay.order_A))
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
         pre = []  # pre-activation (a, u), each [C, H], per non-empty expert
@@ -197,23 +206,22 @@ class _GroupedSwiGLU(torch.autograd.Function):
             a_CH, u_CH = gate_up_halves(h_C2H)
             torch.mm(F.silu(a_CH) * u_CH, w2_e[e].t(), out=out_PD[s:t])
             pre.append((a_CH, u_CH))
-        out_AD = lay.slots(out_PD)
-        y_TD = torch.zeros_like(x_TD).index_add_(0, lay.tok_A, out_AD * gate_A[:, None])
+        y_TD = lay.sum_by_token(out_PD * gate_P[:, None])
         ctx.num_classes = num_classes
         ctx.lay = lay
         ctx.pre = pre
-        ctx.save_for_backward(xs_PD, out_AD, gate_A, gates_TK, *weights)
+        ctx.save_for_backward(xs_PD, out_PD, gate_P, gates_TK, *weights)
         return y_TD
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_PD, out_AD, gate_A, gates_TK, *weights = ctx.saved_tensors
+        xs_PD, out_PD, gate_P, gates_TK, *weights = ctx.saved_tensors
         nc, lay = ctx.num_classes, ctx.lay
         w1s, w2s = weights[:nc], weights[nc:]
         w1_e, w2_e = _flat_weights(w1s, w2s)
-        dys_AD = dy_TD.index_select(0, lay.tok_A)
-        dgate_A = (out_AD * dys_AD).sum(-1)
-        dout_PD = lay.spread(dys_AD * gate_A[:, None])
+        dys_PD = lay.gather(dy_TD)
+        dgate_A = lay.per_slot((out_PD * dys_PD).sum(-1))
+        dout_PD = dys_PD * gate_P[:, None]
         dxs_PD = torch.empty_like(xs_PD)  # every row belongs to exactly one expert slice
         # every weight gradient slice is written by its expert's GEMM; only experts without a token need zeros
         dw1s = [torch.empty_like(w) for w in w1s]
@@ -237,7 +245,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
             torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])
             torch.mm(dh_C2H.t(), xs_PD[s:t], out=dw1s[c][j])
             torch.mm(dh_C2H, w1_e[e], out=dxs_PD[s:t])
-        dx_TD = torch.zeros_like(dy_TD).index_add_(0, lay.tok_A, lay.slots(dxs_PD))
+        dx_TD = lay.sum_by_token(dxs_PD)
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
         ctx.pre = ctx.lay = None
         return (dx_TD, None, dgates_TK.view_as(gates_TK), None, *dw1s, *dw2s)

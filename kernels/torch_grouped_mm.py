@@ -64,7 +64,7 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         w1s, w2s = weights[:num_classes], weights[num_classes:]
         lay = RowLayout(x_TD, idx_TK, sum(w.shape[0] for w in w1s), pads_rows(x_TD))
         rows = _ClassRows(lay, [w.shape[0] for w in w1s], x_TD.device)
-        gate_A = gates_TK.reshape(-1).index_select(0, lay.order_A)
+        gate_P = lay.per_row(gates_TK.reshape(-1).index_select(0, lay.order_A))
         xs_PD = lay.gather(x_TD)
         out_PD = x_TD.new_empty(xs_PD.shape)
         pre = []  # pre-activation (a, u), each [P_c, H], per class
@@ -80,20 +80,19 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
             else:
                 out_PD[r0:r1] = out_cD
             pre.append((a_PH, u_PH))
-        out_AD = lay.slots(out_PD)
-        y_TD = torch.zeros_like(x_TD).index_add_(0, lay.tok_A, out_AD * gate_A[:, None])
+        y_TD = lay.sum_by_token(out_PD * gate_P[:, None])
         ctx.num_classes, ctx.lay, ctx.rows, ctx.pre = num_classes, lay, rows, pre
-        ctx.save_for_backward(xs_PD, out_AD, gate_A, gates_TK, *weights)
+        ctx.save_for_backward(xs_PD, out_PD, gate_P, gates_TK, *weights)
         return y_TD
 
     @staticmethod
     def backward(ctx, dy_TD):
-        xs_PD, out_AD, gate_A, gates_TK, *weights = ctx.saved_tensors
+        xs_PD, out_PD, gate_P, gates_TK, *weights = ctx.saved_tensors
         nc, lay, rows = ctx.num_classes, ctx.lay, ctx.rows
         w1s, w2s = weights[:nc], weights[nc:]
-        dys_AD = dy_TD.index_select(0, lay.tok_A)
-        dgate_A = (out_AD * dys_AD).sum(-1)
-        dout_PD = lay.spread(dys_AD * gate_A[:, None])
+        dys_PD = lay.gather(dy_TD)
+        dgate_A = lay.per_slot((out_PD * dys_PD).sum(-1))
+        dout_PD = dys_PD * gate_P[:, None]
         dxs_PD = torch.empty_like(xs_PD)
         dw1s, dw2s = [], []
         for (r0, r1), offs, w1, w2, au in zip(rows.spans, rows.offs, w1s, w2s, ctx.pre, strict=True):
@@ -116,7 +115,7 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
                 dxs_PD = dxs_cD
             else:
                 dxs_PD[r0:r1] = dxs_cD
-        dx_TD = torch.zeros_like(dy_TD).index_add_(0, lay.tok_A, lay.slots(dxs_PD))
+        dx_TD = lay.sum_by_token(dxs_PD)
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
         ctx.pre = ctx.lay = ctx.rows = None
         return (dx_TD, None, dgates_TK.view_as(gates_TK), None, *dw1s, *dw2s)
