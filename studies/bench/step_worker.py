@@ -102,7 +102,7 @@ def main() -> int:
     torch.manual_seed(tc.seed)
     par = Replicated(cfg, rt, Path("/nonexistent-scratch"))
     model = par.build()
-    opt = build_optimizer(model, tc, fused=False)
+    opt = build_optimizer(model, tc, fused=getattr(tc, "adamw", "auto") == "fused")  # a tree without the knob: foreach
     model.train()
     biased = bias_balanced(model)
     S, V = cfg.data_config.seq_len, cfg.model.vocab_size

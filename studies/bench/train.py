@@ -1,6 +1,6 @@
 """Training throughput on this machine: MoHGE against a homogeneous MoE of equal activated FLOPs.
 
-    mohge bench train [--steps 10] [--json out.json]     (mohge_studies.bench dispatches to main() here)
+    mohge bench train [--steps 10] [--adamw foreach,fused] [--json out.json]   (mohge_studies.bench dispatches here)
 
 The MoE is ``mohge.config.matched.derive(cfg, "moe_equal")``: the same experts count and top-k, every expert at
 MoHGE's mean width, so under uniform routing both activate the same FFN FLOPs per token; differences come
@@ -8,7 +8,8 @@ from the two-level router and from experts of unequal widths (one GEMM per exper
 train (forward, backward, AdamW) on the same random tokens, in fp32 and under bf16 autocast, in one process; after
 ``warmup`` steps each, single steps alternate between the four trainers and the median step time of each gives its
 tokens/s, so the load of other processes on a shared machine hits all alike. The CPU MFU divides model FLOPs/s by
-the GEMM rate measured in the same run at the model's own GEMM shapes (:func:`model_gemms`).
+the GEMM rate measured in the same run at the model's own GEMM shapes (:func:`model_gemms`). The process keeps the
+memory a step frees, as a training process does (:func:`mohge.train.runtime.keep_freed_memory`).
 
 Default size (realistic for a CPU run): D 256, 4 layers, 4 heads, vocabulary 2048, sequence 256, batch 8;
 MoHGE 8 groups x 4 experts, widths 128..352 (step 32, mean 240), top-4 experts in top-4 groups; no shared
@@ -27,12 +28,13 @@ from collections.abc import Sequence
 import torch
 from mohge.kernels.cpu_gemm import clock, cpu_bf16_support, gemm_rate
 
-from mohge.config import BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, RunConfig, TrainConfig
+from mohge.config import ADAMW_IMPLS, BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, RunConfig, TrainConfig
 from mohge.config.matched import derive
 from mohge.core.atomic import write_json_atomic
 from mohge.model import LanguageModel
 from mohge.train.distributed.flops import model_flops_per_token
-from mohge.train.step import build_optimizer, compute_loss
+from mohge.train.runtime import keep_freed_memory
+from mohge.train.step import build_optimizer, compute_loss, fused_adamw
 
 
 def bench_config(d_model: int = 256, n_layers: int = 4, groups: int = 8, per_group: int = 4) -> ModelConfig:
@@ -62,12 +64,19 @@ class Trainer:
 
     ``bf16``: the step runs under bf16 autocast (fp32 weights, gradients and optimizer state; fp32 loss), as
     ``train.precision: bf16`` does. ``compiled``: the forward runs through ``torch.compile(model)`` (the optimizer
-    stays eager); ``mohge bench compile``."""
+    stays eager); ``mohge bench compile``. ``adamw``: ``train.adamw`` (on a CPU ``auto`` is foreach)."""
 
     def __init__(
-        self, cfg: ModelConfig, batch: int, seq: int, seed: int = 0, bf16: bool = False, compiled: bool = False
+        self,
+        cfg: ModelConfig,
+        batch: int,
+        seq: int,
+        seed: int = 0,
+        bf16: bool = False,
+        compiled: bool = False,
+        adamw: str = "auto",
     ) -> None:
-        train = TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4)
+        train = TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4, adamw=adamw)
         data = {"vocab_size": cfg.vocab_size, "seq_len": min(seq, cfg.max_seq_len)}
         self.run_cfg = RunConfig(name="bench", model=cfg, loss=LossConfig(), train=train, data=data)
         # the trainer's loss at the schedule's last step, where every aux term is on (group_aux from its start_frac)
@@ -75,7 +84,7 @@ class Trainer:
         torch.manual_seed(seed)
         self.model = LanguageModel(cfg, self.run_cfg.loss).train()
         self.net = torch.compile(self.model) if compiled else self.model
-        self.opt = build_optimizer(self.model, train)
+        self.opt = build_optimizer(self.model, train, fused=fused_adamw(train, torch.device("cpu")))
         g = torch.Generator().manual_seed(seed)
         tokens = torch.randint(0, cfg.vocab_size, (batch, seq + 1), generator=g)
         self.x, self.y = tokens[:, :-1], tokens[:, 1:]
@@ -115,18 +124,33 @@ def model_gemms(cfg: ModelConfig, batch: int, seq: int) -> list[tuple[int, int, 
     return out
 
 
-def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, warmup: int = 2) -> dict:
+def measure(
+    cfg: ModelConfig,
+    batch: int = 8,
+    seq: int = 256,
+    steps: int = 10,
+    warmup: int = 2,
+    adamw: Sequence[str] = ("auto",),
+) -> dict:
     """Tokens/s of MoHGE and of its ``moe_equal`` baseline, each in fp32 and under bf16 autocast; CPU MFU.
 
     Single steps of the four trainers alternate (the order flips every round) and each one's tokens/s is taken
     from its median step time, so load from other processes on a shared machine hits all alike. With one torch
     thread the clock is the thread's CPU time (:mod:`mohge.kernels.cpu_gemm`), otherwise the wall clock.
     MFU = model FLOPs/s (:func:`mohge.train.distributed.flops.model_flops_per_token`, forward + backward, attention
-    included) over the GEMM rate this CPU measures in the same run on the model's own GEMM shapes."""
+    included) over the GEMM rate this CPU measures in the same run on the model's own GEMM shapes.
+
+    ``adamw``: the ``train.adamw`` implementations to time, each model and precision with each, in the same rounds; the
+    first one's trainers are ``mohge_fp32`` ... as with one, the others' carry the name as a suffix
+    (``mohge_fp32_fused``), and ``adamw_step_ratio`` divides each one's median step by the first's."""
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq))
     moe_cfg = derive(cfg, "moe_equal")
+    impls = list(adamw)
     models = {
-        f"{name}_{prec}": Trainer(c, batch, seq, bf16=prec == "bf16")
+        f"{name}_{prec}" + ("" if impl == impls[0] else f"_{impl}"): Trainer(
+            c, batch, seq, bf16=prec == "bf16", adamw=impl
+        )
+        for impl in impls
         for name, c in (("mohge", cfg), ("moe", moe_cfg))
         for prec in ("fp32", "bf16")
     }
@@ -141,6 +165,11 @@ def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, w
     rate = {prec: gemm_rate(shapes, dt) for prec, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
     flops_tok = {"mohge": model_flops_per_token(cfg, seq), "moe": model_flops_per_token(moe_cfg, seq)}
     mfu = {name: flops_tok[name.split("_")[0]] * v / rate[name.split("_")[1]] for name, v in tps.items()}
+    ratio = {
+        name: statistics.median(ts) / statistics.median(times[name.rsplit("_", 1)[0]])
+        for name, ts in times.items()
+        if name.count("_") == 2
+    }
     ffn = cfg.ffn
     return {
         "tokens_per_s": tps,
@@ -151,6 +180,7 @@ def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, w
         "mfu_fp32": mfu["mohge_fp32"],
         "mfu_bf16": mfu["mohge_bf16"],
         "mfu": mfu,
+        "adamw_step_ratio": ratio,
         "model_flops_per_token": flops_tok,
         "gemm_rate_flops": rate,
         "gemm_shapes": [list(s) for s in shapes],
@@ -172,6 +202,7 @@ def measure(cfg: ModelConfig, batch: int = 8, seq: int = 256, steps: int = 10, w
             "backend": ffn.backend,
             "timed_steps": steps,
             "warmup_steps": warmup,
+            "adamw": impls,
         },
     }
 
@@ -192,13 +223,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per trainer, alternating between them")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU-time clock; 0 = torch's default)")
+    ap.add_argument(
+        "--adamw",
+        default="auto",
+        help=f"train.adamw of the trainers, comma-separated of {', '.join(ADAMW_IMPLS)} (auto: foreach on a CPU); "
+        "with several, each model and precision is timed with each, and the others' steps against the first's",
+    )
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
+    impls = args.adamw.split(",")
+    if any(i not in ADAMW_IMPLS for i in impls) or len(set(impls)) != len(impls):
+        ap.error(f"--adamw {args.adamw}: expected distinct values, comma-separated, of {', '.join(ADAMW_IMPLS)}")
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    kept = keep_freed_memory()  # as mohge.train.runtime.setup_runtime does
     cfg = bench_config(args.d_model, args.layers, args.groups, args.per_group)
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))
-    res = measure(cfg, args.batch, args.seq, args.steps, args.warmup)
+    res = measure(cfg, args.batch, args.seq, args.steps, args.warmup, impls)
+    res["freed_memory_kept"] = kept
     tps = res["tokens_per_s"]
     print(
         f"MoHGE fp32 {tps['mohge_fp32']:.0f} tok/s, bf16 {tps['mohge_bf16']:.0f} tok/s "
@@ -207,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"CPU MFU fp32 {res['mfu_fp32']:.2f}, bf16 {res['mfu_bf16']:.2f} (target >= 0.70); "
         f"{res['threads']} thread(s), {res['clock']} clock, load {res['loadavg'][0]:.1f}"
     )
+    for name, r in res["adamw_step_ratio"].items():
+        print(f"{name}: {r:.3f}x the step of {impls[0]}, MFU {res['mfu'][name]:.2f}")
     print(json.dumps(res))
     if args.json:
         write_json_atomic(args.json, res)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import json
+from pathlib import Path
 
 import torch
 from conftest import tiny_model_config
@@ -10,6 +12,8 @@ from mohge_studies.bench.train import Trainer
 
 from mohge.config import LossConfig, RunConfig, TrainConfig
 from mohge.train.step import compute_loss
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_timed_step_minimizes_the_trainers_loss():
@@ -26,3 +30,43 @@ def test_the_timed_step_minimizes_the_trainers_loss():
     want, _, aux, _ = compute_loss(copy.deepcopy(t.model), t.x, t.y, run, 9)
     assert run.loss.group_aux_coeff != run.loss.expert_aux_coeff and aux > 0
     assert torch.equal(t.step(), want.detach())
+
+
+def test_each_adamw_implementation_named_is_timed_on_every_model_and_precision_against_the_first():
+    """``--adamw foreach,fused``: eight trainers, the fused ones with torch's fused AdamW, each step ratio over the
+    foreach trainer of the same model and precision."""
+    from mohge_studies.bench.train import measure
+
+    cfg = tiny_model_config(vocab_size=300)
+    assert Trainer(cfg, batch=2, seq=8, adamw="fused").opt.defaults["fused"] is True
+    assert Trainer(cfg, batch=2, seq=8).opt.defaults["foreach"] is True  # auto on a CPU
+    res = measure(cfg, batch=2, seq=8, steps=1, warmup=1, adamw=("foreach", "fused"))
+    base = {f"{m}_{p}" for m in ("mohge", "moe") for p in ("fp32", "bf16")}
+    assert set(res["tokens_per_s"]) == base | {f"{n}_fused" for n in base} == set(res["mfu"])
+    assert set(res["adamw_step_ratio"]) == {f"{n}_fused" for n in base}
+    for name, ratio in res["adamw_step_ratio"].items():
+        steps = res["step_seconds"]
+        assert ratio == steps[name][0] / steps[name.rsplit("_", 1)[0]][0]
+    assert res["setup"]["adamw"] == ["foreach", "fused"]
+
+
+def test_speed_doc_quotes_the_adamw_record_with_its_host():
+    rec = json.loads((ROOT / "results" / "bench" / "train_adamw_amx.json").read_text())
+    m, r, g = rec["mfu"], rec["adamw_step_ratio"], rec["gemm_rate_flops"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        f"MoHGE fp32 **{m['mohge_fp32']:.2f}**, bf16 **{m['mohge_bf16']:.2f}** with AdamW's foreach update "
+        f"(the default on a CPU); **{m['mohge_fp32_fused']:.2f}** and **{m['mohge_bf16_fused']:.2f}** with "
+        "`train.adamw: fused`, "
+        f"whose step takes {r['mohge_fp32_fused']:.3f}× (fp32) and {r['mohge_bf16_fused']:.3f}× (bf16) the foreach "
+        f"step in the same run (MoE: {m['moe_fp32']:.2f} / {m['moe_bf16']:.2f} and {m['moe_fp32_fused']:.2f} / "
+        f"{m['moe_bf16_fused']:.2f})"
+    ) in text
+    assert f"{g['fp32'] / 1e9:.0f} / {g['bf16'] / 1e9:.0f} GFLOP/s at the model's GEMM shapes" in text
+    assert (
+        f"GEMMs are {m['mohge_fp32']:.0%} of the fp32 step and {m['mohge_bf16']:.0%} of the bf16 one".replace("%", " %")
+        in text
+    )
+    host = rec["cpu_bf16"]
+    assert host["amx_bf16"] and host["aten_capability"] == "AVX512" and "Intel Xeon with AMX, ATen AVX512" in text
+    assert rec["setup"]["adamw"] == ["foreach", "fused"] and rec["threads"] == 1 and rec["freed_memory_kept"]

@@ -162,6 +162,36 @@ def test_a_training_process_imports_no_compiler_and_its_adamw_updates_as_torchs(
     assert [json.loads(r)["loss"] for r in logs[0]] == [json.loads(r)["loss"] for r in logs[1]]
 
 
+def test_adamw_fused_is_what_a_cpu_run_updates_with_and_it_resumes_bit_for_bit(tmp_path, data_dir, monkeypatch):
+    """``train.adamw: fused`` trains a CPU run with torch's fused AdamW (``auto``: foreach), whose weights are not the
+    foreach run's bit for bit; the fused run resumed from its checkpoint before the last ends with the weights and
+    losses of the same run trained straight."""
+    built = []
+
+    def recorded(model, tc, fused=False):
+        opt = build_optimizer(model, tc, fused)
+        built.append((tc.adamw, opt.defaults["fused"], opt.defaults["foreach"]))
+        return opt
+
+    monkeypatch.setattr(train_mod, "build_optimizer", recorded)
+    fused, resumed = tmp_path / "fused", tmp_path / "resumed"
+    config = write_config(tmp_path / "run.json", adamw="fused", ckpt_every=4)
+    train(load_run_config(config), fused, data=str(data_dir))
+    train(load_run_config(config), resumed, data=str(data_dir))
+    shutil.rmtree(list_checkpoints(resumed / ".scratch")[0][1])  # back to the checkpoint before the last
+    (resumed / "model.safetensors").unlink()
+    assert train(load_run_config(config), resumed, data=str(data_dir), require_resume=True)["resumed_from_step"] == 12
+    assert_same_weights(weights(fused), weights(resumed))
+    logs = [(d / "train_log.jsonl").read_text().splitlines() for d in (fused, resumed)]
+    assert [json.loads(r)["loss"] for r in logs[0]] == [json.loads(r)["loss"] for r in logs[1]]
+    train(load_run_config(write_config(tmp_path / "auto.json")), tmp_path / "auto", data=str(data_dir))
+    assert built == [("fused", True, None)] * 3 + [("auto", None, True)]
+    auto, mine = weights(tmp_path / "auto"), weights(fused)
+    assert any(not torch.equal(auto[k], mine[k]) for k in auto)
+    for k in auto:  # the same training, rounded differently
+        torch.testing.assert_close(mine[k], auto[k], rtol=0.05, atol=2e-3)
+
+
 def torch_adamw_optimizer(model, tc, fused=False):
     """torch.optim.AdamW itself over mohge's parameter groups, each with every hyperparameter mohge's sets."""
     return torch.optim.AdamW([dict(g) for g in build_optimizer(model, tc, fused).param_groups])

@@ -16,6 +16,7 @@ May import: :mod:`mohge.core` only (the layer rule: ``mohge/__init__.py``). The 
 from mohge.core.knobs import ConfigError, check_name, from_dict, load_yaml_or_json, to_dict
 from mohge.core.vocab import (
     AC_MODES,
+    ADAMW_IMPLS,
     ATTENTION_KINDS,
     BACKENDS,
     DATA_ORDERS,
@@ -56,6 +57,7 @@ from .sections import (
 __all__ = [
     "AC_MODES",
     "ATTENTION_KINDS",
+    "ADAMW_IMPLS",
     "BACKENDS",
     "DATA_ORDERS",
     "DATA_SOURCES",

@@ -315,6 +315,7 @@ LATER_KNOBS = {
     ("loss", "balance_stats"): "micro_batch",
     ("model", "router", "expert_bias_rate"): 0.0,
     ("model", "router", "group_bias_rate"): 0.0,
+    ("train", "adamw"): "auto",
 }
 
 

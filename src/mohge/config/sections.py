@@ -26,6 +26,7 @@ from mohge.core.knobs import (
 )
 from mohge.core.vocab import (
     AC_MODES,
+    ADAMW_IMPLS,
     ATTENTION_KINDS,
     BACKENDS,
     BALANCE_STATS,
@@ -332,6 +333,14 @@ class TrainConfig(_Section):
     weight_decay: float = knob(0.1, "AdamW weight decay of the >= 2-D weights", ge=0)
     beta1: float = knob(0.9, "AdamW beta1", ge=0, lt=1)
     beta2: float = knob(0.95, "AdamW beta2", ge=0, lt=1)
+    adamw: str = knob(
+        "auto",
+        "AdamW's implementation: foreach (torch's per-op loops over all tensors), fused (torch's one-pass kernel, on a "
+        "CPU about 3x faster at 26 M parameters: docs/speed.md; its rounding is not foreach's, so a CPU run's numbers "
+        "differ from a foreach run's in the last bits and grow apart as chaotic training does), auto (fused on CUDA, "
+        "foreach on a CPU: the committed CPU runs' arithmetic)",
+        choices=ADAMW_IMPLS,
+    )
     grad_clip: float = knob(1.0, "gradient norm clip (0: none)", ge=0)
     seed: int = knob(0, "seed of init and batches", ge=0)
     data_order: str = knob(

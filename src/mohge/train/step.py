@@ -97,10 +97,15 @@ class AdamW(torch.optim.AdamW):
             return _ADAM_STEP(self, closure)
 
 
+def fused_adamw(tc: TrainConfig, device: torch.device) -> bool:
+    """Whether ``train.adamw`` asks for torch's fused AdamW on ``device`` (``auto``: on CUDA only)."""
+    return tc.adamw == "fused" or (tc.adamw == "auto" and device.type == "cuda")
+
+
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
-    """AdamW over ``model``'s parameters: ``fused`` (CUDA), else the foreach implementation where every parameter is
-    a plain tensor (it updates each tensor with the single-tensor loop's arithmetic, bit for bit, in fewer calls;
-    torch picks foreach by itself on CUDA only), else torch's default (sharded parameters)."""
+    """AdamW over ``model``'s parameters: ``fused`` (:func:`fused_adamw`), else the foreach implementation where
+    every parameter is a plain tensor (it updates each tensor with the single-tensor loop's arithmetic, bit for bit,
+    in fewer calls; torch picks foreach by itself on CUDA only), else torch's default (sharded parameters)."""
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or name.startswith("embed.") else decay).append(p)

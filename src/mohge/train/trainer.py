@@ -99,6 +99,7 @@ from .step import (
     bias_balanced,
     build_optimizer,
     compute_loss,
+    fused_adamw,
     lr_at,
     optimizer_step,
     progress,
@@ -195,7 +196,7 @@ def _train(
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
     model = par.build()
-    opt = build_optimizer(model, tc, fused=rt.device.type == "cuda")
+    opt = build_optimizer(model, tc, fused=fused_adamw(tc, rt.device))
     at = par.resume(opt, require_resume)
     if at.path is not None:
         log.info("resuming from %s (step %d of %d, data %s)", at.path, at.step, tc.steps, at.data)
