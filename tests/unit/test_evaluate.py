@@ -1,5 +1,6 @@
 """Evaluation: deterministic task documents, the lm-eval adapter's scores, lm-eval end to end offline."""
 
+import contextlib
 import json
 import math
 import os
@@ -133,6 +134,22 @@ def test_lm_eval_end_to_end_offline(run, tmp_path, monkeypatch):
     assert 0 <= hard["acc"] <= 1 and "acc_stderr" in hard and "acc_norm" in hard
     for split in ("val", "test"):
         assert metrics[split]["tokens"] > 0 and metrics[split]["ppl"] == pytest.approx(math.exp(metrics[split]["loss"]))
+
+
+def test_scores_do_not_depend_on_lm_evals_environment_report_which_is_not_run(run, lm, tmp_path, monkeypatch):
+    """run_lm_eval skips lm-eval's ``add_env_info`` (torch's environment report, results fields it does not read):
+    the scores are those of lm-eval's own ``simple_evaluate`` with the report, and lm-eval's module is restored."""
+    import lm_eval.evaluator as evaluator
+
+    reports = []
+    monkeypatch.setattr(evaluator, "add_env_info", lambda results: reports.append(results))
+    ev.build_tasks(run[1], tmp_path, max_length=lm.max_length)
+    tasks = ["mohge_graded_hard", "mohge_cloze"]
+    skipped = ev.run_lm_eval(lm, tasks, tmp_path, limit=4)
+    assert reports == [] and evaluator.add_env_info.__name__ == "<lambda>"
+    monkeypatch.setattr(ev, "_without_env_info", contextlib.nullcontext)
+    assert ev.run_lm_eval(lm, tasks, tmp_path, limit=4) == skipped and len(reports) == 1
+    assert all(skipped[t]["n_samples"] == 4 for t in tasks)
 
 
 def test_config_tasks_skip_what_the_data_cannot_build(run, tmp_path):
