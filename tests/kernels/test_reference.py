@@ -169,3 +169,15 @@ def test_expert_parallel_local_compute_runs_grouped_mm(dtype):
         outs[backend] = mod.compute(xs_RD, le_R)
     tol = 2e-6 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(outs["grouped_mm"].float(), outs["loop"].float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("experts", [1, 3, 255, 256, 257, 40_000])
+def test_the_slot_order_is_the_stable_sort_of_the_int64_ids(experts):
+    """sort_slots sorts narrower keys than the ids' int64: the order is the stable sort's, ties in slot order."""
+    from mohge.kernels.reference import sort_slots
+
+    g = torch.Generator().manual_seed(experts)
+    idx = torch.cat([torch.randint(0, experts, (300, 4), generator=g), torch.full((1, 4), experts - 1)])
+    order, tok, counts = sort_slots(idx, experts)
+    assert torch.equal(order, torch.argsort(idx.reshape(-1), stable=True))
+    assert torch.equal(tok, order // 4) and torch.equal(counts, torch.bincount(idx.reshape(-1), minlength=experts))
