@@ -389,12 +389,17 @@ def _path_order(name: str) -> tuple[int, str]:
     return (order.index(name), name) if name in order else (len(order), name)
 
 
-def write_table(doc: Path, record: dict, source: str) -> None:
-    """Replace the generated table of the record ``source`` in ``doc`` (between its marker lines) by ``record``'s."""
+def _doc_text(doc: Path, source: str) -> str:
+    """``doc``'s text, refused unless it holds the opening line of the record ``source``'s table."""
     text = doc.read_text()
     if table_begin(source) not in text:
         raise ConfigError(f"{doc}: no line {table_begin(source)!r} to put the table of {source} after")
-    head, rest = text.split(table_begin(source), 1)
+    return text
+
+
+def write_table(doc: Path, record: dict, source: str) -> None:
+    """Replace the generated table of the record ``source`` in ``doc`` (between its marker lines) by ``record``'s."""
+    head, rest = _doc_text(doc, source).split(table_begin(source), 1)
     _, tail = rest.split(TABLE_END, 1)
     doc.write_text(head + markdown_table(record, source) + tail)
 
@@ -420,8 +425,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.doc and not args.json:
         raise ConfigError("--doc needs --json: the table names the record it is generated from")
-    if args.doc and table_begin(args.json) not in Path(args.doc).read_text():  # refused before any timing
-        raise ConfigError(f"--doc {args.doc}: no line {table_begin(args.json)!r} to put the table of {args.json} after")
+    if args.doc:
+        _doc_text(Path(args.doc), args.json)  # refused before any timing
     shapes, precisions = args.shapes.split(","), args.dtypes.split(",")
     for key, given, known in (("--shapes", shapes, SHAPES), ("--dtypes", precisions, DTYPES)):
         for v in given:
