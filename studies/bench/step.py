@@ -1,6 +1,6 @@
 """Training tokens/s of this checkout against a baseline commit, on run configs of a study, in one interleaved run.
 
-    mohge bench step --baseline REV [--config results/capacity/runs/<run>/config.json ...] \\
+    mohge bench step --baseline REV [--config results/capacity/runs/<run>/config.json ...] [--set KEY=VALUE ...] \\
         [--steps 20] [--repeats 3] [--warmup 3] [--parts 7] [--json results/bench/train_small_cpu.json]
 
 For each run config, processes train the same model from the same seed on the same random batches with the trainer's
@@ -12,6 +12,10 @@ code differ, on a shared machine, by where they land). After ``--warmup`` steps 
 other processes hits all alike; ``--repeats`` times with fresh processes, the steps pooled; tokens/s = tokens a step /
 median step time. Processes, not one: a change may set up the process (the allocator, for one), which a baseline in
 the same process would share.
+
+With ``--set train.compile=pieces`` (repeatable) this checkout's process trains the run config with that knob set
+(an opt-in of new runs), the baseline and the control the config as it is; the record keeps the sets and each
+process's wall time of its warmup steps (a compile's cost lands there).
 
 Every process also reports every step's loss and, at the end, a digest of its weights and optimizer state, so the
 record says whether this checkout trains the baseline's numbers bit for bit (``identical``). Then (``--parts``) the
@@ -33,6 +37,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -92,25 +97,39 @@ ROLES = ("baseline", "control", "new")  # control: the baseline's package again,
 
 
 def measure_config(
-    base: Path, new: Path, config: Path, steps: int, warmup: int, parts: int = 0, repeats: int = 1
+    base: Path,
+    new: Path,
+    config: Path,
+    steps: int,
+    warmup: int,
+    parts: int = 0,
+    repeats: int = 1,
+    new_config: Path | None = None,
 ) -> dict:
     """Both trees on one run config, ``repeats`` times with fresh processes: three processes each time (the baseline,
-    the baseline again as a control of the noise, this checkout), single steps in turn (the order rotates every
-    round); the step times, the losses and the final digests of each; then in the last repeat (``parts`` > 0) where the
-    time of a step goes, part by part (the median of that many more steps of each, interleaved), and op by op (one
-    more step)."""
+    the baseline again as a control of the noise, this checkout, which trains ``new_config`` where given: the run
+    config with this checkout's knobs set), single steps in turn (the order rotates every round); the step times, the
+    losses and the final digests of each; then in the last repeat (``parts`` > 0) where the time of a step goes, part
+    by part (the median of that many more steps of each, interleaved), and op by op (one more step)."""
     from mohge.config import load_run_config
 
     cfg = load_run_config(config)
     tokens = cfg.train.batch_size * cfg.data_config.seq_len
     times: dict[str, list[float]] = {name: [] for name in ROLES}
+    warmup_wall: dict[str, list[float]] = {name: [] for name in ROLES}
     per_repeat, identical, parts_ms, ops, final = [], True, {}, {}, {}
     for rep in range(repeats):
         workers: dict[str, Worker] = {}
         try:
-            workers = {name: Worker(new if name == "new" else base, config) for name in ROLES}
+            workers = {
+                name: Worker(new, new_config or config) if name == "new" else Worker(base, config) for name in ROLES
+            }
             mine: dict[str, list[float]] = {name: [] for name in ROLES}
-            losses = {name: w.ask(steps=warmup)["losses"] for name, w in workers.items()}
+            losses = {}
+            for name, w in workers.items():
+                t0 = time.perf_counter()
+                losses[name] = w.ask(steps=warmup)["losses"]
+                warmup_wall[name].append(time.perf_counter() - t0)
             for r in range(steps):
                 order = ROLES[r % 3 :] + ROLES[: r % 3]
                 for name in order if r % 2 else order[::-1]:
@@ -149,6 +168,7 @@ def measure_config(
         "control_ratio": step_s["baseline"] / step_s["control"],
         "ratio_per_repeat": per_repeat,
         "times": times,
+        "warmup_wall_seconds": warmup_wall,
         "losses": losses,
         "identical": identical,
         "digests": final,
@@ -218,21 +238,56 @@ def host() -> dict:
     }
 
 
+def parse_sets(sets: Sequence[str]) -> dict[str, object]:
+    """``KEY=VALUE`` pairs (a dotted key of the run config, a YAML value) as a dict; a malformed one is a ValueError
+    naming it."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in sets:
+        key, eq, value = item.partition("=")
+        if not eq or not key or any(not part for part in key.split(".")):
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.compile=pieces")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def with_sets(config: Path, sets: dict[str, object], folder: Path) -> Path:
+    """A copy of the run config ``config`` in ``folder`` with the dotted keys of ``sets`` set, checked as a run config
+    (an unknown key or a bad value is a ConfigError naming it)."""
+    from mohge.config import load_run_config
+
+    raw = json.loads(Path(config).read_text())
+    for key, value in sets.items():
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {part} is not a section of {config}")
+        node[leaf] = value
+    out = folder / f"{len(list(folder.iterdir()))}-{Path(config).name}"
+    out.write_text(json.dumps(raw, indent=1))
+    load_run_config(out)
+    return out
+
+
 def run(
-    base: Path, base_version: dict, configs: Sequence[Path], steps: int, warmup: int, parts: int, repeats: int
+    base: Path,
+    base_version: dict,
+    configs: Sequence[Path],
+    steps: int,
+    warmup: int,
+    parts: int,
+    repeats: int,
+    sets: dict[str, object] | None = None,
 ) -> dict:
     load0 = list(os.getloadavg())
     rows = []
-    for config in configs:
-        row = measure_config(base, ROOT, config, steps, warmup, parts, repeats)
-        tps = row["tokens_per_s"]
-        print(
-            f"  {row['family']:<9} d_model {row['d_model']:>3}: baseline {tps['baseline']:8.0f} tok/s, "
-            f"new {tps['new']:8.0f} tok/s: {row['ratio']:.2f}x (each repeat "
-            + ", ".join(f"{r:.2f}" for r in row["ratio_per_repeat"])
-            + f"; baseline / control {row['control_ratio']:.2f}; identical: {row['identical']})"
-        )
-        rows.append(row)
+    with tempfile.TemporaryDirectory(prefix="mohge-bench-step-") as tmp:
+        new_configs = [with_sets(c, sets, Path(tmp)) if sets else None for c in configs]
+        for config, new_config in zip(configs, new_configs, strict=True):
+            rows.append(_measured(base, config, steps, warmup, parts, repeats, new_config))
     return {
         "bench": "step",
         "host": host(),
@@ -241,12 +296,27 @@ def run(
         "loadavg": {"start": load0, "end": list(os.getloadavg())},
         "baseline": base_version,
         "new": tree_version(ROOT),
+        "new_sets": sets or {},
         "timed_steps": steps,
         "repeats": repeats,
         "warmup_steps": warmup,
         "runs": rows,
         "identical": all(r["identical"] for r in rows),
     }
+
+
+def _measured(
+    base: Path, config: Path, steps: int, warmup: int, parts: int, repeats: int, new_config: Path | None
+) -> dict:
+    row = measure_config(base, ROOT, config, steps, warmup, parts, repeats, new_config)
+    tps = row["tokens_per_s"]
+    print(
+        f"  {row['family']:<9} d_model {row['d_model']:>3}: baseline {tps['baseline']:8.0f} tok/s, "
+        f"new {tps['new']:8.0f} tok/s: {row['ratio']:.2f}x (each repeat "
+        + ", ".join(f"{r:.2f}" for r in row["ratio_per_repeat"])
+        + f"; baseline / control {row['control_ratio']:.2f}; identical: {row['identical']})"
+    )
+    return row
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -259,11 +329,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per run config, their steps pooled")
     ap.add_argument("--warmup", type=int, default=3, help="untimed first steps per process")
     ap.add_argument("--parts", type=int, default=7, help="steps of the per-part profile after the timed ones (0: none)")
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a knob of the run config set for this checkout's process only (repeatable), e.g. train.compile=pieces: "
+        "the baseline and the control train the config as it is",
+    )
     ap.add_argument("--json", help="also write the record here")
     args = ap.parse_args(argv)
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.parts < 0:
         ap.error("--steps and --repeats must be at least 1, --warmup and --parts at least 0")
     configs = [Path(c) for c in (args.config or [ROOT / c for c in DEFAULT_CONFIGS])]
+    try:
+        sets = parse_sets(args.set)
+        with tempfile.TemporaryDirectory(prefix="mohge-bench-step-") as tmp:
+            for c in configs if sets else ():
+                with_sets(c, sets, Path(tmp))  # refused before any process starts
+    except (ValueError, OSError) as e:
+        ap.error(str(e))
     with contextlib.ExitStack() as stack:
         if args.baseline:
             base = stack.enter_context(checkout_of(args.baseline))
@@ -272,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Path(args.baseline_tree).resolve()
             version = tree_version(base)
         print(f"step benchmark: baseline {version['commit']} against this checkout, {len(configs)} run config(s)")
-        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats)
+        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats, sets)
     if args.json:
         write_json_atomic(args.json, rec)
     return 0

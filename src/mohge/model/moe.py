@@ -25,6 +25,7 @@ import torch.nn as nn
 from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
 from mohge.config.sizes import moe_layer_cost
 
+from . import compiled as _compiled
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss, weighted_aux
 from .routing import GroupedRouter, Routing, TopKRouter
@@ -78,6 +79,7 @@ class MoELayer(nn.Module):
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
         self.record = False
+        self.compiled = False  # route through mohge.model.compiled.route (train.compile: pieces)
         # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
         # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
         self.balance_counts: Tensor | None = None
@@ -128,7 +130,7 @@ class MoELayer(nn.Module):
 
     def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
         """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
-        r = self.router(x_TD)
+        r = _compiled.route(self.router, x_TD) if self.compiled else self.router(x_TD)
         y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from mohge.config import LossConfig, ModelConfig
 
+from . import compiled as _compiled
 from .experts import SwiGLU
 from .moe import LayerStats, MoELayer
 
@@ -127,7 +128,11 @@ def _linear(d_in: int, d_out: int, std: float) -> nn.Linear:
 
 class Attention(nn.Module):
     """Multi-head causal self-attention with RoPE; given ``mask_BSS`` (True: the query token sees the key token), that
-    mask instead of the causal one (a tree of sequences packed in one row: :mod:`mohge.evaluate.prefix_tree`)."""
+    mask instead of the causal one (a tree of sequences packed in one row: :mod:`mohge.evaluate.prefix_tree`).
+    With ``compiled`` set (:func:`mohge.model.compiled.use_compiled`), causal windows of at most
+    :data:`~mohge.model.compiled.SHORT_WINDOW` tokens run the compiled short-window attention."""
+
+    compiled = False
 
     def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
         super().__init__()
@@ -143,10 +148,12 @@ class Attention(nn.Module):
         else:
             q, k, v = x_BS3HD.permute(2, 0, 3, 1, 4)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if mask_BSS is None:
-            y_BHSd = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
+        if mask_BSS is not None:
             y_BHSd = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BSS[:, None])
+        elif self.compiled and S <= _compiled.SHORT_WINDOW:
+            y_BHSd = _compiled.attention(q, k, v)
+        else:
+            y_BHSd = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
 
 

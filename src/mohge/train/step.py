@@ -102,6 +102,16 @@ def fused_adamw(tc: TrainConfig, device: torch.device) -> bool:
     return tc.adamw == "fused" or (tc.adamw == "auto" and device.type == "cuda")
 
 
+def compile_pieces(model: torch.nn.Module, tc: TrainConfig) -> int:
+    """``train.compile``: with ``pieces``, ``model``'s short-window attention and MoE routers run compiled from now on
+    (:mod:`mohge.model.compiled`); returns how many modules were switched (0 with ``none``)."""
+    if tc.compile == "none":
+        return 0
+    from mohge.model.compiled import use_compiled
+
+    return use_compiled(model)
+
+
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW over ``model``'s parameters: ``fused`` (:func:`fused_adamw`), else the foreach implementation where
     every parameter is a plain tensor (it updates each tensor with the single-tensor loop's arithmetic, bit for bit,

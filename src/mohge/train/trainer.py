@@ -98,6 +98,7 @@ from .step import (
     WindowMeter,
     bias_balanced,
     build_optimizer,
+    compile_pieces,
     compute_loss,
     fused_adamw,
     lr_at,
@@ -169,6 +170,11 @@ def parallelism(cfg: RunConfig, rt: Runtime, scratch: Path) -> Parallelism:
     """The layout of this run: FSDP2 / expert parallelism (mohge.train.distributed) with a ``train.parallel``
     section on several ranks, else one process or DDP."""
     if rt.world > 1 and cfg.train.parallel is not None:
+        if cfg.train.compile != "none":
+            raise ConfigError(
+                f"{cfg.train.key('compile')}={cfg.train.compile!r}: the compiled pieces run on one process or DDP, "
+                "not with a train.parallel section on several ranks (set train.compile: none)"
+            )
         from .distributed.trainer import Sharded
 
         return Sharded(cfg, rt, scratch)
@@ -196,6 +202,7 @@ def _train(
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
     model = par.build()
+    compile_pieces(model, tc)
     opt = build_optimizer(model, tc, fused=fused_adamw(tc, rt.device))
     at = par.resume(opt, require_resume)
     if at.path is not None:
