@@ -97,3 +97,45 @@ def test_a_bad_set_is_refused_before_any_process_starts(capsys):
     with pytest.raises(SystemExit):
         bench_step.main(["--baseline", "HEAD", "--set", "train.nope=1", "--steps", "1"])
     assert "train.nope" in capsys.readouterr().err
+
+
+COMPILED_RECORD = ROOT / "results" / "bench" / "train_small_compiled_amx.json"
+NAMES = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
+
+
+def compiled_rows(rec: dict) -> list[str]:
+    """docs/speed.md's rows of the compiled-pieces record: tokens/s of the baseline and of the compiled process, the
+    warmup's wall time (the compile lands there), the largest relative difference of a step's loss."""
+    rows = []
+    for run in rec["runs"]:
+        tps, wall = run["tokens_per_s"], run["warmup_wall_seconds"]
+        base, new = run["losses"]["baseline"], run["losses"]["new"]
+        diff = max(abs(a - b) / abs(b) for a, b in zip(new, base, strict=True))
+        rows.append(
+            (
+                f"| {NAMES[run['family']]} | {run['d_model']} | {tps['baseline']:,.0f} | {tps['new']:,.0f} | "
+                f"**{run['ratio']:.2f}×** | {run['control_ratio']:.2f} | {wall['baseline'][0]:.1f} → "
+                f"{wall['new'][0]:.1f} (then {min(wall['new'][1:]):.1f}-{max(wall['new'][1:]):.1f}) | {diff:.1e} |"
+            ).replace(",", " ")
+        )
+    return rows
+
+
+def test_speed_doc_quotes_the_compiled_pieces_record():
+    rec = json.loads(COMPILED_RECORD.read_text())
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    text = " ".join(doc.split())
+    for row in compiled_rows(rec):
+        assert row in doc.splitlines(), row
+    assert rec["new_sets"] == {"train.compile": "pieces"} and rec["new"]["clean"] and rec["baseline"]["clean"]
+    assert f"--baseline {rec['baseline']['commit'][:12]} --set train.compile=pieces" in text
+    assert f"at {rec['new']['commit'][:12]}" in text
+    host = rec["host"]
+    assert f"{host['cpu']}, ATen CPU capability {host['cpu_capability']}" in text
+    ratios = {(r["family"], r["d_model"]): r["ratio"] for r in rec["runs"]}
+    target = (
+        f"with `train.compile: pieces` (other roundings, an opt-in of new runs) **{ratios['mohge', 32]:.2f}×** MoHGE, "
+        f"{ratios['moe', 32]:.2f}× MoE-15, {ratios['moe_equal', 32]:.2f}× MoE-12 at d_model 32; "
+        f"{ratios['mohge', 64]:.2f}× MoHGE, {ratios['moe', 64]:.2f}× MoE-15 at 64"
+    )
+    assert target in text and max(ratios.values()) < 2

@@ -65,13 +65,12 @@ def route(router: nn.Module, x_TD: Tensor) -> Routing:
 
 def use_compiled(model: nn.Module) -> int:
     """Run ``model``'s attention (multi-head, windows of at most :data:`SHORT_WINDOW` tokens, no mask) and MoE
-    routers through the compiled pieces from now on; returns how many modules were switched."""
-    from .moe import MoELayer
-    from .transformer import Attention
-
+    routers through the compiled pieces from now on: every module with a ``compiled`` switch
+    (:class:`~mohge.model.transformer.Attention`, :class:`~mohge.model.moe.MoELayer`) is switched on; returns how many
+    were."""
     switched = 0
     for m in model.modules():
-        if isinstance(m, Attention | MoELayer):
+        if isinstance(getattr(m, "compiled", None), bool):
             m.compiled = True
             switched += 1
     return switched

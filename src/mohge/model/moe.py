@@ -57,6 +57,8 @@ class MoELayer(nn.Module):
     is refused at construction (a ConfigError naming the key and the value), never at its first forward.
     """
 
+    compiled = False  # route through mohge.model.compiled.route (train.compile: pieces; set by use_compiled)
+
     def __init__(
         self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
     ) -> None:
@@ -79,7 +81,6 @@ class MoELayer(nn.Module):
             "omega_G", torch.tensor(group_cost_weights(ffn, loss), dtype=torch.float32), persistent=False
         )
         self.record = False
-        self.compiled = False  # route through mohge.model.compiled.route (train.compile: pieces)
         # global-batch statistics (docs/method.md §5.5): the mean counts per micro-batch and rank of this step's
         # whole batch, [E] or [E + G] as LayerStats.balance_counts orders them; None: this micro-batch's own
         self.balance_counts: Tensor | None = None
