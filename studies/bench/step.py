@@ -13,7 +13,7 @@ other processes hits all alike; ``--repeats`` times with fresh processes, the st
 median step time. Processes, not one: a change may set up the process (the allocator, for one), which a baseline in
 the same process would share.
 
-With ``--set train.compile=pieces`` (repeatable) this checkout's process trains the run config with that knob set
+With ``--set train.fused=true`` (repeatable) this checkout's process trains the run config with that knob set
 (an opt-in of new runs), the baseline and the control the config as it is; the record keeps the sets and each
 process's wall time of its warmup steps (a compile's cost lands there).
 
@@ -247,7 +247,7 @@ def parse_sets(sets: Sequence[str]) -> dict[str, object]:
     for item in sets:
         key, eq, value = item.partition("=")
         if not eq or not key or any(not part for part in key.split(".")):
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.compile=pieces")
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with a dotted key, e.g. train.fused=true")
         out[key] = yaml.safe_load(value)
     return out
 
@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a knob of the run config set for this checkout's process only (repeatable), e.g. train.compile=pieces: "
+        help="a knob of the run config set for this checkout's process only (repeatable), e.g. train.fused=true: "
         "the baseline and the control train the config as it is",
     )
     ap.add_argument("--json", help="also write the record here")

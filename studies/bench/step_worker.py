@@ -102,10 +102,10 @@ def main() -> int:
     torch.manual_seed(tc.seed)
     par = Replicated(cfg, rt, Path("/nonexistent-scratch"))
     model = par.build()
-    if getattr(tc, "compile", "none") != "none":  # a tree without the knob trains eager
-        from mohge.train.step import compile_pieces
+    if getattr(tc, "fused", False):  # a tree without the knob trains eager
+        from mohge.train.step import use_fused_path
 
-        compile_pieces(model, tc)
+        use_fused_path(model, tc)
     opt = build_optimizer(model, tc, fused=getattr(tc, "adamw", "auto") == "fused")  # a tree without the knob: foreach
     model.train()
     biased = bias_balanced(model)

@@ -316,7 +316,7 @@ LATER_KNOBS = {
     ("model", "router", "expert_bias_rate"): 0.0,
     ("model", "router", "group_bias_rate"): 0.0,
     ("train", "adamw"): "auto",
-    ("train", "compile"): "none",
+    ("train", "fused"): False,
 }
 
 

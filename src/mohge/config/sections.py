@@ -30,7 +30,6 @@ from mohge.core.vocab import (
     ATTENTION_KINDS,
     BACKENDS,
     BALANCE_STATS,
-    COMPILE_MODES,
     DATA_ORDERS,
     DEVICES,
     EXPERT_AUX_MODE_ALIASES,
@@ -342,12 +341,12 @@ class TrainConfig(_Section):
         "foreach on a CPU: the committed CPU runs' arithmetic)",
         choices=ADAMW_IMPLS,
     )
-    compile: str = knob(
-        "none",
-        "none (eager), or pieces: causal attention over windows of at most 16 tokens and the MoE routers run compiled "
-        "by torch.compile (mohge.model.compiled; about 1.3x the tokens/s at d_model 32: docs/speed.md), in other "
-        "roundings than eager, so such a run's numbers differ from an eager run's; one process or DDP only",
-        choices=COMPILE_MODES,
+    fused: bool = knob(
+        False,
+        "the fused path for small models (mohge.model.fused): attention halves over windows of at most 16 tokens and "
+        "the MoE routers compiled by torch.compile, the LM head's loss in chunks; about 2x the tokens/s at d_model 32 "
+        "(docs/speed.md), in other roundings than eager, so such a run's numbers differ from an eager run's; one "
+        "process or DDP only",
     )
     grad_clip: float = knob(1.0, "gradient norm clip (0: none)", ge=0)
     seed: int = knob(0, "seed of init and batches", ge=0)

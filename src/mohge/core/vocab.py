@@ -22,7 +22,6 @@ PRECISIONS = ("auto", "fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 DATA_ORDERS = ("random", "sequential")
 ADAMW_IMPLS = ("auto", "foreach", "fused")  # train.adamw
-COMPILE_MODES = ("none", "pieces")  # train.compile
 AC_MODES = ("none", "block")  # train.parallel.activation_checkpointing
 
 # Aliases accepted for a value, each -> its name above (committed run configs and exported models spell them so);

@@ -25,7 +25,7 @@ import torch.nn as nn
 from mohge.config import ConfigError, FFNConfig, LossConfig, RouterConfig
 from mohge.config.sizes import moe_layer_cost
 
-from . import compiled as _compiled
+from . import fused as _fused
 from .experts import RoutedExperts, SwiGLU
 from .losses import group_aux_loss, group_cost_weights, intra_group_aux_loss, switch_aux_loss, weighted_aux
 from .routing import GroupedRouter, Routing, TopKRouter
@@ -57,7 +57,7 @@ class MoELayer(nn.Module):
     is refused at construction (a ConfigError naming the key and the value), never at its first forward.
     """
 
-    compiled = False  # route through mohge.model.compiled.route (train.compile: pieces; set by use_compiled)
+    fused = False  # route through mohge.model.fused.route (train.fused: mohge.model.fused.use_fused)
 
     def __init__(
         self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
@@ -131,7 +131,7 @@ class MoELayer(nn.Module):
 
     def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
         """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
-        r = _compiled.route(self.router, x_TD) if self.compiled else self.router(x_TD)
+        r = _fused.route(self.router, x_TD) if self.fused else self.router(x_TD)
         y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from mohge.config import LossConfig, ModelConfig
 
-from . import compiled as _compiled
+from . import fused as _fused
 from .experts import SwiGLU
 from .moe import LayerStats, MoELayer
 
@@ -128,11 +128,7 @@ def _linear(d_in: int, d_out: int, std: float) -> nn.Linear:
 
 class Attention(nn.Module):
     """Multi-head causal self-attention with RoPE; given ``mask_BSS`` (True: the query token sees the key token), that
-    mask instead of the causal one (a tree of sequences packed in one row: :mod:`mohge.evaluate.prefix_tree`).
-    With ``compiled`` set (:func:`mohge.model.compiled.use_compiled`), causal windows of at most
-    :data:`~mohge.model.compiled.SHORT_WINDOW` tokens run the compiled short-window attention."""
-
-    compiled = False
+    mask instead of the causal one (a tree of sequences packed in one row: :mod:`mohge.evaluate.prefix_tree`)."""
 
     def __init__(self, cfg: ModelConfig, std: float, out_std: float) -> None:
         super().__init__()
@@ -148,12 +144,10 @@ class Attention(nn.Module):
         else:
             q, k, v = x_BS3HD.permute(2, 0, 3, 1, 4)
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if mask_BSS is not None:
-            y_BHSd = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BSS[:, None])
-        elif self.compiled and S <= _compiled.SHORT_WINDOW:
-            y_BHSd = _compiled.attention(q, k, v)
-        else:
+        if mask_BSS is None:
             y_BHSd = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y_BHSd = F.scaled_dot_product_attention(q, k, v, attn_mask=mask_BSS[:, None])
         return self.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
 
 
@@ -188,11 +182,29 @@ class LatentAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, S, self.H * self.dv))
 
 
+def _attention_half(x_BSD: Tensor, norm: nn.RMSNorm, attn: Attention, cos_SF: Tensor, sin_SF: Tensor) -> Tensor:
+    """``x + attn(norm(x))`` over causal windows at positions 0..S-1, the attention as
+    :func:`~mohge.model.fused.short_causal_attention`: what ``train.fused`` compiles as one graph (norm,
+    QKV, RoPE, attention, output projection and residual fused where inductor can)."""
+    B, S, D = x_BSD.shape
+    q, k, v = attn.qkv(norm(x_BSD)).view(B, S, 3, attn.H, attn.Dh).permute(2, 0, 3, 1, 4)
+    q, k = apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF)
+    y_BHSd = _fused.short_causal_attention(q, k, v)
+    return x_BSD + attn.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
+
+
 class Block(nn.Module):
+    """Pre-norm block: ``x + attn(attn_norm(x))``, then ``+ ffn(ffn_norm(x))``. With ``fused`` set
+    (:func:`mohge.model.fused.use_fused`), the attention half of a multi-head block over causal windows of at
+    most :data:`~mohge.model.fused.SHORT_WINDOW` tokens runs as one compiled graph (:func:`_attention_half`)."""
+
+    fused = False
+
     def __init__(self, cfg: ModelConfig, loss: LossConfig, moe: bool, std: float, out_std: float) -> None:
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, std, out_std)
+        self.mha = isinstance(self.attn, Attention)
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         if moe:
             self.ffn: nn.Module = MoELayer(cfg.d_model, cfg.ffn, cfg.router, loss, std, out_std)
@@ -202,7 +214,11 @@ class Block(nn.Module):
     def forward(
         self, x: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None
     ) -> tuple[Tensor, LayerStats | None]:
-        x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
+        S = x.shape[1]
+        if self.fused and mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW and self.mha:
+            x = _fused.compiled(_attention_half)(x, self.attn_norm, self.attn, cos[:S], sin[:S])
+        else:
+            x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
         h = self.ffn_norm(x)
         if isinstance(self.ffn, MoELayer):
             y, stats = self.ffn(h)
@@ -212,8 +228,9 @@ class Block(nn.Module):
 
 @dataclass
 class LMOutput:
-    logits: Tensor  # [B, S, V]
+    logits: Tensor | None  # [B, S, V]; None where the loss was computed from the hidden states (``lm_loss``)
     layers: list[LayerStats]  # one per MoE layer, in depth order
+    lm_loss: Tensor | None = None  # the mean cross-entropy against the targets, on the fused path only
 
 
 def _embedding(vocab: int, d_model: int, std: float) -> nn.Embedding:
@@ -249,6 +266,8 @@ def model_rope_tables(cfg: ModelConfig, device=None) -> tuple[Tensor, Tensor]:
 
 
 class LanguageModel(nn.Module):
+    fused = False  # the head's loss in chunks (train.fused: mohge.model.fused.use_fused)
+
     def __init__(self, cfg: ModelConfig, loss: LossConfig | None = None) -> None:
         super().__init__()
         self.cfg, self.loss_cfg = cfg, loss or LossConfig()
@@ -265,8 +284,15 @@ class LanguageModel(nn.Module):
     def moe_layers(self) -> list[MoELayer]:
         return [b.ffn for b in self.blocks if isinstance(b.ffn, MoELayer)]
 
-    def forward(self, tokens_BS: Tensor) -> LMOutput:
+    def forward(self, tokens_BS: Tensor, targets_BS: Tensor | None = None) -> LMOutput:
+        """The logits and the MoE layers' stats. On the fused path (``fused`` set: :func:`mohge.model.fused.use_fused`)
+        with ``targets_BS`` given and autocast off, the mean cross-entropy against them instead of the logits
+        (:func:`mohge.model.fused.linear_cross_entropy`); anywhere else the targets are not read."""
         x, layers = self.hidden(tokens_BS)
+        if self.fused and targets_BS is not None and not torch.is_autocast_enabled(x.device.type):
+            w_VD = self.embed.weight if self.head is None else self.head.weight
+            lm = _fused.linear_cross_entropy(x.flatten(0, 1), w_VD, targets_BS.flatten())
+            return LMOutput(logits=None, layers=layers, lm_loss=lm)
         return LMOutput(logits=self.logits(x), layers=layers)
 
     def hidden(

@@ -102,14 +102,14 @@ def fused_adamw(tc: TrainConfig, device: torch.device) -> bool:
     return tc.adamw == "fused" or (tc.adamw == "auto" and device.type == "cuda")
 
 
-def compile_pieces(model: torch.nn.Module, tc: TrainConfig) -> int:
-    """``train.compile``: with ``pieces``, ``model``'s short-window attention and MoE routers run compiled from now on
-    (:mod:`mohge.model.compiled`); returns how many modules were switched (0 with ``none``)."""
-    if tc.compile == "none":
+def use_fused_path(model: torch.nn.Module, tc: TrainConfig) -> int:
+    """``train.fused``: when true, ``model`` trains on the fused path from now on (:mod:`mohge.model.fused`); returns
+    how many modules were switched (0 when false)."""
+    if not tc.fused:
         return 0
-    from mohge.model.compiled import use_compiled
+    from mohge.model.fused import use_fused
 
-    return use_compiled(model)
+    return use_fused(model)
 
 
 def build_optimizer(model: torch.nn.Module, tc: TrainConfig, fused: bool = False) -> torch.optim.AdamW:
@@ -129,8 +129,8 @@ def compute_loss(
     model: torch.nn.Module, x_BS: torch.Tensor, y_BS: torch.Tensor, cfg: RunConfig, step: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[LayerStats]]:
     """(total, lm, weighted aux, per-layer stats) of one micro-batch at 0-based ``step``."""
-    out = model(x_BS)
-    lm = F.cross_entropy(out.logits.float().flatten(0, 1), y_BS.flatten())
+    out = model(x_BS, y_BS)
+    lm = F.cross_entropy(out.logits.float().flatten(0, 1), y_BS.flatten()) if out.lm_loss is None else out.lm_loss
     aux = lm.new_zeros(())
     for stats in out.layers:
         aux = aux + weighted_aux(stats.aux, cfg.loss, step, cfg.train.steps)

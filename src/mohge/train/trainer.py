@@ -98,7 +98,6 @@ from .step import (
     WindowMeter,
     bias_balanced,
     build_optimizer,
-    compile_pieces,
     compute_loss,
     fused_adamw,
     lr_at,
@@ -107,6 +106,7 @@ from .step import (
     read_log,
     set_global_balance,
     update_selection_bias,
+    use_fused_path,
 )
 
 log = logging.getLogger("mohge.train")
@@ -170,10 +170,10 @@ def parallelism(cfg: RunConfig, rt: Runtime, scratch: Path) -> Parallelism:
     """The layout of this run: FSDP2 / expert parallelism (mohge.train.distributed) with a ``train.parallel``
     section on several ranks, else one process or DDP."""
     if rt.world > 1 and cfg.train.parallel is not None:
-        if cfg.train.compile != "none":
+        if cfg.train.fused:
             raise ConfigError(
-                f"{cfg.train.key('compile')}={cfg.train.compile!r}: the compiled pieces run on one process or DDP, "
-                "not with a train.parallel section on several ranks (set train.compile: none)"
+                f"{cfg.train.key('fused')}=true: the fused path runs on one process or DDP, not with a "
+                "train.parallel section on several ranks (set train.fused: false)"
             )
         from .distributed.trainer import Sharded
 
@@ -202,7 +202,7 @@ def _train(
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
     model = par.build()
-    compile_pieces(model, tc)
+    use_fused_path(model, tc)
     opt = build_optimizer(model, tc, fused=fused_adamw(tc, rt.device))
     at = par.resume(opt, require_resume)
     if at.path is not None:

@@ -1,6 +1,6 @@
-"""``train.compile: pieces`` (mohge.model.compiled): the short-window attention computes SDPA's function, a model
-with the compiled pieces trains the eager model's losses up to rounding and really runs compiled, and a layout the
-pieces do not run on is refused before any work."""
+"""``train.fused`` (mohge.model.fused): the short-window attention computes SDPA's function and the chunked head loss
+F.cross_entropy's, a model on the fused path trains the eager model's losses up to rounding and really runs its pieces,
+and a layout the path does not run on is refused before any work."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from mohge_studies.bench import step as bench_step
 from test_bench_step import train_steps
 
 from mohge.config import ConfigError, ParallelConfig, load_run_config
-from mohge.model import compiled
-from mohge.model.compiled import SHORT_WINDOW, short_causal_attention
+from mohge.model import fused
+from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
 from mohge.train.runtime import Runtime
-from mohge.train.step import build_optimizer, compile_pieces
+from mohge.train.step import build_optimizer, use_fused_path
 from mohge.train.trainer import parallelism
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,32 +37,61 @@ def test_short_window_attention_differs_from_sdpa_only_by_rounding(shape):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("T, chunk", [(1, 512), (700, 256), (1024, 512), (37, 5)])
+def test_the_chunked_head_loss_differs_from_linear_then_cross_entropy_only_by_rounding(T, chunk):
+    torch.manual_seed(0)
+    h = torch.randn(T, 12, dtype=torch.float64, requires_grad=True)
+    w = (0.3 * torch.randn(50, 12, dtype=torch.float64)).requires_grad_()
+    y = torch.randint(0, 50, (T,))
+    want = F.cross_entropy(F.linear(h, w), y)
+    got = linear_cross_entropy(h, w, y, chunk)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    for a, b in zip(torch.autograd.grad(3 * want, (h, w)), torch.autograd.grad(3 * got, (h, w)), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-14)
+    with pytest.raises(ValueError, match="linear_cross_entropy"):
+        linear_cross_entropy(h, w, y[:-1] if T > 1 else y[:0])
+
+
 @pytest.mark.parametrize("run", ["facts-mohge-best_renorm_lr5e3-s10", "facts-moe-best_lr5e3-s10"])
-def test_compiled_pieces_train_the_eager_losses_up_to_rounding(run, monkeypatch):
+def test_the_fused_path_trains_the_eager_losses_up_to_rounding(run, monkeypatch):
     from torch._dynamo.utils import counters
 
     cfg = load_run_config(RUNS / run / "config.json")  # d_model 32, windows of 5 tokens
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=128, log_every=2))
     eager_losses, eager_weights = train_steps(cfg, 4, build_optimizer)
-    calls = {"attention": 0, "route": 0}
-    for name in calls:
-        fn = getattr(compiled, name)
+    calls = {"attention": 0, "route": 0, "head loss": 0}
 
-        def counted(*a, _fn=fn, _name=name):
-            calls[_name] += 1
-            return _fn(*a)
+    original = fused.compiled
 
-        monkeypatch.setattr(compiled, name, counted)
+    def counted(fn):
+        run = original(fn)
+
+        def call(*a):
+            calls["route" if fn is fused._route_fields else "attention"] += 1
+            return run(*a)
+
+        return call
+
+    monkeypatch.setattr(fused, "compiled", counted)
+    head_loss = fused.linear_cross_entropy
+
+    def counted_loss(*a):
+        calls["head loss"] += 1
+        return head_loss(*a)
+
+    monkeypatch.setattr(fused, "linear_cross_entropy", counted_loss)
     graphs0 = counters["stats"]["unique_graphs"]
 
-    def compiled_optimizer(model, tc):
-        on = dataclasses.replace(tc, compile="pieces")
-        assert compile_pieces(model, on) == 2 * cfg.model.n_layers - cfg.model.ffn.dense_layers  # attention, MoE
+    def fused_optimizer(model, tc):
+        on = dataclasses.replace(tc, fused=True)
+        layers = cfg.model.n_layers
+        assert use_fused_path(model, on) == 1 + 2 * layers - cfg.model.ffn.dense_layers  # model, blocks, MoE layers
         return build_optimizer(model, on)
 
-    losses, weights = train_steps(cfg, 4, compiled_optimizer)
+    losses, weights = train_steps(cfg, 4, fused_optimizer)
     assert calls["attention"] == 4 * cfg.model.n_layers  # every layer of every step, forward
     assert calls["route"] == 4 * (cfg.model.n_layers - cfg.model.ffn.dense_layers)
+    assert calls["head loss"] == 4
     assert counters["stats"]["unique_graphs"] > graphs0  # inductor compiled them (a cached graph counts too)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-5, atol=0)
     for name, w in eager_weights.items():
@@ -70,27 +99,27 @@ def test_compiled_pieces_train_the_eager_losses_up_to_rounding(run, monkeypatch)
     assert len(set(losses)) == 4  # it trained
 
 
-def test_the_compiled_pieces_are_refused_on_a_sharded_layout(tmp_path):
+def test_the_fused_path_is_refused_on_a_sharded_layout(tmp_path):
     cfg = load_run_config(RUNS / "facts-mohge-best_renorm_lr5e3-s10" / "config.json")
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, compile="pieces", parallel=ParallelConfig()))
-    with pytest.raises(ConfigError, match=r"train\.compile='pieces'.*train\.parallel"):
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fused=True, parallel=ParallelConfig()))
+    with pytest.raises(ConfigError, match=r"train\.fused=true.*train\.parallel"):
         parallelism(cfg, Runtime(0, 2, torch.device("cpu"), None), tmp_path)
 
 
 def test_bench_step_sets_a_knob_for_this_checkouts_process_only(tmp_path):
     config = RUNS / "facts-mohge-best_renorm_lr5e3-s10" / "config.json"
-    sets = bench_step.parse_sets(["train.compile=pieces", "train.log_every=7"])
-    assert sets == {"train.compile": "pieces", "train.log_every": 7}
+    sets = bench_step.parse_sets(["train.fused=true", "train.log_every=7"])
+    assert sets == {"train.fused": True, "train.log_every": 7}
     new = bench_step.with_sets(config, sets, tmp_path)
-    assert load_run_config(new).train.compile == "pieces" and load_run_config(new).train.log_every == 7
-    assert load_run_config(config).train.compile == "none"  # the baseline's config is untouched
+    assert load_run_config(new).train.fused is True and load_run_config(new).train.log_every == 7
+    assert load_run_config(config).train.fused is False  # the baseline's config is untouched
     raw = json.loads(config.read_text())
-    raw["train"].update(compile="pieces", log_every=7)
+    raw["train"].update(fused=True, log_every=7)
     assert json.loads(new.read_text()) == raw
-    with pytest.raises(ConfigError, match="train.compile"):
-        bench_step.with_sets(config, {"train.compile": "always"}, tmp_path)
+    with pytest.raises(ConfigError, match="train.fused"):
+        bench_step.with_sets(config, {"train.fused": "always"}, tmp_path)
     with pytest.raises(ValueError, match="KEY=VALUE"):
-        bench_step.parse_sets(["train.compile"])
+        bench_step.parse_sets(["train.fused"])
 
 
 def test_a_bad_set_is_refused_before_any_process_starts(capsys):
@@ -99,12 +128,12 @@ def test_a_bad_set_is_refused_before_any_process_starts(capsys):
     assert "train.nope" in capsys.readouterr().err
 
 
-COMPILED_RECORD = ROOT / "results" / "bench" / "train_small_compiled_amx.json"
+FUSED_RECORD = ROOT / "results" / "bench" / "train_small_fused_amx.json"
 NAMES = {"mohge": "MoHGE", "moe": "MoE-15", "moe_equal": "MoE-12"}
 
 
-def compiled_rows(rec: dict) -> list[str]:
-    """docs/speed.md's rows of the compiled-pieces record: tokens/s of the baseline and of the compiled process, the
+def fused_rows(rec: dict) -> list[str]:
+    """docs/speed.md's rows of the fused-path record: tokens/s of the baseline and of the fused process, the
     warmup's wall time (the compile lands there), the largest relative difference of a step's loss."""
     rows = []
     for run in rec["runs"]:
@@ -121,20 +150,20 @@ def compiled_rows(rec: dict) -> list[str]:
     return rows
 
 
-def test_speed_doc_quotes_the_compiled_pieces_record():
-    rec = json.loads(COMPILED_RECORD.read_text())
+def test_speed_doc_quotes_the_fused_path_record():
+    rec = json.loads(FUSED_RECORD.read_text())
     doc = (ROOT / "docs" / "speed.md").read_text()
     text = " ".join(doc.split())
-    for row in compiled_rows(rec):
+    for row in fused_rows(rec):
         assert row in doc.splitlines(), row
-    assert rec["new_sets"] == {"train.compile": "pieces"} and rec["new"]["clean"] and rec["baseline"]["clean"]
-    assert f"--baseline {rec['baseline']['commit'][:12]} --set train.compile=pieces" in text
+    assert rec["new_sets"] == {"train.fused": True} and rec["new"]["clean"] and rec["baseline"]["clean"]
+    assert f"--baseline {rec['baseline']['commit'][:12]} --set train.fused=true" in text
     assert f"at {rec['new']['commit'][:12]}" in text
     host = rec["host"]
     assert f"{host['cpu']}, ATen CPU capability {host['cpu_capability']}" in text
     ratios = {(r["family"], r["d_model"]): r["ratio"] for r in rec["runs"]}
     target = (
-        f"with `train.compile: pieces` (other roundings, an opt-in of new runs) **{ratios['mohge', 32]:.2f}×** MoHGE, "
+        f"with `train.fused: true` (other roundings, an opt-in of new runs) **{ratios['mohge', 32]:.2f}×** MoHGE, "
         f"{ratios['moe', 32]:.2f}× MoE-15, {ratios['moe_equal', 32]:.2f}× MoE-12 at d_model 32; "
         f"{ratios['mohge', 64]:.2f}× MoHGE, {ratios['moe', 64]:.2f}× MoE-15 at 64"
     )
