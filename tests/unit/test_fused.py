@@ -67,7 +67,7 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(run, monkeypatch)
         run = original(fn)
 
         def call(*a):
-            calls["route" if fn is fused._route_fields else "attention"] += 1
+            calls["route" if fn is fused._routed else "attention"] += 1
             return run(*a)
 
         return call

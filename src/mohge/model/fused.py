@@ -5,12 +5,13 @@ inner loops are a few elements long (PyTorch's CPU flash attention per (window, 
 4 channels, the norms, the routers' softmax and top-k over 4 to 32 entries a token) and to the [T, V] tensors of the
 LM head's cross-entropy, written and read again four times. The fused path runs:
 
-- a block's attention half, ``x + attn(norm(x))`` (norm, QKV, RoPE, attention, output projection, residual), as one
-  graph compiled by ``torch.compile`` (inductor: loops over whole rows, fused) when it is multi-head attention over
-  causal windows of at most :data:`SHORT_WINDOW` tokens, the attention written as broadcast products and a masked
-  softmax (:func:`short_causal_attention`) in place of ``F.scaled_dot_product_attention``
-  (:func:`mohge.model.transformer._attention_half`); longer windows, masks and MLA stay eager;
-- the MoE router's forward (scores, selection, gates), compiled: :func:`route`;
+- a block's attention half, ``x + attn(norm(x))`` (norm, QKV, RoPE, attention, output projection, residual) and the
+  feed-forward norm of its output, as one graph compiled by ``torch.compile`` (inductor: loops over whole rows,
+  fused) when it is multi-head attention over causal windows of at most :data:`SHORT_WINDOW` tokens, the attention
+  written as broadcast products and a masked softmax (:func:`short_causal_attention`) in place of
+  ``F.scaled_dot_product_attention`` (:func:`mohge.model.transformer._attention_half`); longer windows, masks and
+  MLA stay eager;
+- the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`;
 - the LM head and its mean cross-entropy in chunks of :data:`LOSS_CHUNK` tokens (:func:`linear_cross_entropy`): each
   chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored; outside autocast.
 
@@ -57,15 +58,18 @@ def compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=False)
 
 
-def _route_fields(router: nn.Module, x_TD: Tensor) -> tuple[Tensor | None, ...]:
-    r = router(x_TD)
-    return r.idx_TK, r.gates_TK, r.probs_TE, r.group_logits_TG, r.group_map_TG
+def _routed(layer: nn.Module, x_TD: Tensor) -> tuple[tuple[Tensor | None, ...], dict[str, Tensor]]:
+    r = layer.router(x_TD)
+    aux = layer.aux_losses(r) if layer.training else {}
+    return (r.idx_TK, r.gates_TK, r.probs_TE, r.group_logits_TG, r.group_map_TG), aux
 
 
-def route(router: nn.Module, x_TD: Tensor) -> Routing:
-    """``router(x_TD)``, compiled (one graph for every router of a class and configuration)."""
-    idx, gates, probs, group_logits, group_map = compiled(_route_fields)(router, x_TD)
-    return Routing(idx_TK=idx, gates_TK=gates, probs_TE=probs, group_logits_TG=group_logits, group_map_TG=group_map)
+def route(layer: nn.Module, x_TD: Tensor) -> tuple[Routing, dict[str, Tensor]]:
+    """``layer.router(x_TD)`` and, in training, the layer's aux losses of that routing, compiled as one graph (one for
+    every MoE layer of a class and configuration)."""
+    (idx, gates, probs, group_logits, group_map), aux = compiled(_routed)(layer, x_TD)
+    r = Routing(idx_TK=idx, gates_TK=gates, probs_TE=probs, group_logits_TG=group_logits, group_map_TG=group_map)
+    return r, aux
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

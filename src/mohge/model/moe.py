@@ -57,7 +57,7 @@ class MoELayer(nn.Module):
     is refused at construction (a ConfigError naming the key and the value), never at its first forward.
     """
 
-    fused = False  # route through mohge.model.fused.route (train.fused: mohge.model.fused.use_fused)
+    fused = False  # route and aux losses through mohge.model.fused.route (train.fused: mohge.model.fused.use_fused)
 
     def __init__(
         self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
@@ -131,12 +131,12 @@ class MoELayer(nn.Module):
 
     def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
         """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
-        r = _fused.route(self.router, x_TD) if self.fused else self.router(x_TD)
+        r, aux = _fused.route(self, x_TD) if self.fused else (self.router(x_TD), None)
         y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         stats = LayerStats(
-            aux=self.aux_losses(r) if self.training else {},
+            aux=aux if aux is not None else self.aux_losses(r) if self.training else {},
             counts_E=r.counts(self.E).detach(),
             routing=r if self.record else None,
             counts_G=None if r.group_map_TG is None else r.group_map_TG.sum(0).long().detach(),

@@ -182,21 +182,25 @@ class LatentAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, S, self.H * self.dv))
 
 
-def _attention_half(x_BSD: Tensor, norm: nn.RMSNorm, attn: Attention, cos_SF: Tensor, sin_SF: Tensor) -> Tensor:
+def _attention_half(
+    x_BSD: Tensor, norm: nn.RMSNorm, attn: Attention, ffn_norm: nn.RMSNorm, cos_SF: Tensor, sin_SF: Tensor
+) -> tuple[Tensor, Tensor]:
     """``x + attn(norm(x))`` over causal windows at positions 0..S-1, the attention as
-    :func:`~mohge.model.fused.short_causal_attention`: what ``train.fused`` compiles as one graph (norm,
-    QKV, RoPE, attention, output projection and residual fused where inductor can)."""
+    :func:`~mohge.model.fused.short_causal_attention`, and ``ffn_norm`` of it: what ``train.fused`` compiles as one
+    graph (norms, QKV, RoPE, attention, output projection and residual fused where inductor can)."""
     B, S, D = x_BSD.shape
     q, k, v = attn.qkv(norm(x_BSD)).view(B, S, 3, attn.H, attn.Dh).permute(2, 0, 3, 1, 4)
     q, k = apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF)
     y_BHSd = _fused.short_causal_attention(q, k, v)
-    return x_BSD + attn.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
+    x_BSD = x_BSD + attn.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
+    return x_BSD, ffn_norm(x_BSD)
 
 
 class Block(nn.Module):
     """Pre-norm block: ``x + attn(attn_norm(x))``, then ``+ ffn(ffn_norm(x))``. With ``fused`` set
     (:func:`mohge.model.fused.use_fused`), the attention half of a multi-head block over causal windows of at
-    most :data:`~mohge.model.fused.SHORT_WINDOW` tokens runs as one compiled graph (:func:`_attention_half`)."""
+    most :data:`~mohge.model.fused.SHORT_WINDOW` tokens and its feed-forward norm run as one compiled graph
+    (:func:`_attention_half`)."""
 
     fused = False
 
@@ -216,10 +220,10 @@ class Block(nn.Module):
     ) -> tuple[Tensor, LayerStats | None]:
         S = x.shape[1]
         if self.fused and mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW and self.mha:
-            x = _fused.compiled(_attention_half)(x, self.attn_norm, self.attn, cos[:S], sin[:S])
+            x, h = _fused.compiled(_attention_half)(x, self.attn_norm, self.attn, self.ffn_norm, cos[:S], sin[:S])
         else:
             x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
-        h = self.ffn_norm(x)
+            h = self.ffn_norm(x)
         if isinstance(self.ffn, MoELayer):
             y, stats = self.ffn(h)
             return x + y, stats
