@@ -168,3 +168,7 @@ def test_speed_doc_quotes_the_fused_path_record():
         f"{ratios['mohge', 64]:.2f}× MoHGE, {ratios['moe', 64]:.2f}× MoE-15 at 64"
     )
     assert target in text and max(ratios.values()) < 2
+    at32 = [v for (_, d), v in ratios.items() if d == 32]
+    at64 = [v for (_, d), v in ratios.items() if d == 64]
+    span = f"{min(at32):.2f}-{max(at32):.2f}× at d_model 32 and {min(at64):.2f}-{max(at64):.2f}× at 64"
+    assert f"Against the 2× target this is {span}" in text
