@@ -6,20 +6,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import tiny_run
 from mohge_studies.bench import step as bench_step
 from test_bench_step import train_steps
 
-from mohge.config import ConfigError, ParallelConfig, load_run_config
+from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config
+from mohge.data import DataConfig, prepare
 from mohge.model import fused
 from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
+from mohge.train.checkpoint import list_checkpoints
 from mohge.train.runtime import Runtime
 from mohge.train.step import build_optimizer, use_fused_path
-from mohge.train.trainer import parallelism
+from mohge.train.trainer import parallelism, train
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = ROOT / "results" / "capacity" / "runs"
@@ -52,12 +56,32 @@ def test_the_chunked_head_loss_differs_from_linear_then_cross_entropy_only_by_ro
         linear_cross_entropy(h, w, y[:-1] if T > 1 else y[:0])
 
 
-@pytest.mark.parametrize("run", ["facts-mohge-best_renorm_lr5e3-s10", "facts-moe-best_lr5e3-s10"])
-def test_the_fused_path_trains_the_eager_losses_up_to_rounding(run, monkeypatch):
+# Windows of 8 tokens: the fused path's attention half applies. Every test of the path trains these shapes, in one
+# xdist group, so one worker compiles each graph once (a fresh machine's inductor cache is empty).
+DATA8 = {"source": "graded", "vocab_size": 300, "seq_len": 8, "graded_num_docs": 120}
+FAMILIES = {
+    "mohge": {},
+    "moe": {"ffn": {"kind": "moe", "expert_widths": [32], "placement": "contiguous"}},
+}
+
+
+def tiny_fused(family: str, **train) -> RunConfig:
+    return RunConfig.from_dict(
+        tiny_run(
+            family=family,
+            model=FAMILIES[family],
+            train={"steps": 8, "batch_size": 16, "warmup_steps": 2, "log_every": 2, **train},
+            data=DATA8,
+        )
+    )
+
+
+@pytest.mark.xdist_group("fused_path")
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypatch):
     from torch._dynamo.utils import counters
 
-    cfg = load_run_config(RUNS / run / "config.json")  # d_model 32, windows of 5 tokens
-    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=128, log_every=2))
+    cfg = tiny_fused(family)
     eager_losses, eager_weights = train_steps(cfg, 4, build_optimizer)
     calls = {"attention": 0, "route": 0, "head loss": 0}
 
@@ -97,6 +121,43 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(run, monkeypatch)
     for name, w in eager_weights.items():
         torch.testing.assert_close(weights[name], w, rtol=1e-3, atol=1e-5)
     assert len(set(losses)) == 4  # it trained
+
+
+@pytest.mark.xdist_group("fused_path")
+def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run(tmp_path):
+    """``mohge train`` with ``train.fused: true`` on windows of 8 tokens: the run resumed from its checkpoint before
+    the last ends with the weights and losses of the run trained straight (the compiled pieces are deterministic and
+    keep no state of their own), and its weights are the eager run's only up to rounding."""
+    prepare(DataConfig.from_dict(DATA8), tmp_path / "data")
+
+    def config(fused: bool) -> RunConfig:
+        return tiny_fused("mohge", fused=fused, ckpt_every=4, keep_checkpoints=2)
+
+    def run(out: Path, cfg: RunConfig, **kw) -> dict:
+        return train(cfg, out, data=str(tmp_path / "data"), **kw)
+
+    def weights(out: Path) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        return load_file(out / "model.safetensors")
+
+    def losses(out: Path) -> list[float]:
+        return [json.loads(r)["loss"] for r in (out / "train_log.jsonl").read_text().splitlines()]
+
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    run(straight, config(True))
+    run(resumed, config(True))
+    shutil.rmtree(list_checkpoints(resumed / ".scratch")[0][1])  # back to the checkpoint before the last
+    (resumed / "model.safetensors").unlink()
+    assert run(resumed, config(True), require_resume=True)["resumed_from_step"] == 4
+    a, b = weights(straight), weights(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert losses(straight) == losses(resumed)
+    run(tmp_path / "eager", config(False))
+    eager = weights(tmp_path / "eager")
+    assert any(not torch.equal(eager[k], a[k]) for k in a)  # another program's roundings
+    for k in a:
+        torch.testing.assert_close(a[k], eager[k], rtol=0.05, atol=2e-3)  # the same training, rounded otherwise
 
 
 def test_the_fused_path_is_refused_on_a_sharded_layout(tmp_path):
