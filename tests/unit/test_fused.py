@@ -160,6 +160,18 @@ def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run
         torch.testing.assert_close(a[k], eager[k], rtol=0.05, atol=2e-3)  # the same training, rounded otherwise
 
 
+def test_the_fused_path_on_a_cpu_without_a_cpp_compiler_is_refused_before_any_work(monkeypatch):
+    from mohge.config import preflight
+
+    cfg = tiny_fused("mohge", fused=True, device="cpu")
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(ConfigError, match=r"train\.fused=true: .*no-such-compiler-here .*train\.fused: false"):
+        preflight.check_run(cfg, inputs=False)
+    preflight.check_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fused=False)), inputs=False)
+    monkeypatch.delenv("CXX")
+    preflight.check_run(cfg, inputs=False)  # this machine's g++
+
+
 def test_the_fused_path_is_refused_on_a_sharded_layout(tmp_path):
     cfg = load_run_config(RUNS / "facts-mohge-best_renorm_lr5e3-s10" / "config.json")
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fused=True, parallel=ParallelConfig()))

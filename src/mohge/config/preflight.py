@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import glob
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -170,6 +171,12 @@ def trains_on_cpu(cfg: RunConfig, cluster: dict[str, Any] | None) -> bool:
     return not (cluster or {}).get("gpus_per_node") and not cuda_present()
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch.compile builds a CPU graph with (inductor's ``cpp.cxx``: ``$CXX``, else ``g++``), found on
+    the PATH; None when it is not there."""
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
 def check_backend(cfg: RunConfig, cluster: dict[str, Any] | None = None, on_cpu: bool | None = None) -> None:
     """``on_cpu``: the device is known (mohge.train); else it is decided from the config and this machine."""
     ffn = cfg.model.ffn
@@ -179,6 +186,12 @@ def check_backend(cfg: RunConfig, cluster: dict[str, Any] | None = None, on_cpu:
         raise ConfigError(
             "model.ffn.backend='triton': the Triton kernels need a GPU and this run trains on a CPU "
             "(train.device, cluster.gpus_per_node); use backend auto or torch"
+        )
+    if cfg.train.fused and on_cpu and cpp_compiler() is None:
+        raise ConfigError(
+            "train.fused=true: torch.compile builds the fused path's graphs with a C++ compiler on a CPU, and "
+            f"{os.environ.get('CXX') or 'g++'} ($CXX, else g++) is not on the PATH; install one or set "
+            "train.fused: false"
         )
 
 
