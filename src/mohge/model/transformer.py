@@ -208,7 +208,6 @@ class Block(nn.Module):
         super().__init__()
         self.attn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.attn = (LatentAttention if cfg.attention == "mla" else Attention)(cfg, std, out_std)
-        self.mha = isinstance(self.attn, Attention)
         self.ffn_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         if moe:
             self.ffn: nn.Module = MoELayer(cfg.d_model, cfg.ffn, cfg.router, loss, std, out_std)
@@ -219,7 +218,8 @@ class Block(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None
     ) -> tuple[Tensor, LayerStats | None]:
         S = x.shape[1]
-        if self.fused and mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW and self.mha:
+        short = mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW
+        if self.fused and short and isinstance(self.attn, Attention):
             x, h = _fused.compiled(_attention_half)(x, self.attn_norm, self.attn, self.ffn_norm, cos[:S], sin[:S])
         else:
             x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
