@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -131,7 +132,7 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
 
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
-def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run(tmp_path):
+def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run(tmp_path, caplog):
     """``mohge train`` with ``train.fused: true`` on windows of 8 tokens: the run resumed from its checkpoint before
     the last ends with the weights and losses of the run trained straight (the compiled pieces are deterministic and
     keep no state of their own), and its weights are the eager run's only up to rounding."""
@@ -152,7 +153,9 @@ def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run
         return [json.loads(r)["loss"] for r in (out / "train_log.jsonl").read_text().splitlines()]
 
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run(straight, config(True))
+    with caplog.at_level(logging.INFO, logger="mohge.train"):
+        run(straight, config(True))
+    assert "train.fused: the fused path's graphs compile at the first steps" in caplog.text  # the wait is said
     run(resumed, config(True))
     shutil.rmtree(list_checkpoints(resumed / ".scratch")[0][1])  # back to the checkpoint before the last
     (resumed / "model.safetensors").unlink()

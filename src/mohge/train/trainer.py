@@ -202,7 +202,8 @@ def _train(
     np.random.seed(tc.seed)
     torch.manual_seed(tc.seed)
     model = par.build()
-    use_fused_path(model, tc)
+    if use_fused_path(model, tc):
+        log.info("train.fused: the fused path's graphs compile at the first steps (seconds; cached for later runs)")
     opt = build_optimizer(model, tc, fused=fused_adamw(tc, rt.device))
     at = par.resume(opt, require_resume)
     if at.path is not None:
