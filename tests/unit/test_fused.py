@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from conftest import tiny_run
 from mohge_studies.bench import step as bench_step
 from test_bench_step import train_steps
 
-from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight
+from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight, to_dict
 from mohge.data import DataConfig, prepare
 from mohge.model import fused
 from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
@@ -168,6 +169,23 @@ def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run
     assert any(not torch.equal(eager[k], a[k]) for k in a)  # another program's roundings
     for k in a:
         torch.testing.assert_close(a[k], eager[k], rtol=0.05, atol=2e-3)  # the same training, rounded otherwise
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_a_fused_run_trains_under_ddp_on_two_cpu_processes(tmp_path):
+    """torchrun with two processes: the compiled graphs and the chunked loss under DDP's gradient hooks train to the
+    end, each rank on its own batches."""
+    prepare(DataConfig.from_dict(DATA8), tmp_path / "data")
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps(to_dict(tiny_fused("mohge", fused=True, steps=4, ckpt_every=2))))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "mohge.train"]
+    cmd += ["--config", str(config), "--out", str(tmp_path / "o"), "--data", str(tmp_path / "data")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["tokens_trained"] == 4 * 16 * 8 * 2
+    assert "train.fused: the fused path's graphs compile" in proc.stderr
 
 
 def test_the_fused_path_on_a_cpu_without_a_cpp_compiler_is_refused_before_any_work(monkeypatch):
