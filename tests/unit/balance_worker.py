@@ -21,7 +21,7 @@ from mohge.train.distributed.dcp import export_full
 from mohge.train.distributed.layout import check_layout
 from mohge.train.distributed.mesh import build_meshes
 from mohge.train.distributed.parallelize import parallelize, scale_expert_grads, sync_gradients_on
-from mohge.train.runtime import Runtime, set_deterministic
+from mohge.train.runtime import Runtime, exit_now, set_deterministic
 
 
 def main() -> None:
@@ -55,3 +55,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_now(0)  # no interpreter teardown after the group is destroyed (mohge.train.runtime.exit_now)

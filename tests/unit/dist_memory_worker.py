@@ -24,6 +24,7 @@ from mohge.train.distributed.layout import check_layout
 from mohge.train.distributed.mesh import build_meshes
 from mohge.train.distributed.meta_init import build_on_meta, materialize
 from mohge.train.distributed.parallelize import parallelize
+from mohge.train.runtime import exit_now
 
 
 def memory() -> dict[str, int]:
@@ -72,3 +73,4 @@ if __name__ == "__main__":
     (out / f"rank_{rank}.json").write_text(json.dumps(record))
     dist.barrier()
     dist.destroy_process_group()
+    exit_now(0)  # no interpreter teardown after the group is destroyed (mohge.train.runtime.exit_now)

@@ -24,6 +24,7 @@ from mohge.train.distributed.layout import check_layout
 from mohge.train.distributed.mesh import build_meshes
 from mohge.train.distributed.parallelize import parallelize, scale_expert_grads, sync_gradients_on
 from mohge.train.distributed.trainer import rank_stream
+from mohge.train.runtime import exit_now
 
 
 def step0_grads(cfg: RunConfig, data_dir: str, out: str) -> None:
@@ -66,3 +67,4 @@ if __name__ == "__main__":
     rt = base.Runtime(dist.get_rank(), dist.get_world_size(), torch.device("cpu"), None)
     base._train(cfg, Path(out), Path(out) / ".scratch", data_dir, False, rt)
     dist.destroy_process_group()
+    exit_now(0)  # no interpreter teardown after the group is destroyed (mohge.train.runtime.exit_now)

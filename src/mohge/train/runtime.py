@@ -37,6 +37,7 @@ import logging
 import os
 import platform
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -111,6 +112,18 @@ def set_deterministic(mode: bool) -> None:
     fill = getattr(torch._C, "_set_deterministic_fill_uninitialized_memory", None)
     if fill is not None:
         fill(False)
+
+
+def exit_now(code: int) -> None:
+    """End a rank of a multi-process run with ``code`` once its outputs are written and its process group destroyed,
+    without the interpreter's teardown: there, torch's gloo threads can still be destroyed while joinable and abort a
+    finished rank ("terminate called without an active exception", SIGABRT; upstream: pytorch/pytorch PR 179291).
+    Logs and the standard streams are flushed first; nothing else of ours waits for the interpreter's exit."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 # glibc's mallopt parameters (malloc.h)
