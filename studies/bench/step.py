@@ -281,13 +281,14 @@ def run(
     parts: int,
     repeats: int,
     sets: dict[str, object] | None = None,
+    new_configs: Sequence[Path | None] | None = None,
 ) -> dict:
+    """Every run config measured (:func:`measure_config`); this checkout's process trains ``new_configs`` where given
+    (each config with ``sets`` applied: :func:`with_sets`)."""
     load0 = list(os.getloadavg())
     rows = []
-    with tempfile.TemporaryDirectory(prefix="mohge-bench-step-") as tmp:
-        new_configs = [with_sets(c, sets, Path(tmp)) if sets else None for c in configs]
-        for config, new_config in zip(configs, new_configs, strict=True):
-            rows.append(_measured(base, config, steps, warmup, parts, repeats, new_config))
+    for config, new_config in zip(configs, new_configs or [None] * len(configs), strict=True):
+        rows.append(_measured(base, config, steps, warmup, parts, repeats, new_config))
     return {
         "bench": "step",
         "host": host(),
@@ -342,14 +343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.parts < 0:
         ap.error("--steps and --repeats must be at least 1, --warmup and --parts at least 0")
     configs = [Path(c) for c in (args.config or [ROOT / c for c in DEFAULT_CONFIGS])]
-    try:
-        sets = parse_sets(args.set)
-        with tempfile.TemporaryDirectory(prefix="mohge-bench-step-") as tmp:
-            for c in configs if sets else ():
-                with_sets(c, sets, Path(tmp))  # refused before any process starts
-    except (ValueError, OSError) as e:
-        ap.error(str(e))
     with contextlib.ExitStack() as stack:
+        try:
+            sets = parse_sets(args.set)
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="mohge-bench-step-")))
+            new_configs = [with_sets(c, sets, tmp) if sets else None for c in configs]  # refused before any process
+        except (ValueError, OSError) as e:
+            ap.error(str(e))
         if args.baseline:
             base = stack.enter_context(checkout_of(args.baseline))
             version = {"commit": _git(ROOT, "rev-parse", args.baseline), "clean": True}
@@ -357,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Path(args.baseline_tree).resolve()
             version = tree_version(base)
         print(f"step benchmark: baseline {version['commit']} against this checkout, {len(configs)} run config(s)")
-        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats, sets)
+        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats, sets, new_configs)
     if args.json:
         write_json_atomic(args.json, rec)
     return 0
