@@ -59,6 +59,58 @@ def test_the_chunked_head_loss_differs_from_linear_then_cross_entropy_only_by_ro
         linear_cross_entropy(h, w, y[:-1] if T > 1 else y[:0])
 
 
+# torch.compile builds CPU graphs with a C++ compiler; the path is refused without one (tested below)
+needs_cxx = pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for torch.compile here")
+
+
+def _expert_bank(dtype: torch.dtype, widths=(5, 7, 3), per_class=3, D=16):
+    torch.manual_seed(0)
+    w1s = [(0.3 * torch.randn(per_class, 2 * h, D, dtype=dtype)).requires_grad_() for h in widths]
+    w2s = [(0.3 * torch.randn(per_class, D, h, dtype=dtype)).requires_grad_() for h in widths]
+    return w1s, w2s
+
+
+def _experts_and_grads(fn, x, idx, gates, w1s, w2s, dy):
+    y = fn(x, idx, gates, w1s, w2s)
+    return [y, *torch.autograd.grad(y, [x, gates, *w1s, *w2s], dy, materialize_grads=True)]
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_rounding():
+    """fp64: the rows of the fused path's expert block and its compiled combine; ids 6-8 (the last class) and 5 get no
+    token, so a class without rows and an expert without rows inside a class are both run."""
+    from mohge.kernels.reference import swiglu_loop
+
+    w1s, w2s = _expert_bank(torch.float64)
+    x = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    gates = torch.rand(300, 3, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 5, (300, 3))
+    dy = torch.randn(300, 16, dtype=torch.float64)
+    want = _experts_and_grads(swiglu_loop, x, idx, gates, w1s, w2s, dy)
+    got = _experts_and_grads(fused.class_swiglu, x, idx, gates, w1s, w2s, dy)
+    for name, a, b in zip(["y", "dx", "dgates", "dw1", "dw1", "dw1", "dw2", "dw2", "dw2"], want, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=name)
+    assert not got[5].any() and not got[8].any()  # the class without a token has zero gradients
+
+
+def test_the_class_buffered_experts_on_padded_bf16_rows_differ_from_the_grouped_path_only_by_rounding():
+    """bf16 on a CPU: each expert's rows padded to a bucketed count (mohge.kernels.reference.row_bucket), the combine
+    then eager (its row count changes from call to call)."""
+    from mohge.kernels.reference import pads_rows, swiglu_grouped_torch
+
+    w1s, w2s = _expert_bank(torch.bfloat16)
+    x = torch.randn(300, 16, dtype=torch.bfloat16, requires_grad=True)
+    gates = torch.rand(300, 3, dtype=torch.bfloat16, requires_grad=True)
+    idx = torch.randint(0, 9, (300, 3))
+    dy = torch.randn(300, 16, dtype=torch.bfloat16)
+    assert pads_rows(x)
+    want = _experts_and_grads(swiglu_grouped_torch, x, idx, gates, w1s, w2s, dy)
+    got = _experts_and_grads(fused.class_swiglu, x, idx, gates, w1s, w2s, dy)
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05 * a.float().abs().max().item())
+
+
 # Windows of 8 tokens: the fused path's attention half applies. Every test of the path trains these shapes, in one
 # xdist group, so one worker compiles each graph once (a fresh machine's inductor cache is empty).
 DATA8 = {"source": "graded", "vocab_size": 300, "seq_len": 8, "graded_num_docs": 120}
@@ -79,10 +131,6 @@ def tiny_fused(family: str, **train) -> RunConfig:
     )
 
 
-# torch.compile builds CPU graphs with a C++ compiler; the path is refused without one (tested below)
-needs_cxx = pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for torch.compile here")
-
-
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
 @pytest.mark.parametrize("family", FAMILIES)
@@ -91,7 +139,9 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
 
     cfg = tiny_fused(family)
     eager_losses, eager_weights = train_steps(cfg, 4, build_optimizer)
-    calls = {"attention": 0, "route": 0, "head loss": 0}
+    calls = {"attention": 0, "route": 0, "head loss": 0, "combine": 0, "combine backward": 0, "input grad": 0}
+    piece = {fused._routed: "route", fused._combine: "combine", fused._combine_backward: "combine backward"}
+    piece[fused._sum_rows] = "input grad"
 
     original = fused.compiled
 
@@ -99,7 +149,7 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
         run = original(fn)
 
         def call(*a):
-            calls["route" if fn is fused._routed else "attention"] += 1
+            calls[piece.get(fn, "attention")] += 1
             return run(*a)
 
         return call
@@ -122,7 +172,9 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
 
     losses, weights = train_steps(cfg, 4, fused_optimizer)
     assert calls["attention"] == 4 * cfg.model.n_layers  # every layer of every step, forward
-    assert calls["route"] == 4 * (cfg.model.n_layers - cfg.model.ffn.dense_layers)
+    moe_layers = cfg.model.n_layers - cfg.model.ffn.dense_layers
+    for name in ("route", "combine", "combine backward", "input grad"):  # the experts' glue: fp32 has no padding rows
+        assert calls[name] == 4 * moe_layers, name
     assert calls["head loss"] == 4
     assert counters["stats"]["unique_graphs"] > graphs0  # inductor compiled them (a cached graph counts too)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-5, atol=0)

@@ -54,10 +54,16 @@ class RoutedExperts(nn.Module):
     def num_experts(self) -> int:
         return self.per_class * len(self.widths)
 
-    def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
+    def operands(self, x_TD: Tensor, gates_TK: Tensor) -> tuple[Tensor, Tensor, list[Tensor], list[Tensor]]:
+        """(x, gates, w1s, w2s) in the dtype the expert GEMMs compute in: autocast's where it is on (it does not
+        reach custom ops, so they are cast as it would cast a matmul's), the input's otherwise."""
         w1s, w2s = list(self.w1), list(self.w2)
         device = x_TD.device.type
-        if torch.is_autocast_enabled(device):  # autocast does not reach custom ops: cast as it would for a matmul
+        if torch.is_autocast_enabled(device):
             dt = torch.get_autocast_dtype(device)
             x_TD, w1s, w2s = x_TD.to(dt), [w.to(dt) for w in w1s], [w.to(dt) for w in w2s]
-        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK.to(x_TD.dtype), w1s, w2s, self.backend)
+        return x_TD, gates_TK.to(x_TD.dtype), w1s, w2s
+
+    def forward(self, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
+        x_TD, gates_TK, w1s, w2s = self.operands(x_TD, gates_TK)
+        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s, self.backend)

@@ -27,6 +27,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+from mohge import kernels
+from mohge.kernels.reference import RowLayout, check_contract, pads_rows
 
 from .routing import Routing
 
@@ -70,6 +74,114 @@ def route(layer: nn.Module, x_TD: Tensor) -> tuple[Routing, dict[str, Tensor]]:
     (idx, gates, probs, group_logits, group_map), aux = compiled(_routed)(layer, x_TD)
     r = Routing(idx_TK=idx, gates_TK=gates, probs_TE=probs, group_logits_TG=group_logits, group_map_TG=group_map)
     return r, aux
+
+
+def _combine(out_PD: Tensor, row_TK: Tensor, gates_TK: Tensor) -> Tensor:
+    """y[t] = sum_k gates[t, k] * out[row[t, k]]: a token's expert outputs, read by gather, summed in slot order."""
+    T, K = row_TK.shape
+    return (out_PD[row_TK.reshape(-1)].view(T, K, -1) * gates_TK[..., None]).sum(1)
+
+
+def _combine_backward(
+    dy_TD: Tensor, out_PD: Tensor, row_TK: Tensor, tok_P: Tensor, gate_P: Tensor
+) -> tuple[Tensor, Tensor]:
+    """The gradients of :func:`_combine`: per row, its token's dy times its gate (0 on a padding row, token T); per
+    slot, dy of its token dotted with its row's output."""
+    T, K = row_TK.shape
+    dy_ext = torch.cat([dy_TD, dy_TD.new_zeros(1, dy_TD.shape[1])])
+    dout_PD = dy_ext[tok_P] * gate_P[:, None]
+    dgates_TK = (out_PD[row_TK.reshape(-1)].view(T, K, -1) * dy_TD[:, None, :]).sum(-1)
+    return dout_PD, dgates_TK
+
+
+def _sum_rows(v_PD: Tensor, row_TK: Tensor) -> Tensor:
+    """[T, D]: the rows of each token's slots summed, in slot order."""
+    T, K = row_TK.shape
+    return v_PD[row_TK.reshape(-1)].view(T, K, -1).sum(1)
+
+
+class _ClassSwiGLU(torch.autograd.Function):
+    """The grouped pure-torch expert block (:mod:`mohge.kernels.reference`: one sort, one gather, GEMMs on each
+    expert's contiguous slice of the sorted rows) with each width class's pre-activations stored transposed, one
+    [2H, rows of the class] buffer: its gate and up halves are two contiguous blocks, so SiLU and the products run
+    once per class over flat memory (the grouped path runs them per expert on strided half-rows, element by element
+    in each row's tail: 5-6x the time at widths 5-19). The combine by token, its gradients and the input's gradient
+    are gathers by slot (:func:`_combine`, :func:`_combine_backward`, :func:`_sum_rows`), compiled where the row
+    count is fixed (no padding rows), in place of index_add."""
+
+    @staticmethod
+    def forward(ctx, x_TD, idx_TK, gates_TK, num_classes, *weights):
+        w1s, w2s = weights[:num_classes], weights[num_classes:]
+        lay = RowLayout(x_TD, idx_TK, sum(w.shape[0] for w in w1s), pads_rows(x_TD))
+        rows_A = torch.arange(len(lay.order_A), device=x_TD.device) if lay.dest_A is None else lay.dest_A
+        row_TK = torch.empty_like(lay.order_A).index_copy_(0, lay.order_A, rows_A).view_as(idx_TK)
+        gate_P = lay.per_row(gates_TK.reshape(-1).index_select(0, lay.order_A))
+        xs_PD = lay.gather(x_TD)
+        out_PD = torch.empty_like(xs_PD)  # every row lies in one expert's slice
+        saved, first = [], 0
+        for w1, w2 in zip(w1s, w2s, strict=True):
+            n, H = w2.shape[0], w2.shape[2]
+            r0 = lay.row0[first]
+            cols = [(lay.row0[first + j] - r0, lay.row0[first + j + 1] - r0) for j in range(n)]
+            hT_2HR = x_TD.new_empty(2 * H, cols[-1][1])
+            for j, (s, t) in enumerate(cols):
+                if s < t:
+                    torch.mm(w1[j], xs_PD[r0 + s : r0 + t].t(), out=hT_2HR[:, s:t])
+            silu_HR = F.silu(hT_2HR[:H])
+            act_HR = silu_HR * hT_2HR[H:]
+            for j, (s, t) in enumerate(cols):
+                if s < t:
+                    torch.mm(act_HR[:, s:t].t(), w2[j].t(), out=out_PD[r0 + s : r0 + t])
+            saved.append((r0, cols, hT_2HR, silu_HR, act_HR))
+            first += n
+        glue = compiled if lay.dest_A is None else (lambda fn: fn)
+        ctx.num_classes, ctx.lay, ctx.classes, ctx.glue = num_classes, lay, saved, glue
+        ctx.save_for_backward(xs_PD, out_PD, row_TK, gate_P, *weights)
+        return glue(_combine)(out_PD, row_TK, gates_TK)
+
+    @staticmethod
+    def backward(ctx, dy_TD):
+        xs_PD, out_PD, row_TK, gate_P, *weights = ctx.saved_tensors
+        w1s, w2s = weights[: ctx.num_classes], weights[ctx.num_classes :]
+        dout_PD, dgates_TK = ctx.glue(_combine_backward)(dy_TD, out_PD, row_TK, ctx.lay.tok_P, gate_P)
+        dxs_PD = torch.empty_like(xs_PD)
+        dw1s, dw2s = [torch.zeros_like(w) for w in w1s], [torch.zeros_like(w) for w in w2s]
+        for w1, w2, dw1, dw2, kept in zip(w1s, w2s, dw1s, dw2s, ctx.classes, strict=True):
+            r0, cols, hT_2HR, silu_HR, act_HR = kept
+            H = w2.shape[2]
+            dact_HR = torch.empty_like(silu_HR)
+            for j, (s, t) in enumerate(cols):
+                if s < t:
+                    dout_CD = dout_PD[r0 + s : r0 + t]
+                    torch.mm(w2[j].t(), dout_CD.t(), out=dact_HR[:, s:t])
+                    torch.mm(dout_CD.t(), act_HR[:, s:t].t(), out=dw2[j])
+            dh_2HR = torch.empty_like(hT_2HR)
+            # d/da SiLU(a)*u = dact*u*SiLU'(a) (aten's fused silu_backward); d/du = dact*SiLU(a)
+            torch.ops.aten.silu_backward.grad_input(dact_HR * hT_2HR[H:], hT_2HR[:H], grad_input=dh_2HR[:H])
+            torch.mul(dact_HR, silu_HR, out=dh_2HR[H:])
+            for j, (s, t) in enumerate(cols):
+                if s < t:
+                    torch.mm(dh_2HR[:, s:t], xs_PD[r0 + s : r0 + t], out=dw1[j])
+                    torch.mm(dh_2HR[:, s:t].t(), w1[j], out=dxs_PD[r0 + s : r0 + t])
+        dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK)
+        ctx.lay = ctx.classes = None
+        return (dx_TD, None, dgates_TK, None, *dw1s, *dw2s)
+
+
+def experts(bank: nn.Module, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
+    """``bank(x_TD, idx_TK, gates_TK)`` (:class:`~mohge.model.experts.RoutedExperts`) on the fused path: where its
+    backend is the pure-torch one (a CPU), the experts' function computed by :class:`_ClassSwiGLU`, in other
+    roundings (vectorised SiLU, sums by token in slot order); elsewhere the bank's own kernels."""
+    if kernels.resolve_backend(bank.backend, x_TD.device) != "torch":
+        return bank(x_TD, idx_TK, gates_TK)
+    x_TD, gates_TK, w1s, w2s = bank.operands(x_TD, gates_TK)
+    return class_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s)
+
+
+def class_swiglu(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s) -> Tensor:
+    """The expert block of :func:`mohge.kernels.expert_swiglu` (its tensor contract) through :class:`_ClassSwiGLU`."""
+    check_contract(x_TD, idx_TK, gates_TK, w1s, w2s)
+    return _ClassSwiGLU.apply(x_TD, idx_TK, gates_TK, len(w1s), *w1s, *w2s)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -57,7 +57,7 @@ class MoELayer(nn.Module):
     is refused at construction (a ConfigError naming the key and the value), never at its first forward.
     """
 
-    fused = False  # route and aux losses through mohge.model.fused.route (train.fused: mohge.model.fused.use_fused)
+    fused = False  # route, aux losses and experts through mohge.model.fused (train.fused: mohge.model.fused.use_fused)
 
     def __init__(
         self, d_model: int, ffn: FFNConfig, router: RouterConfig, loss: LossConfig, std: float, out_std: float
@@ -132,7 +132,10 @@ class MoELayer(nn.Module):
     def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
         """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
         r, aux = _fused.route(self, x_TD) if self.fused else (self.router(x_TD), None)
-        y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
+        if self.fused:
+            y_TD = _fused.experts(self.experts, x_TD, r.idx_TK, r.gates_TK)
+        else:
+            y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
         stats = LayerStats(
