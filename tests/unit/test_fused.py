@@ -77,10 +77,20 @@ def _experts_and_grads(fn, x, idx, gates, w1s, w2s, dy):
 
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
-def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_rounding():
+@pytest.mark.parametrize("chunk", [fused.ELEMENTWISE_CHUNK, 500, 1])  # whole classes, runs of experts, one each
+def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_rounding(chunk, monkeypatch):
     """fp64: the rows of the fused path's expert block and its compiled combine; ids 6-8 (the last class) and 5 get no
     token, so a class without rows and an expert without rows inside a class are both run."""
     from mohge.kernels.reference import swiglu_loop
+
+    monkeypatch.setattr(fused, "ELEMENTWISE_CHUNK", chunk)
+    runs = fused._chunks([(0, 100), (100, 180), (180, 180), (180, 300)], 5)
+    assert (
+        runs
+        == {fused.ELEMENTWISE_CHUNK: [(0, 4)], 500: [(0, 1), (1, 3), (3, 4)], 1: [(0, 1), (1, 2), (2, 3), (3, 4)]}[
+            chunk
+        ]
+    )
 
     w1s, w2s = _expert_bank(torch.float64)
     x = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
