@@ -345,7 +345,7 @@ class TrainConfig(_Section):
         False,
         "the fused path for small models (mohge.model.fused): attention halves over windows of at most 16 tokens and "
         "the MoE routers compiled by torch.compile, the CPU expert block with a transposed SiLU and its "
-        "combine compiled, the LM head's loss in chunks; over 2x the tokens/s at d_model 32 and 64 (docs/speed.md), "
+        "combine compiled, the LM head's loss in chunks; about 2x the tokens/s at d_model 32 and 64 (docs/speed.md), "
         "in other roundings than eager, so such a run's numbers differ from an eager run's; one process or DDP only",
     )
     grad_clip: float = knob(1.0, "gradient norm clip (0: none)", ge=0)
