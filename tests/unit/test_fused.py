@@ -21,7 +21,7 @@ from test_bench_step import train_steps
 
 from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight, to_dict
 from mohge.data import DataConfig, prepare
-from mohge.model import fused
+from mohge.model import fused, topk
 from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
 from mohge.train.checkpoint import list_checkpoints
 from mohge.train.runtime import Runtime
@@ -177,7 +177,8 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
     def fused_optimizer(model, tc):
         on = dataclasses.replace(tc, fused=True)
         layers = cfg.model.n_layers
-        assert use_fused_path(model, on) == 1 + 2 * layers - cfg.model.ffn.dense_layers  # model, blocks, MoE layers
+        moe = layers - cfg.model.ffn.dense_layers
+        assert use_fused_path(model, on) == 1 + layers + 2 * moe  # the model, its blocks, MoE layers and routers
         return build_optimizer(model, on)
 
     losses, weights = train_steps(cfg, 4, fused_optimizer)
@@ -248,6 +249,62 @@ def test_a_fused_run_trains_under_ddp_on_two_cpu_processes(tmp_path):
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["tokens_trained"] == 4 * 16 * 8 * 2
     assert "train.fused: the fused path's graphs compile" in proc.stderr
+
+
+@needs_cxx
+@pytest.mark.parametrize("n, k, rows", [(32, 4, 10_240), (8, 4, 37), (5, 5, 16), (64, 8, 33), (3, 1, 1), (32, 4, 0)])
+def test_the_native_top_k_returns_atens_top_k_on_rows_without_equal_values(n, k, rows):
+    torch.manual_seed(n + k + rows)
+    v = torch.randn(rows, n, dtype=torch.float64).float()  # from doubles: no two equal floats in a row here
+    want = torch.topk(v, k, dim=-1)
+    for layout in (v, v.t().contiguous().t(), torch.cat([v, v], 1)[:, :n]):  # rows strided, columns strided
+        got = topk.top_k(layout, k, native=True)
+        assert torch.equal(got[1], want.indices) and torch.equal(got[0], want.values)
+    b = v.bfloat16()  # read as floats; bf16 rows have equal values, so only the values are ATen's
+    assert torch.equal(topk.top_k(b, k, native=True)[0], torch.topk(b, k, dim=-1).values)
+
+
+@needs_cxx
+def test_the_native_top_k_ranks_equal_values_by_index_masked_ones_last_and_nan_below_every_number():
+    nan, inf = float("nan"), float("inf")
+    v = torch.tensor(
+        [
+            [1.0, 3.0, 3.0, 2.0, 3.0],  # equal values: the lower index first
+            [-inf, 0.5, -inf, -inf, -inf],  # masked entries (-inf) fill the slots left, by index
+            [nan, 1.0, nan, -2.0, 0.0],  # NaN below every number, then among themselves by index
+            [nan, nan, nan, nan, nan],
+        ]
+    )
+    assert topk.topk_indices(v, 4).tolist() == [[1, 2, 4, 3], [1, 0, 2, 3], [1, 4, 3, 0], [0, 1, 2, 3]]
+    x = torch.randn(50, 16, requires_grad=True)
+    values, idx = topk.top_k(x, 3, native=True)
+    values.sum().backward()  # the values' gradient is top-k's: one at each selected entry
+    assert torch.equal(x.grad, torch.zeros(50, 16).scatter(1, idx, 1.0))
+    with pytest.raises(ValueError, match="topk_indices"):
+        topk.topk_indices(v, 9)
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_a_compiled_graph_holds_the_native_top_k_as_one_call():
+    def route(x, native):
+        return topk.top_k(torch.softmax(x, -1), 4, native)
+
+    x = torch.randn(300, 32)
+    got, want = torch.compile(route, dynamic=False)(x, True), torch.compile(route, dynamic=False)(x, False)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])  # the same softmax, compiled
+
+
+def test_a_failed_build_of_the_native_top_k_names_the_compiler_and_its_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOHGE_NATIVE_CACHE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="no-such-compiler-here"):
+        topk.build("no-such-compiler-here")
+    fake = tmp_path / "cxx"
+    fake.write_text("#!/bin/sh\necho 'fatal: not a compiler' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    with pytest.raises(RuntimeError, match=r"failed \(exit 3\): fatal: not a compiler"):
+        topk.build(str(fake))
+    assert not list(tmp_path.glob("topk_*"))  # nothing half-built is left to be loaded
 
 
 def test_the_fused_path_on_a_cpu_without_a_cpp_compiler_is_refused_before_any_work(monkeypatch):

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 
 from mohge.config import FFNConfig, RouterConfig
 
+from .topk import top_k
+
 Tensor = torch.Tensor
 
 
@@ -59,6 +61,8 @@ class GroupedRouter(nn.Module):
     """Two-level router: sigmoid group router picks Kg groups, then a global top-k over the combined
     group x intra-group-softmax scores of the experts in those groups."""
 
+    fused = False  # the top-k's through mohge.model.topk's kernel (train.fused: mohge.model.fused.use_fused)
+
     def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
         super().__init__()
         self.G, self.n, self.E = ffn.num_groups, ffn.experts_per_group, ffn.num_experts
@@ -87,9 +91,9 @@ class GroupedRouter(nn.Module):
         # G1-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
         lG_TG = self.group_router(x_TD)
         if self.group_bias_rate:  # §5.7: the bias moves which groups are selected, never a weight
-            gidx_TKg = torch.topk(lG_TG + self.group_bias_G.to(lG_TG.dtype), self.Kg, dim=-1).indices
+            gidx_TKg = top_k(lG_TG + self.group_bias_G.to(lG_TG.dtype), self.Kg, self.fused)[1]
         else:
-            gidx_TKg = torch.topk(lG_TG, self.Kg, dim=-1).indices  # sigmoid/softmax are monotone: same top-k
+            gidx_TKg = top_k(lG_TG, self.Kg, self.fused)[1]  # sigmoid/softmax are monotone: same top-k
         if self.group_score == "sigmoid":
             s_TKg = torch.sigmoid(lG_TG.gather(1, gidx_TKg))
             if self.Kg > 1:  # Megatron's sigmoid path normalizes only when topk > 1
@@ -128,10 +132,10 @@ class GroupedRouter(nn.Module):
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
         if self.bias_rate:  # §5.6: the bias moves which experts are selected, never a gate
             sel_TE = (c_TE + self.expert_bias_E.to(c_TE.dtype)).masked_fill(~emap_TE, -math.inf)
-            idx_TK = torch.topk(sel_TE, self.K, dim=-1).indices
+            idx_TK = top_k(sel_TE, self.K, self.fused)[1]
             topv_TK = c_TE.gather(1, idx_TK)
         else:
-            topv_TK, idx_TK = torch.topk(c_TE.masked_fill(~emap_TE, -math.inf), self.K, dim=-1)
+            topv_TK, idx_TK = top_k(c_TE.masked_fill(~emap_TE, -math.inf), self.K, self.fused)
         # E6: final gates. softmax_topk_probs = Megatron's softmax over the top-k *probabilities* (the release);
         # product_renorm = the top-k combined scores renormalized to sum to 1 (docs/method.md §10.1).
         if self.gate_mode == "softmax_topk_probs":
@@ -145,6 +149,8 @@ class TopKRouter(nn.Module):
     """Flat router over all E experts (homogeneous MoE, HMoE, MoDSE): top-k of the logits, softmax over
     the selected logits (Megatron's default, equal to renormalizing the full softmax over the top-k)."""
 
+    fused = False  # the top-k through mohge.model.topk's kernel (train.fused: mohge.model.fused.use_fused)
+
     def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
         super().__init__()
         self.E, self.K, self.flat_gate = ffn.num_experts, router.topk, router.flat_gate
@@ -152,7 +158,7 @@ class TopKRouter(nn.Module):
 
     def forward(self, x_TD: Tensor) -> Routing:
         logits_TE = self.router(x_TD)
-        topv_TK, idx_TK = torch.topk(logits_TE, self.K, dim=-1)
+        topv_TK, idx_TK = top_k(logits_TE, self.K, self.fused)
         probs_TE = F.softmax(logits_TE, dim=-1, dtype=torch.float32)
         if self.flat_gate == "probs":  # docs/method.md §2.4: MoHGE's softmax_topk_probs form
             gates_TK = torch.softmax(probs_TE.gather(1, idx_TK), dim=-1).to(logits_TE.dtype)
