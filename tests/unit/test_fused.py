@@ -396,15 +396,11 @@ def test_speed_doc_quotes_the_fused_path_record():
     at64 = [v for (_, d), v in ratios.items() if d == 64]
     span = f"{min(at32):.2f}-{max(at32):.2f}× at d_model 32 and {min(at64):.2f}-{max(at64):.2f}× at 64"
     assert f"Against the 2× target this is {span}" in text
-    short = [r for r in rec["runs"] if r["ratio"] < 2]
-    over = [r["ratio"] for r in rec["runs"] if r["ratio"] >= 2]
-    assert len(short) == 1 and short[0]["ratio"] > 1.95, "the sentence below names one config at the target"
-    low = short[0]
-    words = {4: "four", 5: "five"}
+    per_repeat = [v for r in rec["runs"] for v in r["ratio_per_repeat"]]
+    assert min(at32 + at64) >= 2, "the met sentence below would say more than the record"
     assert (
-        f"| on the fused path, an opt-in of new runs, met by {words[len(over)]} configs of {words[len(rec['runs'])]} "
-        f"({min(over):.2f}-{max(over):.2f}× pooled) and at the target by {NAMES[low['family']]} at {low['d_model']}, "
-        f"{low['ratio']:.2f}× (its repeats {', '.join(f'{v:.2f}' for v in low['ratio_per_repeat'])}): not over it;"
+        f"| met on the fused path, an opt-in of new runs: {min(at32 + at64):.2f}-{max(at32 + at64):.2f}× pooled, "
+        f"each repeat {min(per_repeat):.2f}-{max(per_repeat):.2f}×; not bit for bit:"
     ) in text
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "about 2× the tokens/s at the capacity study's sizes" in readme

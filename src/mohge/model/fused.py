@@ -11,7 +11,10 @@ LM head's cross-entropy, written and read again four times. The fused path runs:
   written as broadcast products and a masked softmax (:func:`short_causal_attention`) in place of
   ``F.scaled_dot_product_attention`` (:func:`mohge.model.transformer._attention_half`); longer windows, masks and
   MLA stay eager;
-- the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`;
+- the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`, its
+  top-k through a kernel of our own on a CPU (:mod:`mohge.model.topk`);
+- on a CPU, the routed experts with each width class's pre-activations transposed and their combine by token
+  compiled: :func:`experts`;
 - the LM head and its mean cross-entropy in chunks of :data:`LOSS_CHUNK` tokens (:func:`linear_cross_entropy`): each
   chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored; outside autocast.
 
