@@ -121,6 +121,16 @@ def test_the_class_buffered_experts_on_padded_bf16_rows_differ_from_the_grouped_
         torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05 * a.float().abs().max().item())
 
 
+def test_the_fused_path_keeps_the_grouped_experts_in_bf16(monkeypatch):
+    from mohge.model.experts import RoutedExperts
+
+    bank = RoutedExperts(16, (5, 7), 2, 0.3, 0.3, "torch")
+    x, idx, gates = torch.randn(40, 16), torch.randint(0, 4, (40, 2)), torch.rand(40, 2)
+    monkeypatch.setattr(fused, "class_swiglu", lambda *a: pytest.fail("bf16 reached the transposed block"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(fused.experts(bank, x, idx, gates), bank(x, idx, gates))
+
+
 # Windows of 8 tokens: the fused path's attention half applies. Every test of the path trains these shapes, in one
 # xdist group, so one worker compiles each graph once (a fresh machine's inductor cache is empty).
 DATA8 = {"source": "graded", "vocab_size": 300, "seq_len": 8, "graded_num_docs": 120}

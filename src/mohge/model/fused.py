@@ -210,6 +210,8 @@ def experts(bank: nn.Module, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> 
     if kernels.resolve_backend(bank.backend, x_TD.device) != "torch":
         return bank(x_TD, idx_TK, gates_TK)
     x_TD, gates_TK, w1s, w2s = bank.operands(x_TD, gates_TK)
+    if pads_rows(x_TD):  # bf16/fp16 on a CPU: oneDNN's GEMMs on transposed operands and strided outputs cost more
+        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s, bank.backend)
     return class_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s)
 
 
