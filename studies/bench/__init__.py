@@ -12,6 +12,7 @@
     mohge bench compile            # one run config's training step eager vs torch.compile: does compiling pay
     mohge bench step               # training tokens/s of this checkout vs a baseline commit on a study's run configs
     mohge bench front-door         # make test and make run in a fresh clone, timed, with the host's vector unit
+    mohge bench topk               # the fused path's top-k kernel vs ATen's torch.topk on a router's shapes (CPU)
 
 ``python -m mohge_studies.bench ...`` is the same command (mohge.cli dispatches to it).
 
@@ -28,7 +29,8 @@ tokens/s of MoHGE against a homogeneous MoE), `data` (the data preparation again
 `peers` (one layer against torchtitan's and transformers' MoE layers), `profile` (one training step's CPU time per
 aten op), `compile` (a run's training step eager against ``torch.compile``), `step` (this checkout's training step
 against a baseline commit's, each in its own process, on a study's run configs), `front_door` (the README's two
-commands in a fresh clone, timed, with the host they ran on).
+commands in a fresh clone, timed, with the host they ran on), `topk` (the fused path's top-k kernel against
+``torch.topk``).
 ``mohge.kernels.bench`` stays beside the kernels: GPU boxes run it without an install of this package.
 May import: every layer below (core, config, model, data, train, evaluate, analysis) and mohge.kernels;
 nothing imports mohge_studies.bench.
@@ -135,6 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("compile", add_help=False, help="a run config's training step, eager vs torch.compile")
     sub.add_parser("step", add_help=False, help="training tokens/s of this checkout vs a baseline commit")
     sub.add_parser("front-door", add_help=False, help="make test and make run in a fresh clone, timed, with the host")
+    sub.add_parser("topk", add_help=False, help="the fused path's top-k kernel vs ATen's torch.topk (CPU)")
     args, rest = ap.parse_known_args(argv)
     if args.what == "kernels":
         from mohge.kernels.bench import main as kernels_main
@@ -176,6 +179,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .front_door import main as front_door_main
 
         return front_door_main(rest)
+    if args.what == "topk":
+        from .topk import main as topk_main
+
+        return topk_main(rest)
     if args.what == "profile":
         from .profile import main as profile_main
 

@@ -1,4 +1,4 @@
-"""``python -m mohge_studies.bench {layer,kernels,train,data,precision,eval,inference,peers,profile,compile}``."""
+"""``python -m mohge_studies.bench <what>``: the same command as ``mohge bench <what>``."""
 
 import sys
 

@@ -305,6 +305,34 @@ def test_a_compiled_graph_holds_the_native_top_k_as_one_call():
     assert torch.equal(got[1], want[1]) and torch.equal(got[0], want[0])  # the same softmax, compiled
 
 
+@needs_cxx
+def test_bench_topk_times_both_and_records_that_the_kernel_returned_atens_top_k(tmp_path, capsys):
+    from mohge_studies.bench import main as bench_main
+
+    out = tmp_path / "topk.json"
+    assert bench_main(["topk", "--rows", "100", "--shapes", "32:4,5:2", "--reps", "3", "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert [(r["n"], r["k"], r["identical"]) for r in rec["results"]] == [(32, 4, True), (5, 2, True)]
+    assert all(r["ms"]["aten"] > 0 and r["ms"]["kernel"] > 0 for r in rec["results"]) and rec["host"]["cpu_capability"]
+    printed = capsys.readouterr().out
+    assert "top-4 of 32, 100 rows: ATen " in printed and "(identical: True)" in printed
+    with pytest.raises(SystemExit):
+        bench_main(["topk", "--shapes", "4:8"])
+    assert "4:8 needs 1 <= k <= n" in capsys.readouterr().err
+
+
+def test_speed_doc_quotes_the_top_k_record():
+    rec = json.loads((ROOT / "results" / "bench" / "topk_amx.json").read_text())
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    r32, r8 = rec["results"]
+    assert r32["identical"] and r8["identical"] and (r32["n"], r8["n"], r32["rows"]) == (32, 8, 10_240)
+    assert (
+        f"`mohge bench topk` (`results/bench/topk_amx.json`, one thread, 10 240 rows, the two interleaved): "
+        f"{r32['ratio']:.2f}× ATen's time for the top {r32['k']} of 32, {r8['ratio']:.2f}× for the top {r8['k']} of 8;"
+    ) in text
+    assert rec["host"]["cpu_capability"] == "AVX512" and "amx_bf16" in rec["host"]["matrix_units"]
+
+
 def test_a_failed_build_of_the_native_top_k_names_the_compiler_and_its_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MOHGE_NATIVE_CACHE", str(tmp_path))
     with pytest.raises(RuntimeError, match="no-such-compiler-here"):

@@ -3,8 +3,8 @@
 A router picks the top k of a few entries per token (4 of 8 groups and 4 of 32 experts at the capacity study's
 sizes). ATen's top-k sorts each row partially, about 300 ns a row on one thread: a fifth of a d_model 32 step's
 forward. :func:`top_k` on the fused path runs a C kernel instead (:data:`SOURCE`), which keeps the best k of 16 rows
-at a time in vector lanes, without a branch per element: measured on an Intel Xeon with AMX, one thread, 0.97 ms
-against ATen's 3.36 at [10 240, 32], k 4, and 0.26 against 0.88 at [10 240, 8].
+at a time in vector lanes, without a branch per element (its time against ATen's: ``mohge bench topk``,
+docs/speed.md).
 
 It is built on first use with the C++ compiler the fused path already needs (``$CXX``, else ``g++``: the one
 torch.compile builds its CPU graphs with, :func:`mohge.config.preflight.cpp_compiler`), for this CPU
