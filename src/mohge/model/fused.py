@@ -205,8 +205,9 @@ class _ClassSwiGLU(torch.autograd.Function):
 
 def experts(bank: nn.Module, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
     """``bank(x_TD, idx_TK, gates_TK)`` (:class:`~mohge.model.experts.RoutedExperts`) on the fused path: where its
-    backend is the pure-torch one (a CPU), the experts' function computed by :class:`_ClassSwiGLU`, in other
-    roundings (vectorised SiLU, sums by token in slot order); elsewhere the bank's own kernels."""
+    backend is the pure-torch one (a CPU) and it computes in fp32 (or fp64), the experts' function computed by
+    :class:`_ClassSwiGLU`, in other roundings (vectorised SiLU, sums by token in slot order); elsewhere, bf16 included,
+    the bank's own kernels."""
     if kernels.resolve_backend(bank.backend, x_TD.device) != "torch":
         return bank(x_TD, idx_TK, gates_TK)
     x_TD, gates_TK, w1s, w2s = bank.operands(x_TD, gates_TK)
