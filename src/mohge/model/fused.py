@@ -91,7 +91,8 @@ def _combine_backward(
     """The gradients of :func:`_combine`: per row, its token's dy times its gate (0 on a padding row, token T); per
     slot, dy of its token dotted with its row's output."""
     T, K = row_TK.shape
-    dy_ext = torch.cat([dy_TD, dy_TD.new_zeros(1, dy_TD.shape[1])])
+    padded = tok_P.shape[0] > T * K  # a static shape: decided once per compiled graph
+    dy_ext = torch.cat([dy_TD, dy_TD.new_zeros(1, dy_TD.shape[1])]) if padded else dy_TD
     dout_PD = dy_ext[tok_P] * gate_P[:, None]
     dgates_TK = (out_PD[row_TK.reshape(-1)].view(T, K, -1) * dy_TD[:, None, :]).sum(-1)
     return dout_PD, dgates_TK

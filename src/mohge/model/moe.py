@@ -131,10 +131,11 @@ class MoELayer(nn.Module):
 
     def _route(self, x_TD: Tensor) -> tuple[Tensor, LayerStats]:
         """Route, compute and count the tokens ``x_TD`` (T may be 0: an empty output, zero losses, zero counts)."""
-        r, aux = _fused.route(self, x_TD) if self.fused else (self.router(x_TD), None)
         if self.fused:
+            r, aux = _fused.route(self, x_TD)
             y_TD = _fused.experts(self.experts, x_TD, r.idx_TK, r.gates_TK)
         else:
+            r, aux = self.router(x_TD), None
             y_TD = self.experts(x_TD, r.idx_TK, r.gates_TK)
         if self.shared is not None:
             y_TD = y_TD + self.shared(x_TD)
