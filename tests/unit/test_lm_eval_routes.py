@@ -168,6 +168,41 @@ def test_lm_eval_help_names_the_mohge_model_and_its_model_args(capsys):
     assert all(f"\n  {arg} " in out for arg in MODEL_ARGS), out
 
 
+@pytest.mark.parametrize(
+    ("args", "own"),
+    [
+        (["--tasks", "mohge_ppl,mohge_cloze"], True),
+        (["run", "-t", "mohge_ppl", "mohge_graded_easy"], True),
+        (["--tasks", "mohge_ppl,hellaswag"], False),  # a built-in task: lm-eval's index is needed
+        (["--tasks", str(TASKS / "mohge_ppl.yaml")], False),  # a file, resolved by lm-eval itself
+        (["--tasks", "mohge_ppl", "--config", "run.yaml"], False),  # the config may name more tasks
+        (["ls", "tasks"], False),
+        (["--model", "mohge"], False),
+    ],
+)
+def test_builtin_tasks_are_indexed_unless_every_named_task_is_under_the_include_path(args, own):
+    from mohge.evaluate import harness as cli
+
+    assert cli._own_tasks_only([*args, "--include_path", str(TASKS)]) is own
+
+
+def test_inside_the_run_a_task_manager_indexes_no_builtin_task_and_afterwards_it_does():
+    """What `mohge lm-eval` changes while lm-eval runs on the shipped tasks alone: a TaskManager built with lm-eval's
+    defaults indexes the include path and not lm-eval's own tasks; the default is lm-eval's again afterwards, and
+    where the run needs a built-in task nothing changes."""
+    from lm_eval.tasks import TaskManager
+
+    from mohge.evaluate import harness as cli
+
+    saved = TaskManager.__init__.__defaults__
+    with cli._builtin_tasks_indexed(False):
+        inside = set(TaskManager(include_path=str(TASKS)).all_tasks)
+    assert "mohge_ppl" in inside and "hellaswag" not in inside
+    assert TaskManager.__init__.__defaults__ == saved
+    with cli._builtin_tasks_indexed(True):
+        assert TaskManager.__init__.__defaults__ == saved
+
+
 def test_a_cuda_device_falls_back_to_the_cpu_without_cuda(trained, monkeypatch, caplog):
     from mohge.evaluate.lm_eval_adapter import MoHGELM
 

@@ -16,8 +16,11 @@ A user mistake (an unknown model argument, a missing task file) is one line and 
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from mohge.core.cli import user_errors
 from mohge.core.resources import TASKS
@@ -43,7 +46,8 @@ model_args of `mohge` (any other is refused):
                     rows); false: every request scored whole (the same scores, to rounding)
 
 Task documents: mohge evaluate build-tasks --data DATA --ckpt MODEL_DIR --out mohge_tasks
-The shipped task definitions are included unless --include_path names a folder.
+The shipped task definitions are included unless --include_path names a folder. Where every task that --tasks
+names is defined there, lm-eval's built-in task definitions are not indexed (they are not needed to run it).
 Everything else is lm-eval's own command line, whose help follows.
 """
 
@@ -64,7 +68,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     saved = sys.argv
     sys.argv = ["lm_eval", *args]
     try:
-        cli_evaluate()
+        with _builtin_tasks_indexed(asks_help or not _own_tasks_only(args)):
+            cli_evaluate()
     finally:
         sys.argv = saved
     return 0
+
+
+def _own_tasks_only(args: Sequence[str]) -> bool:
+    """Whether every task that ``--tasks`` names is defined under ``--include_path`` (lm-eval's own index of that
+    folder alone), so that the run needs none of lm-eval's built-in tasks. False where ``--tasks`` is absent or
+    spelled otherwise, where ``--config`` may name more tasks, for lm-eval's other commands (``ls``, ``validate``)
+    and for a task given as a file or folder: lm-eval then indexes its built-in tasks as it always does."""
+    if args and args[0] in ("ls", "validate"):
+        return False
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--tasks", "-t", nargs="+")
+    p.add_argument("--include_path")
+    p.add_argument("--config", "-C")
+    known, _ = p.parse_known_args(list(args))
+    names = [n.strip() for v in known.tasks or [] for n in v.split(",") if n.strip()]
+    if not names or known.config or not known.include_path:
+        return False
+    from lm_eval.tasks import TaskManager
+
+    index = set(TaskManager(include_path=known.include_path, include_defaults=False).all_tasks)
+    return all(n in index for n in names)
+
+
+@contextlib.contextmanager
+def _builtin_tasks_indexed(indexed: bool) -> Iterator[None]:
+    """lm-eval's ``TaskManager`` indexes its built-in task files (thousands of YAML files) unless it is built with
+    ``include_defaults=False``, which lm-eval's command line never passes; inside this context, where ``indexed`` is
+    False, that argument's default is False. Where lm-eval's signature has no such argument, nothing changes."""
+    from lm_eval.tasks import TaskManager
+
+    init = TaskManager.__init__
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    names = [n for n, q in inspect.signature(init).parameters.items() if q.kind is positional and n != "self"]
+    if indexed or "include_defaults" not in names or init.__defaults__ is None:
+        yield
+        return
+    saved = init.__defaults__
+    params = names[len(names) - len(saved) :]  # the parameters that have defaults, in order
+    init.__defaults__ = tuple(False if n == "include_defaults" else v for n, v in zip(params, saved, strict=True))
+    try:
+        yield
+    finally:
+        init.__defaults__ = saved
