@@ -8,7 +8,7 @@
     mohge bench inference          # trained models: prefill, cached decode, memory, FLOPs per token as routed,
                                    # validation perplexity along the cost knobs; MoHGE / MoE and / dense
     mohge bench peers              # MoE / MoHGE layers vs torchtitan's MoE and transformers' Qwen3-MoE block (CPU)
-    mohge bench profile            # CPU time per aten op of one ``bench train`` step, by MoE phase
+    mohge bench profile            # CPU time per aten op of a ``bench train`` step, fp32 and bf16, by phase
     mohge bench compile            # one run config's training step eager vs torch.compile: does compiling pay
     mohge bench step               # training tokens/s of this checkout vs a baseline commit on a study's run configs
     mohge bench front-door         # make test and make run in a fresh clone, timed, with the host's vector unit

@@ -1,12 +1,14 @@
 """Where a training step's time goes, by aten op, in CPU time: fp32 against bf16 autocast, in one run.
 
-    mohge bench profile [--json results/bench/profile_train_cpu.json] [--warmup 5]
+    mohge bench profile [--adamw fused] [--steps 3] [--json results/bench/profile_train_amx.json]
 
 A ``TorchDispatchMode`` times every aten op with the thread's CPU clock (``time.thread_time_ns``), so other
 processes on a shared machine do not show up in the figures, as they do in ``torch.profiler``'s wall times. On a
 CPU the backward runs on the calling thread, so the backward's ops are included. GEMMs are split into ``mm
 expert`` (the routed experts' ragged GEMMs) and ``mm dense`` (attention, router, LM head: a dimension equal to
-the step's token count). One thread; the model and batch are ``mohge bench train``'s.
+the step's token count). One thread; the model and batch are ``mohge bench train``'s. Each round takes one step of
+each precision without the timer, then one with it (the order flips every round): the record holds both medians, so
+what the timer itself adds is measured beside what it attributes. Every op falls in one of :data:`PHASES`.
 """
 
 from __future__ import annotations
@@ -14,14 +16,34 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
-import json
 import os
+import statistics
 import time
 
 import torch
+from mohge.kernels.cpu_gemm import clock, cpu_bf16_support
+from mohge_studies.bench.step import host
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mohge.config import ADAMW_IMPLS, BACKENDS
+from mohge.core.atomic import write_json_atomic
+
 GEMMS = ("mm", "addmm", "bmm", "_grouped_mm")
+PRECISIONS = ("fp32", "bf16")
+# where an op's time goes, in the order docs/speed.md lists it: (phase, whether an op key belongs to it)
+PHASES = (
+    ("GEMMs of the routed experts", lambda k: k.split(" ")[0] in GEMMS and " expert " in k),
+    ("GEMMs of attention, routers and head", lambda k: k.split(" ")[0] in GEMMS and " dense " in k),
+    ("attention's kernel", lambda k: "scaled_dot_product" in k or "flash_attention" in k),
+    ("gradient clipping and the optimizer's update", lambda k: k.startswith(("_foreach_", "_fused_adam"))),
+    ("autocast's casts", lambda k: k == "_to_copy"),
+    ("everything else: element-wise, routing, losses", lambda k: True),
+)
+
+
+def phase_of(op: str) -> str:
+    """The phase of :data:`PHASES` an op key of :class:`OpTimer` belongs to (the first that claims it)."""
+    return next(name for name, claims in PHASES if claims(op))
 
 
 class OpTimer(TorchDispatchMode):
@@ -47,39 +69,89 @@ class OpTimer(TorchDispatchMode):
         return out
 
 
+def profile(cfg, batch: int, seq: int, adamw: str = "auto", steps: int = 3, warmup: int = 5) -> dict:
+    """Per precision: the median step without and with the timer (ms), and per op and per phase the mean ms of a
+    timed step (calls per step beside), from ``steps`` rounds after ``warmup`` steps of each (bf16 GEMM kernels are
+    built per shape: the rounds see warm ones)."""
+    from mohge_studies.bench.train import Trainer
+
+    trainers = {p: Trainer(cfg, batch, seq, bf16=p == "bf16", adamw=adamw) for p in PRECISIONS}
+    for _ in range(warmup):
+        for t in trainers.values():
+            t.step()
+    timers = {p: OpTimer(batch * seq) for p in PRECISIONS}
+    plain: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    timed: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+    for r in range(steps):
+        for p in PRECISIONS[:: -1 if r % 2 else 1]:
+            c0 = clock()
+            trainers[p].step()
+            plain[p].append(clock() - c0)
+            c0 = clock()
+            with timers[p]:
+                trainers[p].step()
+            timed[p].append(clock() - c0)
+    out: dict = {}
+    for p in PRECISIONS:
+        ops = {k: v / steps for k, v in sorted(timers[p].ms.items(), key=lambda kv: -kv[1])}
+        phases = {name: 0.0 for name, _ in PHASES}
+        for k, v in ops.items():
+            phases[phase_of(k)] += v
+        out[p] = {
+            "step_ms": 1e3 * statistics.median(plain[p]),
+            "timed_step_ms": 1e3 * statistics.median(timed[p]),
+            "ops_ms": ops,
+            "calls": {k: timers[p].calls[k] / steps for k in ops},
+            "phases_ms": phases,
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    from mohge_studies.bench.train import Trainer, bench_config
+    from mohge_studies.bench.train import bench_config
 
     ap = argparse.ArgumentParser(prog="mohge bench profile", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--warmup", type=int, default=5, help="steps of each precision before the profiled one")
-    ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--json")
+    ap.add_argument("--backend", default="auto", choices=BACKENDS, help="expert backend of both trainers")
+    ap.add_argument("--adamw", default="auto", choices=ADAMW_IMPLS, help="train.adamw of both trainers")
+    ap.add_argument(
+        "--steps", type=int, default=3, help="rounds: a step of each precision without, then with the timer"
+    )
+    ap.add_argument("--warmup", type=int, default=5, help="steps of each precision before the rounds")
+    ap.add_argument("--top", type=int, default=25, help="ops printed")
+    ap.add_argument("--json", help="also write the record here")
     args = ap.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be at least 1 and --warmup at least 0")
     torch.set_num_threads(1)
     cfg = bench_config()
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))
     batch, seq = 8, 256
-    trainers = {p: Trainer(cfg, batch, seq, bf16=p == "bf16") for p in ("fp32", "bf16")}
-    for _ in range(args.warmup):  # bf16 GEMM kernels are built per shape: profile a warm step
-        for t in trainers.values():
-            t.step()
-    out: dict = {"loadavg": list(os.getloadavg()), "backend": args.backend, "warmup": args.warmup}
-    out["clock"] = "thread_time"
-    for prec, t in trainers.items():
-        timer = OpTimer(batch * seq)
-        c0 = time.thread_time()
-        with timer:
-            t.step()
-        out[prec] = {"step_ms": 1e3 * (time.thread_time() - c0), "ops_ms": dict(timer.ms), "calls": dict(timer.calls)}
-    ops = sorted(set(out["fp32"]["ops_ms"]) | set(out["bf16"]["ops_ms"]),
-                 key=lambda k: -(out["fp32"]["ops_ms"].get(k, 0) + out["bf16"]["ops_ms"].get(k, 0)))  # fmt: skip
-    print(f"step (with the timer): fp32 {out['fp32']['step_ms']:.0f} ms, bf16 {out['bf16']['step_ms']:.0f} ms")
-    print(f"{'op':44s} {'fp32 ms':>9s} {'bf16 ms':>9s}")
+    res = profile(cfg, batch, seq, args.adamw, args.steps, args.warmup)
+    if args.json:  # written before the printing, which a closed pipe may stop
+        res.update(
+            backend=args.backend,
+            adamw=args.adamw,
+            steps=args.steps,
+            warmup=args.warmup,
+            batch=batch,
+            seq=seq,
+            d_model=cfg.d_model,
+            clock="thread_time",
+            threads=torch.get_num_threads(),
+            loadavg=list(os.getloadavg()),
+            machine=host(),
+            cpu_bf16=cpu_bf16_support(),
+        )
+        write_json_atomic(args.json, res)
+    fp32, bf16 = res["fp32"], res["bf16"]
+    print(f"step without the timer: fp32 {fp32['step_ms']:.0f} ms, bf16 {bf16['step_ms']:.0f} ms; with it: "
+          f"{fp32['timed_step_ms']:.0f} / {bf16['timed_step_ms']:.0f} ms")  # fmt: skip
+    print(f"{'phase':50s} {'fp32 ms':>9s} {'bf16 ms':>9s}")
+    for name, _ in PHASES:
+        print(f"{name:50s} {fp32['phases_ms'][name]:9.1f} {bf16['phases_ms'][name]:9.1f}")
+    ops = sorted(set(fp32["ops_ms"]) | set(bf16["ops_ms"]),
+                 key=lambda k: -(fp32["ops_ms"].get(k, 0) + bf16["ops_ms"].get(k, 0)))  # fmt: skip
+    print(f"\n{'op':50s} {'fp32 ms':>9s} {'bf16 ms':>9s}")
     for k in ops[: args.top]:
-        print(f"{k:44s} {out['fp32']['ops_ms'].get(k, 0):9.1f} {out['bf16']['ops_ms'].get(k, 0):9.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2, sort_keys=True)
-            f.write("\n")
+        print(f"{k:50s} {fp32['ops_ms'].get(k, 0):9.1f} {bf16['ops_ms'].get(k, 0):9.1f}")
     return 0
