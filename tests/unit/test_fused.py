@@ -21,7 +21,7 @@ from test_bench_step import train_steps
 
 from mohge.config import ConfigError, ParallelConfig, RunConfig, load_run_config, preflight, to_dict
 from mohge.data import DataConfig, prepare
-from mohge.model import fused, topk
+from mohge.model import fused, native, topk
 from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
 from mohge.train.checkpoint import list_checkpoints
 from mohge.train.runtime import Runtime
@@ -102,6 +102,65 @@ def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_roun
     for name, a, b in zip(["y", "dx", "dgates", "dw1", "dw1", "dw1", "dw2", "dw2", "dw2"], want, got, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-12, atol=1e-12, msg=name)
     assert not got[5].any() and not got[8].any()  # the class without a token has zero gradients
+
+
+@needs_cxx
+@pytest.mark.parametrize("H, C, ld", [(240, 273, 300), (5, 97, 97), (1, 1, 4), (7, 0, 3), (16, 50, 64)])
+def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_fp32_ops(H, C, ld):
+    """The kernels on the gate and up halves of one buffer (row stride ``ld``), magnitudes up to 100 (the exponent's
+    clamp), no cols and one entry included: the largest distance of each result from torch's ops in fp64 is at most
+    twice that of torch's ops in fp32 (plus 1e-7 of the largest entry)."""
+    torch.manual_seed(H + C)
+    buf = torch.randn(2 * H, ld, dtype=torch.float64) * 30
+    buf[0, :2] = torch.tensor([100.0, -100.0])[: min(2, ld)]
+    b32 = buf.float()
+    a, u = b32[:H, :C], b32[H:, :C]  # rows of stride ld, as in a class's buffer
+    dact = torch.randn(H, C)
+    act = native.silu_mul(a, u)
+    grads = torch.empty(2 * H, C)
+    native.silu_mul_backward(a, u, dact, grads[:H], grads[H:])
+
+    def products(a, u, dact):
+        return [F.silu(a) * u, torch.ops.aten.silu_backward(dact * u, a), dact * F.silu(a)]
+
+    want, fp32 = products(a.double(), u.double(), dact.double()), products(a, u, dact)
+    for name, got, ref, theirs in zip(["act", "da", "du"], [act, grads[:H], grads[H:]], want, fp32, strict=True):
+        assert got.dtype == torch.float32 and got.shape == (H, C), name
+        if not C:
+            continue
+        bound = 2 * (theirs.double() - ref).abs().max() + 1e-7 * ref.abs().max()
+        assert (got.double() - ref).abs().max() <= bound, name
+
+
+def test_the_silu_products_of_other_dtypes_and_layouts_are_torchs_own():
+    """fp64, and fp32 rows that are not contiguous: torch's ops, to the bit (no compiler needed)."""
+    for a, u in [(torch.randn(6, 9, dtype=torch.float64), torch.randn(6, 9, dtype=torch.float64)),
+                 (torch.randn(9, 6).t(), torch.randn(9, 6).t())]:  # fmt: skip
+        dact = torch.randn_like(a)
+        assert torch.equal(native.silu_mul(a, u), F.silu(a) * u)
+        da, du = torch.empty_like(a), torch.empty_like(a)
+        native.silu_mul_backward(a, u, dact, da, du)
+        assert torch.equal(da, torch.ops.aten.silu_backward(dact * u, a)) and torch.equal(du, dact * F.silu(a))
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_the_class_buffered_experts_in_fp32_differ_from_the_fp64_loop_only_by_fp32_rounding():
+    """fp32, where the SiLU products run the native kernels: the output and every gradient against the per-expert loop
+    in fp64."""
+    from mohge.kernels.reference import swiglu_loop
+
+    w1s, w2s = _expert_bank(torch.float64)
+    x = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
+    gates = torch.rand(300, 3, dtype=torch.float64, requires_grad=True)
+    idx = torch.randint(0, 5, (300, 3))
+    dy = torch.randn(300, 16, dtype=torch.float64)
+    want = _experts_and_grads(swiglu_loop, x, idx, gates, w1s, w2s, dy)
+    f32 = [t.detach().float().requires_grad_() for t in (x, gates, *w1s, *w2s)]
+    x32, g32, w32 = f32[0], f32[1], f32[2:]
+    got = _experts_and_grads(fused.class_swiglu, x32, idx, g32, w32[:3], w32[3:], dy.float())
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b.double(), a, rtol=1e-4, atol=1e-5 * a.abs().max().item())
 
 
 def test_the_class_buffered_experts_on_padded_bf16_rows_differ_from_the_grouped_path_only_by_rounding():
@@ -336,13 +395,13 @@ def test_speed_doc_quotes_the_top_k_record():
 def test_a_failed_build_of_the_native_top_k_names_the_compiler_and_its_error(tmp_path, monkeypatch):
     monkeypatch.setenv("MOHGE_NATIVE_CACHE", str(tmp_path))
     with pytest.raises(RuntimeError, match="no-such-compiler-here"):
-        topk.build("no-such-compiler-here")
+        native.build("no-such-compiler-here")
     fake = tmp_path / "cxx"
     fake.write_text("#!/bin/sh\necho 'fatal: not a compiler' >&2\nexit 3\n")
     fake.chmod(0o755)
     with pytest.raises(RuntimeError, match=r"failed \(exit 3\): fatal: not a compiler"):
-        topk.build(str(fake))
-    assert not list(tmp_path.glob("topk_*"))  # nothing half-built is left to be loaded
+        native.build(str(fake))
+    assert not list(tmp_path.glob("native_*"))  # nothing half-built is left to be loaded
 
 
 def test_the_fused_path_on_a_cpu_without_a_cpp_compiler_is_refused_before_any_work(monkeypatch):

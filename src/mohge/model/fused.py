@@ -30,11 +30,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from mohge import kernels
 from mohge.kernels.reference import RowLayout, check_contract, pads_rows
 
+from . import native
 from .routing import Routing
 
 Tensor = torch.Tensor
@@ -154,7 +154,7 @@ class _ClassSwiGLU(torch.autograd.Function):
                     s, t = cols[j]
                     if s < t:
                         torch.mm(w1[j], xs_PD[r0 + s : r0 + t].t(), out=hT_2HR[:, s:t])
-                act_HC = F.silu(hT_2HR[:H, c0:c1]).mul_(hT_2HR[H:, c0:c1])
+                act_HC = native.silu_mul(hT_2HR[:H, c0:c1], hT_2HR[H:, c0:c1])
                 for j in range(j0, j1):
                     s, t = cols[j]
                     if s < t:
@@ -178,8 +178,7 @@ class _ClassSwiGLU(torch.autograd.Function):
             for j0, j1 in _chunks(cols, H):
                 c0, c1 = cols[j0][0], cols[j1 - 1][1]
                 a_HC, u_HC = hT_2HR[:H, c0:c1], hT_2HR[H:, c0:c1]
-                silu_HC = F.silu(a_HC)
-                act_HC = silu_HC * u_HC
+                act_HC = native.silu_mul(a_HC, u_HC)
                 dact_HC = a_HC.new_empty(a_HC.shape)
                 for j in range(j0, j1):
                     s, t = cols[j]
@@ -191,9 +190,7 @@ class _ClassSwiGLU(torch.autograd.Function):
                     torch.mm(w2[j].t(), dout_CD.t(), out=dact_HC[:, s - c0 : t - c0])
                     torch.mm(dout_CD.t(), act_HC[:, s - c0 : t - c0].t(), out=dw2[j])
                 dh_2HC = a_HC.new_empty(2 * H, c1 - c0)
-                # d/da SiLU(a)*u = dact*u*SiLU'(a) (aten's fused silu_backward); d/du = dact*SiLU(a)
-                torch.ops.aten.silu_backward.grad_input(dact_HC * u_HC, a_HC, grad_input=dh_2HC[:H])
-                torch.mul(dact_HC, silu_HC, out=dh_2HC[H:])
+                native.silu_mul_backward(a_HC, u_HC, dact_HC, dh_2HC[:H], dh_2HC[H:])  # d/da, d/du of SiLU(a)*u
                 for j in range(j0, j1):
                     s, t = cols[j]
                     if s < t:

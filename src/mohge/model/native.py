@@ -1,0 +1,216 @@
+"""The fused path's kernels of our own on a CPU (``train.fused``), in C: the routers' top-k (:mod:`mohge.model.topk`)
+and the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, used by
+:class:`mohge.model.fused._ClassSwiGLU` in fp32).
+
+They are built on first use with the C++ compiler the fused path already needs (``$CXX``, else ``g++``: the one
+torch.compile builds its CPU graphs with, :func:`mohge.config.preflight.cpp_compiler`), for this CPU
+(``-march=native``), once per source, compiler and CPU, into a cache folder (``$MOHGE_NATIVE_CACHE``, else one per
+user in the temporary folder), and called through ctypes. ``-fno-trapping-math`` lets the compiler vectorize loops
+whose selects guard a division (IEEE results are kept: no reassociation, NaN and infinities as written).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+Tensor = torch.Tensor
+
+TOPK_SOURCE = r"""
+#define LANES 16
+#define KMAX 8
+/* The indices [rows, k] of the k largest entries of each row of v ([rows, n] floats, row stride `stride`), largest
+   first; equal values: the lower index first; NaN below every number (read as -inf, then last among equals by
+   index). Rows go LANES at a time, one per lane; each lane keeps its row's best k so far (b, ix: value and index,
+   sorted) and pushes each new entry down the list with selects, so the loop over l vectorizes. */
+extern "C" void mohge_topk_rows_f32(const float *v, int64_t rows, int64_t n, int64_t stride, int64_t k,
+                                    int64_t *out) {
+    for (int64_t t0 = 0; t0 < rows; t0 += LANES) {
+        const int64_t m = rows - t0 < LANES ? rows - t0 : LANES;
+        float b[KMAX][LANES];
+        int32_t ix[KMAX][LANES];
+        for (int j = 0; j < KMAX; ++j)
+            for (int l = 0; l < LANES; ++l) {
+                b[j][l] = -INFINITY;
+                ix[j][l] = -1;
+            }
+        for (int64_t e = 0; e < n; ++e) {
+            float x[LANES];
+            int32_t xi[LANES];
+            for (int l = 0; l < LANES; ++l) {
+                const float y = l < m ? v[(t0 + l) * stride + e] : -INFINITY;
+                x[l] = y == y ? y : -INFINITY;
+                xi[l] = (int32_t)e;
+            }
+            for (int64_t j = 0; j < k; ++j)
+                for (int l = 0; l < LANES; ++l) {
+                    const bool c = (x[l] > b[j][l]) | (ix[j][l] < 0);  /* an empty slot takes any entry */
+                    const float bj = b[j][l];
+                    const int32_t ij = ix[j][l];
+                    b[j][l] = c ? x[l] : bj;
+                    ix[j][l] = c ? xi[l] : ij;
+                    x[l] = c ? bj : x[l];
+                    xi[l] = c ? ij : xi[l];
+                }
+        }
+        for (int64_t l = 0; l < m; ++l)
+            for (int64_t j = 0; j < k; ++j) out[(t0 + l) * k + j] = ix[j][l];
+    }
+}
+"""
+
+SILU_SOURCE = r"""
+/* exp(x) in float: Cephes' polynomial after a reduction by ln 2, in arithmetic and selects only, so that the loops
+   calling it vectorize (within 2 ulp of expf; arguments clamped to [-87.3, 88.7], where expf stays finite) */
+static inline float exp_f32(float x) {
+    x = x < -87.33654475f ? -87.33654475f : (x > 88.72283905f ? 88.72283905f : x);
+    const float t = x * 1.44269504088896341f;
+    const int32_t n = (int32_t)(t + (t < 0.0f ? -0.5f : 0.5f));
+    const float fx = (float)n;
+    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+    const float z = x * x;
+    float y = 1.9875691500e-4f;
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * z + x + 1.0f;
+    return y * __builtin_bit_cast(float, (n + 127) << 23);
+}
+/* act = SiLU(a) * u over [rows, cols] blocks: a and u with row stride lda, act with row stride ldo */
+extern "C" void mohge_silu_mul_f32(const float *__restrict a, const float *__restrict u, int64_t lda,
+                                   float *__restrict act, int64_t ldo, int64_t rows, int64_t cols) {
+    for (int64_t i = 0; i < rows; ++i) {
+        const float *__restrict ar = a + i * lda, *__restrict ur = u + i * lda;
+        float *__restrict o = act + i * ldo;
+        for (int64_t j = 0; j < cols; ++j) {
+            const float s = 1.0f / (1.0f + exp_f32(-ar[j]));
+            o[j] = ar[j] * s * ur[j];
+        }
+    }
+}
+/* da = dact * u * SiLU'(a) and du = dact * SiLU(a), SiLU'(a) = s (1 + a (1 - s)) with s = sigmoid(a): a and u with
+   row stride lda, dact with ldd, da and du with ldg */
+extern "C" void mohge_silu_mul_backward_f32(const float *__restrict a, const float *__restrict u, int64_t lda,
+                                            const float *__restrict dact, int64_t ldd, float *__restrict da,
+                                            float *__restrict du, int64_t ldg, int64_t rows, int64_t cols) {
+    for (int64_t i = 0; i < rows; ++i) {
+        const float *__restrict ar = a + i * lda, *__restrict ur = u + i * lda, *__restrict dr = dact + i * ldd;
+        float *__restrict ga = da + i * ldg, *__restrict gu = du + i * ldg;
+        for (int64_t j = 0; j < cols; ++j) {
+            const float x = ar[j], s = 1.0f / (1.0f + exp_f32(-x)), d = dr[j];
+            gu[j] = d * x * s;
+            ga[j] = d * ur[j] * s * (1.0f + x * (1.0f - s));
+        }
+    }
+}
+"""
+
+SOURCE = "#include <cmath>\n#include <cstdint>\n" + TOPK_SOURCE + SILU_SOURCE
+FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-shared", "-fPIC", "-x", "c++")
+
+
+def cache_dir() -> Path:
+    """Where the built kernels are kept: ``$MOHGE_NATIVE_CACHE``, else ``mohge_native_<uid>`` in the temporary
+    folder."""
+    env = os.environ.get("MOHGE_NATIVE_CACHE")
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"mohge_native_{uid}"
+
+
+def _cpu() -> str:
+    """This CPU's feature flags (what ``-march=native`` compiles for), as the cache key reads them."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return ""
+
+
+def build(cxx: str) -> Path:
+    """The kernels built with the compiler ``cxx`` for this CPU: the cached library, or a new one (compiled to a
+    file of its own, then renamed into place whole, so processes building at once never read a partial one)."""
+    path = shutil.which(cxx)
+    if path is None:
+        raise RuntimeError(f"train.fused: the C++ compiler {cxx!r} ($CXX, else g++) is not on the PATH")
+    key = hashlib.sha256("\0".join([SOURCE, path, *FLAGS, _cpu()]).encode()).hexdigest()[:20]
+    lib = cache_dir() / f"native_{key}.so"
+    if lib.exists():
+        return lib
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    src = lib.with_name(f"native_{key}.{os.getpid()}.cpp")
+    tmp = lib.with_name(f"native_{key}.{os.getpid()}.so.tmp")
+    src.write_text(SOURCE, encoding="utf-8")
+    try:
+        proc = subprocess.run([path, *FLAGS, str(src), "-o", str(tmp)], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"train.fused: building the fused path's kernels with {path} failed "
+                f"(exit {proc.returncode}): {proc.stderr.strip()[-2000:]}"
+            )
+        os.replace(tmp, lib)
+    finally:
+        src.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+    return lib
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """The built kernels, loaded (built first where the cache has none for this source, compiler and CPU)."""
+    return ctypes.CDLL(str(build(os.environ.get("CXX") or "g++")))
+
+
+def kernel(name: str, *argtypes: type) -> ctypes._CFuncPtr:
+    """The function ``name`` of :func:`library`, with its argument types (it returns nothing)."""
+    fn = getattr(library(), name)
+    fn.argtypes = list(argtypes)
+    fn.restype = None
+    return fn
+
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+
+
+def _rows(*ts: Tensor) -> bool:
+    """Whether every tensor is a 2-D fp32 CPU block of contiguous rows (any row stride): what the SiLU kernels take."""
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1 for t in ts)
+
+
+def silu_mul(a: Tensor, u: Tensor) -> Tensor:
+    """``F.silu(a) * u`` as a new contiguous tensor: one pass of the kernel for fp32 blocks of contiguous rows (a and u
+    of one row stride, as the gate and up halves of one buffer), torch's ops for anything else."""
+    if not (_rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0)):
+        return torch.nn.functional.silu(a) * u
+    H, C = a.shape
+    out = a.new_empty(H, C)
+    if out.numel():
+        kernel("mohge_silu_mul_f32", _P, _P, _I, _P, _I, _I, _I)(
+            a.data_ptr(), u.data_ptr(), a.stride(0), out.data_ptr(), C, H, C
+        )
+    return out
+
+
+def silu_mul_backward(a: Tensor, u: Tensor, dact: Tensor, da: Tensor, du: Tensor) -> None:
+    """The gradients of ``F.silu(a) * u`` given ``dact``, written into ``da`` (dact * u * SiLU'(a)) and ``du`` (dact *
+    SiLU(a)): one pass of the kernel for fp32 blocks of contiguous rows (a and u of one row stride, da and du of
+    another), torch's ops (aten's silu_backward) for anything else."""
+    if not (_rows(a, u, dact, da, du) and a.stride(0) == u.stride(0) and da.stride(0) == du.stride(0)):
+        torch.ops.aten.silu_backward.grad_input(dact * u, a, grad_input=da)
+        torch.mul(dact, torch.nn.functional.silu(a), out=du)
+        return
+    H, C = a.shape
+    if a.numel():
+        kernel("mohge_silu_mul_backward_f32", _P, _P, _I, _P, _I, _P, _P, _I, _I, _I)(
+            a.data_ptr(), u.data_ptr(), a.stride(0), dact.data_ptr(), dact.stride(0), da.data_ptr(), du.data_ptr(),
+            da.stride(0), H, C,
+        )  # fmt: skip
