@@ -9,6 +9,10 @@ Every layer gets the same problem: d_model D, T tokens, E routed experts of widt
   ``moe`` (the default CPU path, ``torch``) and ``moe_grouped_mm`` (``grouped_mm``);
 * ours, ``mohge``: G groups of E/G experts, widths spread around F with mean F (equal activated FLOPs under
   uniform routing), the two-level router; ``mohge`` and ``mohge_grouped_mm``;
+* ours on the fused path (``train.fused``, :func:`mohge.model.fused.use_fused`; other roundings, an opt-in of new
+  runs): ``moe_fused`` and ``mohge_fused``, the ``torch`` backend with the same weights as ``moe`` and ``mohge``
+  (compiled routers, the routers' top-k and the experts' SiLU products through kernels of our own, the experts of an
+  fp32 layer in a transposed buffer per width class); timed only where the C++ compiler it needs is found;
 * ``torchtitan`` (``torchtitan.models.common.moe.MoE``: ``TokenChoiceTopKRouter``, ``LocalTokenDispatcher``,
   ``GroupedExperts`` on ``torch._grouped_mm``), softmax scores renormalised over the top-K, no load-balance bias;
 * ``hf_<impl>``: transformers' ``Qwen3MoeSparseMoeBlock`` through each experts implementation that runs on a
@@ -44,10 +48,11 @@ from pathlib import Path
 import torch
 from mohge.kernels.cpu_gemm import cpu_bf16_support
 
-from mohge.config import FFNConfig, LossConfig, RouterConfig
+from mohge.config import FFNConfig, LossConfig, RouterConfig, preflight
 from mohge.core.atomic import write_json_atomic
 from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
+from mohge.model.fused import use_fused
 from mohge.model.moe import MoELayer
 
 from .timing import time_fwd_bwd
@@ -58,6 +63,8 @@ Tensor = torch.Tensor
 PEER_PACKAGES = {"torchtitan": "0.3.0", "transformers": "5.24.0", "spmd_types": "0.2.3"}
 HF_IMPLS = ("eager", "grouped_mm", "batched_mm")
 SLOW_FACTOR = 10.0
+# our paths, in the order of the tables
+OURS = ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm", "moe_fused", "mohge_fused")
 MAX_GATHER_BYTES = 2 << 30
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STD = 0.02
@@ -197,6 +204,13 @@ def build_paths(shape: Shape, dtype: torch.dtype, peers: bool) -> tuple[dict[str
     layers["mohge_grouped_mm"] = our_layer(shape, "mohge", "grouped_mm")
     layers["mohge_grouped_mm"].load_state_dict(layers["mohge"].state_dict())
     skipped = {}
+    for kind in ("moe", "mohge"):
+        if preflight.cpp_compiler() is None:
+            skipped[f"{kind}_fused"] = "no C++ compiler ($CXX, else g++): the fused path needs one on a CPU"
+            continue
+        layers[f"{kind}_fused"] = our_layer(shape, kind, "torch")
+        layers[f"{kind}_fused"].load_state_dict(layers[kind].state_dict())
+        use_fused(layers[f"{kind}_fused"])
     if peers:
         layers["torchtitan"] = torchtitan_layer(moe)
         for impl in HF_IMPLS:
@@ -257,16 +271,19 @@ def expert_dtype(name: str, precision: str) -> str:
 
 
 def ratios(seconds: dict[str, float], precision: str) -> dict[str, float]:
-    """ours / fastest peer per our path (also against the fastest peer whose experts compute in ``precision``);
+    """ours / fastest peer per our path of :data:`OURS` timed (also against the fastest peer whose experts compute in
+    ``precision``);
     our grouped_mm against torchtitan; MoHGE against our MoE (same backend)."""
     peer = {n: t for n, t in seconds.items() if is_peer(n)}
     same = {n: t for n, t in peer.items() if expert_dtype(n, precision) == precision}
     out = {}
+    ours = [n for n in OURS if n in seconds]
     if peer:
-        for name in ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm"):
+        for name in ours:
             out[f"{name}_over_fastest_peer"] = seconds[name] / min(peer.values())
         if same:
-            out["moe_over_fastest_same_dtype_peer"] = seconds["moe"] / min(same.values())
+            for name in ours:
+                out[f"{name}_over_fastest_same_dtype_peer"] = seconds[name] / min(same.values())
         if "torchtitan" in seconds:
             out["moe_grouped_mm_over_torchtitan"] = seconds["moe_grouped_mm"] / seconds["torchtitan"]
     out["mohge_over_moe"] = seconds["mohge"] / seconds["moe"]
@@ -276,6 +293,7 @@ def ratios(seconds: dict[str, float], precision: str) -> dict[str, float]:
 
 def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     dtype = DTYPES[precision]
+    torch._dynamo.reset()  # the fused rows' graphs of earlier shapes and dtypes: not counted against the recompile limit
     layers, skipped = build_paths(shape, dtype, peers)
     x = torch.randn(1, shape.tokens, shape.d_model, generator=torch.Generator().manual_seed(2)).to(dtype)
     agreement = check_agreement(layers, x)
@@ -356,6 +374,9 @@ def table_begin(source: str) -> str:
 COLUMNS = (
     ("moe_over_fastest_peer", "MoE / fastest peer"),
     ("moe_over_fastest_same_dtype_peer", "MoE / fastest same-dtype peer"),
+    ("mohge_over_fastest_same_dtype_peer", "MoHGE / fastest same-dtype peer"),
+    ("moe_fused_over_fastest_same_dtype_peer", "MoE fused / fastest same-dtype peer"),
+    ("mohge_fused_over_fastest_same_dtype_peer", "MoHGE fused / fastest same-dtype peer"),
     ("moe_grouped_mm_over_torchtitan", "MoE grouped_mm / torchtitan"),
     ("mohge_over_moe", "MoHGE / MoE"),
     ("mohge_grouped_mm_over_moe_grouped_mm", "MoHGE / MoE (grouped_mm)"),
@@ -385,7 +406,7 @@ def markdown_table(record: dict, source: str) -> str:
 
 
 def _path_order(name: str) -> tuple[int, str]:
-    order = ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm", "torchtitan")
+    order = (*OURS, "torchtitan")
     return (order.index(name), name) if name in order else (len(order), name)
 
 

@@ -28,10 +28,21 @@ from collections.abc import Sequence
 import torch
 from mohge.kernels.cpu_gemm import clock, cpu_bf16_support, gemm_rate
 
-from mohge.config import ADAMW_IMPLS, BACKENDS, FFNConfig, LossConfig, ModelConfig, RouterConfig, RunConfig, TrainConfig
+from mohge.config import (
+    ADAMW_IMPLS,
+    BACKENDS,
+    FFNConfig,
+    LossConfig,
+    ModelConfig,
+    RouterConfig,
+    RunConfig,
+    TrainConfig,
+    preflight,
+)
 from mohge.config.matched import derive
 from mohge.core.atomic import write_json_atomic
 from mohge.model import LanguageModel
+from mohge.model.fused import use_fused
 from mohge.train.distributed.flops import model_flops_per_token
 from mohge.train.runtime import keep_freed_memory
 from mohge.train.step import build_optimizer, compute_loss, fused_adamw
@@ -64,7 +75,8 @@ class Trainer:
 
     ``bf16``: the step runs under bf16 autocast (fp32 weights, gradients and optimizer state; fp32 loss), as
     ``train.precision: bf16`` does. ``compiled``: the forward runs through ``torch.compile(model)`` (the optimizer
-    stays eager); ``mohge bench compile``. ``adamw``: ``train.adamw`` (on a CPU ``auto`` is foreach)."""
+    stays eager); ``mohge bench compile``. ``adamw``: ``train.adamw`` (on a CPU ``auto`` is foreach). ``fused``: the
+    fused path (``train.fused``, :func:`mohge.model.fused.use_fused`)."""
 
     def __init__(
         self,
@@ -75,6 +87,7 @@ class Trainer:
         bf16: bool = False,
         compiled: bool = False,
         adamw: str = "auto",
+        fused: bool = False,
     ) -> None:
         train = TrainConfig(steps=10, warmup_steps=1, lr=1e-3, min_lr=1e-4, adamw=adamw)
         data = {"vocab_size": cfg.vocab_size, "seq_len": min(seq, cfg.max_seq_len)}
@@ -83,6 +96,8 @@ class Trainer:
         self.loss_step = train.steps - 1
         torch.manual_seed(seed)
         self.model = LanguageModel(cfg, self.run_cfg.loss).train()
+        if fused:
+            use_fused(self.model)
         self.net = torch.compile(self.model) if compiled else self.model
         self.opt = build_optimizer(self.model, train, fused=fused_adamw(train, torch.device("cpu")))
         g = torch.Generator().manual_seed(seed)
@@ -131,6 +146,7 @@ def measure(
     steps: int = 10,
     warmup: int = 2,
     adamw: Sequence[str] = ("auto",),
+    fused: bool = False,
 ) -> dict:
     """Tokens/s of MoHGE and of its ``moe_equal`` baseline, each in fp32 and under bf16 autocast; CPU MFU.
 
@@ -142,13 +158,14 @@ def measure(
 
     ``adamw``: the ``train.adamw`` implementations to time, each model and precision with each, in the same rounds; the
     first one's trainers are ``mohge_fp32`` ... as with one, the others' carry the name as a suffix
-    (``mohge_fp32_fused``), and ``adamw_step_ratio`` divides each one's median step by the first's."""
+    (``mohge_fp32_fused``), and ``adamw_step_ratio`` divides each one's median step by the first's. ``fused``: every
+    trainer on the fused path (``train.fused``)."""
     cfg = dataclasses.replace(cfg, max_seq_len=max(cfg.max_seq_len, seq))
     moe_cfg = derive(cfg, "moe_equal")
     impls = list(adamw)
     models = {
         f"{name}_{prec}" + ("" if impl == impls[0] else f"_{impl}"): Trainer(
-            c, batch, seq, bf16=prec == "bf16", adamw=impl
+            c, batch, seq, bf16=prec == "bf16", adamw=impl, fused=fused
         )
         for impl in impls
         for name, c in (("mohge", cfg), ("moe", moe_cfg))
@@ -203,6 +220,7 @@ def measure(
             "timed_steps": steps,
             "warmup_steps": warmup,
             "adamw": impls,
+            "fused": fused,
         },
     }
 
@@ -229,8 +247,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"train.adamw of the trainers, comma-separated of {', '.join(ADAMW_IMPLS)} (auto: foreach on a CPU); "
         "with several, each model and precision is timed with each, and the others' steps against the first's",
     )
+    ap.add_argument(
+        "--fused", action="store_true", help="every trainer on the fused path (train.fused: needs a C++ compiler)"
+    )
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
+    if args.fused and preflight.cpp_compiler() is None:
+        ap.error("--fused: the fused path needs a C++ compiler on a CPU ($CXX, else g++), and none was found")
     impls = args.adamw.split(",")
     if any(i not in ADAMW_IMPLS for i in impls) or len(set(impls)) != len(impls):
         ap.error(f"--adamw {args.adamw}: expected distinct values, comma-separated, of {', '.join(ADAMW_IMPLS)}")
@@ -239,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     kept = keep_freed_memory()  # as mohge.train.runtime.setup_runtime does
     cfg = bench_config(args.d_model, args.layers, args.groups, args.per_group)
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))
-    res = measure(cfg, args.batch, args.seq, args.steps, args.warmup, impls)
+    res = measure(cfg, args.batch, args.seq, args.steps, args.warmup, impls, args.fused)
     res["freed_memory_kept"] = kept
     tps = res["tokens_per_s"]
     print(

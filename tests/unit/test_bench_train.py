@@ -6,11 +6,12 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import tiny_model_config
 from mohge_studies.bench.train import Trainer
 
-from mohge.config import LossConfig, RunConfig, TrainConfig
+from mohge.config import LossConfig, RunConfig, TrainConfig, preflight
 from mohge.train.step import compute_loss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,3 +71,35 @@ def test_speed_doc_quotes_the_adamw_record_with_its_host():
     host = rec["cpu_bf16"]
     assert host["amx_bf16"] and host["aten_capability"] == "AVX512" and "Intel Xeon with AMX, ATen AVX512" in text
     assert rec["setup"]["adamw"] == ["foreach", "fused"] and rec["threads"] == 1 and rec["freed_memory_kept"]
+
+
+def test_with_fused_every_trainer_module_takes_the_fused_path():
+    cfg = tiny_model_config(vocab_size=300)
+    t = Trainer(cfg, batch=2, seq=8, fused=True)
+    assert t.model.fused and all(m.fused for m in t.model.modules() if isinstance(getattr(m, "fused", None), bool))
+    assert not Trainer(cfg, batch=2, seq=8).model.fused
+
+
+def test_fused_without_a_cpp_compiler_is_refused_before_any_trainer(monkeypatch, capsys):
+    from mohge_studies.bench import train as bench_train
+
+    monkeypatch.setattr(preflight, "cpp_compiler", lambda: None)
+    monkeypatch.setattr(bench_train, "measure", lambda *a, **k: pytest.fail("timed before refusing"))
+    with pytest.raises(SystemExit):
+        bench_train.main(["--fused"])
+    assert "--fused: the fused path needs a C++ compiler" in capsys.readouterr().err
+
+
+def test_speed_doc_quotes_the_fused_path_record_with_its_host():
+    rec = json.loads((ROOT / "results" / "bench" / "train_fused_amx.json").read_text())
+    m, g = rec["mfu"], rec["gemm_rate_flops"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        "on the fused path as well (`train.fused`, `mohge bench train --adamw foreach,fused --fused`): MoHGE "
+        f"**{m['mohge_fp32_fused']:.2f}** / **{m['mohge_bf16_fused']:.2f}** with the fused update, "
+        f"{m['mohge_fp32']:.2f} / {m['mohge_bf16']:.2f} with foreach (MoE: {m['moe_fp32_fused']:.2f} / "
+        f"{m['moe_bf16_fused']:.2f} and {m['moe_fp32']:.2f} / {m['moe_bf16']:.2f}), "
+        f"{g['fp32'] / 1e9:.0f} / {g['bf16'] / 1e9:.0f} GFLOP/s in that run (`results/bench/train_fused_amx.json`)"
+    ) in text
+    assert rec["setup"]["fused"] is True and rec["setup"]["adamw"] == ["foreach", "fused"]
+    assert rec["cpu_bf16"]["amx_bf16"] and rec["cpu_bf16"]["aten_capability"] == "AVX512" and rec["threads"] == 1
