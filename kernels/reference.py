@@ -198,7 +198,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x_TD, idx_TK, gates_TK, num_classes, *weights):
+    def forward(ctx, x_TD, idx_TK, gates_TK, num_classes, silu, *weights):
         w1s, w2s = weights[:num_classes], weights[num_classes:]
         w1_e, w2_e = _flat_weights(w1s, w2s)
         E = len(w1_e)
@@ -213,11 +213,16 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 pre.append(None)
                 continue
             h_C2H = xs_PD[s:t] @ w1_e[e].t()
-            a_CH, u_CH = gate_up_halves(h_C2H)
-            torch.mm(F.silu(a_CH) * u_CH, w2_e[e].t(), out=out_PD[s:t])
+            if silu is None:
+                a_CH, u_CH = gate_up_halves(h_C2H)
+                act_CH = F.silu(a_CH) * u_CH
+            else:  # the halves as views: the products' kernels take rows of any stride
+                a_CH, u_CH = h_C2H.chunk(2, dim=-1)
+                act_CH = silu.silu_mul(a_CH, u_CH)
+            torch.mm(act_CH, w2_e[e].t(), out=out_PD[s:t])
             pre.append((a_CH, u_CH))
         y_TD = lay.sum_by_token(out_PD * gate_P[:, None])
-        ctx.num_classes = num_classes
+        ctx.num_classes, ctx.silu = num_classes, silu
         ctx.lay = lay
         ctx.pre = pre
         ctx.save_for_backward(xs_PD, out_PD, gate_P, gates_TK, *weights)
@@ -245,23 +250,33 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 continue
             s, t = lay.row0[e], lay.row0[e + 1]
             a_CH, u_CH = au
-            silu_CH = F.silu(a_CH)
+            if ctx.silu is None:
+                silu_CH = F.silu(a_CH)
+                act_CH = silu_CH * u_CH
+            else:
+                act_CH = ctx.silu.silu_mul(a_CH, u_CH)
             dact_CH = dout_PD[s:t] @ w2_e[e]
-            torch.mm(dout_PD[s:t].t(), silu_CH * u_CH, out=dw2s[c][j])
+            torch.mm(dout_PD[s:t].t(), act_CH, out=dw2s[c][j])
             C, H = a_CH.shape
             dh_C2H = a_CH.new_empty(C, 2 * H)
             # d/da SiLU(a)*u = dact*u*SiLU'(a) (aten's fused silu_backward); d/du = dact*SiLU(a)
-            dh_C2H[:, :H] = torch.ops.aten.silu_backward(dact_CH * u_CH, a_CH)
-            torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])
+            if ctx.silu is None:
+                dh_C2H[:, :H] = torch.ops.aten.silu_backward(dact_CH * u_CH, a_CH)
+                torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])
+            else:
+                ctx.silu.silu_mul_backward(a_CH, u_CH, dact_CH, dh_C2H[:, :H], dh_C2H[:, H:])
             torch.mm(dh_C2H.t(), xs_PD[s:t], out=dw1s[c][j])
             torch.mm(dh_C2H, w1_e[e], out=dxs_PD[s:t])
         dx_TD = lay.sum_by_token(dxs_PD)
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
-        ctx.pre = ctx.lay = None
-        return (dx_TD, None, dgates_TK.view_as(gates_TK), None, *dw1s, *dw2s)
+        ctx.pre = ctx.lay = ctx.silu = None
+        return (dx_TD, None, dgates_TK.view_as(gates_TK), None, None, *dw1s, *dw2s)
 
 
-def swiglu_grouped_torch(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s) -> Tensor:
-    """Fast pure-torch path (the CPU training path): one sort, one gather, a GEMM per expert slice."""
+def swiglu_grouped_torch(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s, silu=None) -> Tensor:
+    """Fast pure-torch path (the CPU training path): one sort, one gather, a GEMM per expert slice. ``silu``: where
+    given (the fused path: :mod:`mohge.model.native`), its ``silu_mul(a, u)`` and ``silu_mul_backward(a, u, dact, da,
+    du)`` compute SiLU and its products on each expert's row-strided halves, in their own roundings; else torch's
+    ops."""
     check_contract(x_TD, idx_TK, gates_TK, w1s, w2s)
-    return _GroupedSwiGLU.apply(x_TD, idx_TK, gates_TK, len(w1s), *w1s, *w2s)
+    return _GroupedSwiGLU.apply(x_TD, idx_TK, gates_TK, len(w1s), silu, *w1s, *w2s)

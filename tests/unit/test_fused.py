@@ -105,19 +105,20 @@ def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_roun
 
 
 @needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("H, C, ld", [(240, 273, 300), (5, 97, 97), (1, 1, 4), (7, 0, 3), (16, 50, 64)])
-def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_fp32_ops(H, C, ld):
+def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_ops_in_their_dtype(H, C, ld, dtype):
     """The kernels on the gate and up halves of one buffer (row stride ``ld``), magnitudes up to 100 (the exponent's
     clamp), no cols and one entry included: the largest distance of each result from torch's ops in fp64 is at most
-    twice that of torch's ops in fp32 (plus 1e-7 of the largest entry)."""
+    twice that of torch's ops in the same dtype (plus 1e-7 of the largest entry)."""
     torch.manual_seed(H + C)
     buf = torch.randn(2 * H, ld, dtype=torch.float64) * 30
     buf[0, :2] = torch.tensor([100.0, -100.0])[: min(2, ld)]
-    b32 = buf.float()
+    b32 = buf.to(dtype)
     a, u = b32[:H, :C], b32[H:, :C]  # rows of stride ld, as in a class's buffer
-    dact = torch.randn(H, C)
+    dact = torch.randn(H, C).to(dtype)
     act = native.silu_mul(a, u)
-    grads = torch.empty(2 * H, C)
+    grads = torch.empty(2 * H, C, dtype=dtype)
     native.silu_mul_backward(a, u, dact, grads[:H], grads[H:])
 
     def products(a, u, dact):
@@ -125,7 +126,7 @@ def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_fp32_ops(H
 
     want, fp32 = products(a.double(), u.double(), dact.double()), products(a, u, dact)
     for name, got, ref, theirs in zip(["act", "da", "du"], [act, grads[:H], grads[H:]], want, fp32, strict=True):
-        assert got.dtype == torch.float32 and got.shape == (H, C), name
+        assert got.dtype == dtype and got.shape == (H, C), name
         if not C:
             continue
         bound = 2 * (theirs.double() - ref).abs().max() + 1e-7 * ref.abs().max()
@@ -180,14 +181,38 @@ def test_the_class_buffered_experts_on_padded_bf16_rows_differ_from_the_grouped_
         torch.testing.assert_close(b.float(), a.float(), rtol=0.05, atol=0.05 * a.float().abs().max().item())
 
 
-def test_the_fused_path_keeps_the_grouped_experts_in_bf16(monkeypatch):
+@needs_cxx
+def test_the_fused_path_keeps_the_grouped_experts_in_bf16_with_the_silu_products_through_the_kernels(monkeypatch):
     from mohge.model.experts import RoutedExperts
 
     bank = RoutedExperts(16, (5, 7), 2, 0.3, 0.3, "torch")
     x, idx, gates = torch.randn(40, 16), torch.randint(0, 4, (40, 2)), torch.rand(40, 2)
     monkeypatch.setattr(fused, "class_swiglu", lambda *a: pytest.fail("bf16 reached the transposed block"))
+    calls = []
+    monkeypatch.setattr(native, "silu_mul", lambda a, u, f=native.silu_mul: calls.append(a.dtype) or f(a, u))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert torch.equal(fused.experts(bank, x, idx, gates), bank(x, idx, gates))
+        got, want = fused.experts(bank, x, idx, gates), bank(x, idx, gates)
+    assert calls and set(calls) == {torch.bfloat16}
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.02 * want.float().abs().max().item())
+
+
+@needs_cxx
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_grouped_path_with_the_silu_kernels_differs_from_torchs_ops_only_by_rounding(dtype):
+    """The grouped pure-torch path (each expert's rows padded in bf16) with SiLU and its products through
+    mohge.model.native: the output and every gradient against the same path with torch's ops."""
+    from mohge.kernels.reference import swiglu_grouped_torch
+
+    w1s, w2s = _expert_bank(dtype)
+    x = torch.randn(300, 16, dtype=dtype, requires_grad=True)
+    gates = torch.rand(300, 3, dtype=dtype, requires_grad=True)
+    idx = torch.randint(0, 5, (300, 3))  # ids 5-8 get no token
+    dy = torch.randn(300, 16, dtype=dtype)
+    want = _experts_and_grads(swiglu_grouped_torch, x, idx, gates, w1s, w2s, dy)
+    got = _experts_and_grads(lambda *a: swiglu_grouped_torch(*a, silu=native), x, idx, gates, w1s, w2s, dy)
+    tol = 1e-5 if dtype == torch.float32 else 0.02
+    for a, b in zip(want, got, strict=True):
+        torch.testing.assert_close(b.float(), a.float(), rtol=tol, atol=tol * a.float().abs().max().item())
 
 
 # Windows of 8 tokens: the fused path's attention half applies. Every test of the path trains these shapes, in one

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from mohge import kernels
-from mohge.kernels.reference import RowLayout, check_contract, pads_rows
+from mohge.kernels.reference import RowLayout, check_contract, pads_rows, swiglu_grouped_torch
 
 from . import native
 from .routing import Routing
@@ -204,13 +204,14 @@ class _ClassSwiGLU(torch.autograd.Function):
 def experts(bank: nn.Module, x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor) -> Tensor:
     """``bank(x_TD, idx_TK, gates_TK)`` (:class:`~mohge.model.experts.RoutedExperts`) on the fused path: where its
     backend is the pure-torch one (a CPU) and it computes in fp32 (or fp64), the experts' function computed by
-    :class:`_ClassSwiGLU`, in other roundings (vectorised SiLU, sums by token in slot order); elsewhere, bf16 included,
-    the bank's own kernels."""
+    :class:`_ClassSwiGLU`, in other roundings (vectorised SiLU, sums by token in slot order); in bf16 on a CPU the
+    grouped pure-torch path with SiLU and its products through :mod:`mohge.model.native`; elsewhere the bank's own
+    kernels."""
     if kernels.resolve_backend(bank.backend, x_TD.device) != "torch":
         return bank(x_TD, idx_TK, gates_TK)
     x_TD, gates_TK, w1s, w2s = bank.operands(x_TD, gates_TK)
     if pads_rows(x_TD):  # bf16/fp16 on a CPU: oneDNN's GEMMs on transposed operands and strided outputs cost more
-        return kernels.expert_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s, bank.backend)
+        return swiglu_grouped_torch(x_TD, idx_TK, gates_TK, w1s, w2s, silu=native)
     return class_swiglu(x_TD, idx_TK, gates_TK, w1s, w2s)
 
 

@@ -1,6 +1,6 @@
 """The fused path's kernels of our own on a CPU (``train.fused``), in C: the routers' top-k (:mod:`mohge.model.topk`)
-and the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, used by
-:class:`mohge.model.fused._ClassSwiGLU` in fp32).
+and the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, fp32 and bf16, used by
+:class:`mohge.model.fused._ClassSwiGLU` in fp32 and by the grouped path of :mod:`mohge.kernels.reference` in bf16).
 
 They are built on first use with the C++ compiler the fused path already needs (``$CXX``, else ``g++``: the one
 torch.compile builds its CPU graphs with, :func:`mohge.config.preflight.cpp_compiler`), for this CPU
@@ -86,32 +86,66 @@ static inline float exp_f32(float x) {
     y = y * z + x + 1.0f;
     return y * __builtin_bit_cast(float, (n + 127) << 23);
 }
-/* act = SiLU(a) * u over [rows, cols] blocks: a and u with row stride lda, act with row stride ldo */
-extern "C" void mohge_silu_mul_f32(const float *__restrict a, const float *__restrict u, int64_t lda,
-                                   float *__restrict act, int64_t ldo, int64_t rows, int64_t cols) {
+/* storage: float as is; bf16 (its 16 high bits) widened exactly, rounded to nearest even, NaN kept a NaN */
+struct F32 {
+    typedef float T;
+    static inline float load(float v) { return v; }
+    static inline float store(float f) { return f; }
+};
+struct BF16 {
+    typedef uint16_t T;
+    static inline float load(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
+    static inline uint16_t store(float f) {
+        const uint32_t u = __builtin_bit_cast(uint32_t, f);
+        const uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+        return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
+    }
+};
+/* act = SiLU(a) * u over [rows, cols] blocks: a and u with row stride lda, act with row stride ldo; in float */
+template <class S>
+static void silu_mul(const typename S::T *__restrict a, const typename S::T *__restrict u, int64_t lda,
+                     typename S::T *__restrict act, int64_t ldo, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; ++i) {
-        const float *__restrict ar = a + i * lda, *__restrict ur = u + i * lda;
-        float *__restrict o = act + i * ldo;
+        const typename S::T *__restrict ar = a + i * lda, *__restrict ur = u + i * lda;
+        typename S::T *__restrict o = act + i * ldo;
         for (int64_t j = 0; j < cols; ++j) {
-            const float s = 1.0f / (1.0f + exp_f32(-ar[j]));
-            o[j] = ar[j] * s * ur[j];
+            const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x));
+            o[j] = S::store(x * s * S::load(ur[j]));
         }
     }
 }
 /* da = dact * u * SiLU'(a) and du = dact * SiLU(a), SiLU'(a) = s (1 + a (1 - s)) with s = sigmoid(a): a and u with
-   row stride lda, dact with ldd, da and du with ldg */
-extern "C" void mohge_silu_mul_backward_f32(const float *__restrict a, const float *__restrict u, int64_t lda,
-                                            const float *__restrict dact, int64_t ldd, float *__restrict da,
-                                            float *__restrict du, int64_t ldg, int64_t rows, int64_t cols) {
+   row stride lda, dact with ldd, da and du with ldg; in float */
+template <class S>
+static void silu_mul_backward(const typename S::T *__restrict a, const typename S::T *__restrict u, int64_t lda,
+                              const typename S::T *__restrict dact, int64_t ldd, typename S::T *__restrict da,
+                              typename S::T *__restrict du, int64_t ldg, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; ++i) {
-        const float *__restrict ar = a + i * lda, *__restrict ur = u + i * lda, *__restrict dr = dact + i * ldd;
-        float *__restrict ga = da + i * ldg, *__restrict gu = du + i * ldg;
+        const typename S::T *__restrict ar = a + i * lda, *__restrict ur = u + i * lda, *__restrict dr = dact + i * ldd;
+        typename S::T *__restrict ga = da + i * ldg, *__restrict gu = du + i * ldg;
         for (int64_t j = 0; j < cols; ++j) {
-            const float x = ar[j], s = 1.0f / (1.0f + exp_f32(-x)), d = dr[j];
-            gu[j] = d * x * s;
-            ga[j] = d * ur[j] * s * (1.0f + x * (1.0f - s));
+            const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x)), d = S::load(dr[j]);
+            gu[j] = S::store(d * x * s);
+            ga[j] = S::store(d * S::load(ur[j]) * s * (1.0f + x * (1.0f - s)));
         }
     }
+}
+extern "C" void mohge_silu_mul_f32(const float *a, const float *u, int64_t lda, float *act, int64_t ldo, int64_t rows,
+                                   int64_t cols) {
+    silu_mul<F32>(a, u, lda, act, ldo, rows, cols);
+}
+extern "C" void mohge_silu_mul_bf16(const uint16_t *a, const uint16_t *u, int64_t lda, uint16_t *act, int64_t ldo,
+                                    int64_t rows, int64_t cols) {
+    silu_mul<BF16>(a, u, lda, act, ldo, rows, cols);
+}
+extern "C" void mohge_silu_mul_backward_f32(const float *a, const float *u, int64_t lda, const float *dact, int64_t ldd,
+                                            float *da, float *du, int64_t ldg, int64_t rows, int64_t cols) {
+    silu_mul_backward<F32>(a, u, lda, dact, ldd, da, du, ldg, rows, cols);
+}
+extern "C" void mohge_silu_mul_backward_bf16(const uint16_t *a, const uint16_t *u, int64_t lda, const uint16_t *dact,
+                                             int64_t ldd, uint16_t *da, uint16_t *du, int64_t ldg, int64_t rows,
+                                             int64_t cols) {
+    silu_mul_backward<BF16>(a, u, lda, dact, ldd, da, du, ldg, rows, cols);
 }
 """
 
@@ -181,20 +215,27 @@ def kernel(name: str, *argtypes: type) -> ctypes._CFuncPtr:
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 
 
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the dtypes the SiLU kernels compute for (in float)
+
+
 def _rows(*ts: Tensor) -> bool:
-    """Whether every tensor is a 2-D fp32 CPU block of contiguous rows (any row stride): what the SiLU kernels take."""
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1 for t in ts)
+    """Whether the tensors are 2-D CPU blocks of contiguous rows (any row stride), all fp32 or all bf16: what the SiLU
+    kernels take."""
+    return ts[0].dtype in _SUFFIX and all(
+        t.dtype == ts[0].dtype and t.device.type == "cpu" and t.dim() == 2 and t.stride(1) == 1 for t in ts
+    )
 
 
 def silu_mul(a: Tensor, u: Tensor) -> Tensor:
-    """``F.silu(a) * u`` as a new contiguous tensor: one pass of the kernel for fp32 blocks of contiguous rows (a and u
-    of one row stride, as the gate and up halves of one buffer), torch's ops for anything else."""
+    """``F.silu(a) * u`` as a new contiguous tensor: one pass of the kernel (in float, one rounding to the dtype) for
+    fp32 or bf16 blocks of contiguous rows (a and u of one row stride, as the gate and up halves of one buffer),
+    torch's ops for anything else."""
     if not (_rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0)):
         return torch.nn.functional.silu(a) * u
     H, C = a.shape
     out = a.new_empty(H, C)
     if out.numel():
-        kernel("mohge_silu_mul_f32", _P, _P, _I, _P, _I, _I, _I)(
+        kernel(f"mohge_silu_mul_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _I, _I, _I)(
             a.data_ptr(), u.data_ptr(), a.stride(0), out.data_ptr(), C, H, C
         )
     return out
@@ -202,15 +243,15 @@ def silu_mul(a: Tensor, u: Tensor) -> Tensor:
 
 def silu_mul_backward(a: Tensor, u: Tensor, dact: Tensor, da: Tensor, du: Tensor) -> None:
     """The gradients of ``F.silu(a) * u`` given ``dact``, written into ``da`` (dact * u * SiLU'(a)) and ``du`` (dact *
-    SiLU(a)): one pass of the kernel for fp32 blocks of contiguous rows (a and u of one row stride, da and du of
-    another), torch's ops (aten's silu_backward) for anything else."""
+    SiLU(a)): one pass of the kernel (in float) for fp32 or bf16 blocks of contiguous rows (a and u of one row stride,
+    da and du of another), torch's ops (aten's silu_backward) for anything else."""
     if not (_rows(a, u, dact, da, du) and a.stride(0) == u.stride(0) and da.stride(0) == du.stride(0)):
         torch.ops.aten.silu_backward.grad_input(dact * u, a, grad_input=da)
         torch.mul(dact, torch.nn.functional.silu(a), out=du)
         return
     H, C = a.shape
     if a.numel():
-        kernel("mohge_silu_mul_backward_f32", _P, _P, _I, _P, _I, _P, _P, _I, _I, _I)(
+        kernel(f"mohge_silu_mul_backward_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _I, _P, _P, _I, _I, _I)(
             a.data_ptr(), u.data_ptr(), a.stride(0), dact.data_ptr(), dact.stride(0), da.data_ptr(), du.data_ptr(),
             da.stride(0), H, C,
         )  # fmt: skip
