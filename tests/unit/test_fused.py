@@ -70,6 +70,16 @@ def _expert_bank(dtype: torch.dtype, widths=(5, 7, 3), per_class=3, D=16):
     return w1s, w2s
 
 
+def _case(dtype: torch.dtype) -> tuple:
+    """300 tokens routed to 3 of ids 0-4 (5-8 get no token) of :func:`_expert_bank`'s experts: x, idx, gates, the
+    weights and an upstream gradient."""
+    w1s, w2s = _expert_bank(dtype)
+    x = torch.randn(300, 16, dtype=dtype, requires_grad=True)
+    gates = torch.rand(300, 3, dtype=dtype, requires_grad=True)
+    idx = torch.randint(0, 5, (300, 3))
+    return x, idx, gates, w1s, w2s, torch.randn(300, 16, dtype=dtype)
+
+
 def _experts_and_grads(fn, x, idx, gates, w1s, w2s, dy):
     y = fn(x, idx, gates, w1s, w2s)
     return [y, *torch.autograd.grad(y, [x, gates, *w1s, *w2s], dy, materialize_grads=True)]
@@ -92,11 +102,7 @@ def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_roun
         ]
     )
 
-    w1s, w2s = _expert_bank(torch.float64)
-    x = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
-    gates = torch.rand(300, 3, dtype=torch.float64, requires_grad=True)
-    idx = torch.randint(0, 5, (300, 3))
-    dy = torch.randn(300, 16, dtype=torch.float64)
+    x, idx, gates, w1s, w2s, dy = _case(torch.float64)
     want = _experts_and_grads(swiglu_loop, x, idx, gates, w1s, w2s, dy)
     got = _experts_and_grads(fused.class_swiglu, x, idx, gates, w1s, w2s, dy)
     for name, a, b in zip(["y", "dx", "dgates", "dw1", "dw1", "dw1", "dw2", "dw2", "dw2"], want, got, strict=True):
@@ -151,11 +157,7 @@ def test_the_class_buffered_experts_in_fp32_differ_from_the_fp64_loop_only_by_fp
     in fp64."""
     from mohge.kernels.reference import swiglu_loop
 
-    w1s, w2s = _expert_bank(torch.float64)
-    x = torch.randn(300, 16, dtype=torch.float64, requires_grad=True)
-    gates = torch.rand(300, 3, dtype=torch.float64, requires_grad=True)
-    idx = torch.randint(0, 5, (300, 3))
-    dy = torch.randn(300, 16, dtype=torch.float64)
+    x, idx, gates, w1s, w2s, dy = _case(torch.float64)
     want = _experts_and_grads(swiglu_loop, x, idx, gates, w1s, w2s, dy)
     f32 = [t.detach().float().requires_grad_() for t in (x, gates, *w1s, *w2s)]
     x32, g32, w32 = f32[0], f32[1], f32[2:]
@@ -203,11 +205,7 @@ def test_the_grouped_path_with_the_silu_kernels_differs_from_torchs_ops_only_by_
     mohge.model.native: the output and every gradient against the same path with torch's ops."""
     from mohge.kernels.reference import swiglu_grouped_torch
 
-    w1s, w2s = _expert_bank(dtype)
-    x = torch.randn(300, 16, dtype=dtype, requires_grad=True)
-    gates = torch.rand(300, 3, dtype=dtype, requires_grad=True)
-    idx = torch.randint(0, 5, (300, 3))  # ids 5-8 get no token
-    dy = torch.randn(300, 16, dtype=dtype)
+    x, idx, gates, w1s, w2s, dy = _case(dtype)
     want = _experts_and_grads(swiglu_grouped_torch, x, idx, gates, w1s, w2s, dy)
     got = _experts_and_grads(lambda *a: swiglu_grouped_torch(*a, silu=native), x, idx, gates, w1s, w2s, dy)
     tol = 1e-5 if dtype == torch.float32 else 0.02
