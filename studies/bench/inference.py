@@ -55,6 +55,8 @@ from mohge.evaluate.route_override import RouteOverride, apply_route_override
 from mohge.evaluate.routed_cost import record_routing, token_cost
 from mohge.train.checkpoint import load_trained
 
+from .step import cpu_name
+
 QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
@@ -245,16 +247,6 @@ def time_interleaved(jobs: dict[tuple[str, str], Callable[[], Any]], reps: int) 
             for k in reversed(keys) if r % 2 else keys:
                 times[k].append(_timed(jobs[k]))
     return {k: statistics.median(v) for k, v in times.items()}
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 # --------------------------------------------------------------------------------------------------------------

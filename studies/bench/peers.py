@@ -55,6 +55,7 @@ from mohge.core.knobs import ConfigError
 from mohge.model.fused import use_fused
 from mohge.model.moe import MoELayer
 
+from .step import cpu_name
 from .timing import time_fwd_bwd
 
 Tensor = torch.Tensor
@@ -293,7 +294,7 @@ def ratios(seconds: dict[str, float], precision: str) -> dict[str, float]:
 
 def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     dtype = DTYPES[precision]
-    torch._dynamo.reset()  # the fused rows' graphs of earlier shapes and dtypes: not counted against the recompile limit
+    torch._dynamo.reset()  # the fused rows' graphs of earlier shapes and dtypes: not against the recompile limit
     layers, skipped = build_paths(shape, dtype, peers)
     x = torch.randn(1, shape.tokens, shape.d_model, generator=torch.Generator().manual_seed(2)).to(dtype)
     agreement = check_agreement(layers, x)
@@ -317,14 +318,7 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
 
 
 def machine() -> dict:
-    model = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_name()
     # the vector unit ATen's CPU kernels use (AVX512, AVX2, ...): two hosts named alike can differ in it
     isa = torch.backends.cpu.get_cpu_capability()
     return {"cpu": model, "arch": platform.machine(), "cores": os.cpu_count(), "cpu_capability": isa}

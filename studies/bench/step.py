@@ -219,12 +219,20 @@ def checkout_of(rev: str) -> Iterator[Path]:
         yield Path(tmp)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def host() -> dict:
     """The CPU and its vector unit as ATen sees it, the load, and the versions."""
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln),
-        platform.processor() or platform.machine(),
-    )
+    model = cpu_name()
     flags = next((ln.split(":", 1)[1].split() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                   if ln.startswith("flags")), [])  # fmt: skip
     return {
