@@ -216,12 +216,12 @@ class _GroupedSwiGLU(torch.autograd.Function):
             if silu is None:
                 a_CH, u_CH = gate_up_halves(h_C2H)
                 act_CH = F.silu(a_CH) * u_CH
-            else:  # the halves as views: the products' kernels take rows of any stride
+            else:  # the halves as views (the kernels take rows of any stride); each row times its gate
                 a_CH, u_CH = h_C2H.chunk(2, dim=-1)
-                act_CH = silu.silu_mul(a_CH, u_CH)
+                act_CH = silu.silu_mul(a_CH, u_CH, gate_P[s:t])
             torch.mm(act_CH, w2_e[e].t(), out=out_PD[s:t])
             pre.append((a_CH, u_CH))
-        y_TD = lay.sum_by_token(out_PD * gate_P[:, None])
+        y_TD = lay.sum_by_token(out_PD * gate_P[:, None] if silu is None else out_PD)
         ctx.num_classes, ctx.silu = num_classes, silu
         ctx.lay = lay
         ctx.pre = pre
@@ -235,8 +235,11 @@ class _GroupedSwiGLU(torch.autograd.Function):
         w1s, w2s = weights[:nc], weights[nc:]
         w1_e, w2_e = _flat_weights(w1s, w2s)
         dys_PD = lay.gather(dy_TD)
-        dgate_A = lay.per_slot((out_PD * dys_PD).sum(-1))
-        dout_PD = dys_PD * gate_P[:, None]
+        if ctx.silu is None:
+            dgate_A = lay.per_slot((out_PD * dys_PD).sum(-1))
+            dout_PD = dys_PD * gate_P[:, None]
+        else:  # the gates are inside the kernels' products: each row's gate gradient comes out of their backward
+            dgate_P, dout_PD = gate_P.new_zeros(gate_P.shape), dys_PD
         dxs_PD = torch.empty_like(xs_PD)  # every row belongs to exactly one expert slice
         # every weight gradient slice is written by its expert's GEMM; only experts without a token need zeros
         dw1s = [torch.empty_like(w) for w in w1s]
@@ -254,7 +257,7 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 silu_CH = F.silu(a_CH)
                 act_CH = silu_CH * u_CH
             else:
-                act_CH = ctx.silu.silu_mul(a_CH, u_CH)
+                act_CH = ctx.silu.silu_mul(a_CH, u_CH, gate_P[s:t])
             dact_CH = dout_PD[s:t] @ w2_e[e]
             torch.mm(dout_PD[s:t].t(), act_CH, out=dw2s[c][j])
             C, H = a_CH.shape
@@ -264,10 +267,12 @@ class _GroupedSwiGLU(torch.autograd.Function):
                 dh_C2H[:, :H] = torch.ops.aten.silu_backward(dact_CH * u_CH, a_CH)
                 torch.mul(dact_CH, silu_CH, out=dh_C2H[:, H:])
             else:
-                ctx.silu.silu_mul_backward(a_CH, u_CH, dact_CH, dh_C2H[:, :H], dh_C2H[:, H:])
+                ctx.silu.silu_mul_backward(a_CH, u_CH, dact_CH, dh_C2H[:, :H], dh_C2H[:, H:], gate_P[s:t], dgate_P[s:t])
             torch.mm(dh_C2H.t(), xs_PD[s:t], out=dw1s[c][j])
             torch.mm(dh_C2H, w1_e[e], out=dxs_PD[s:t])
         dx_TD = lay.sum_by_token(dxs_PD)
+        if ctx.silu is not None:
+            dgate_A = lay.per_slot(dgate_P)
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
         ctx.pre = ctx.lay = ctx.silu = None
         return (dx_TD, None, dgates_TK.view_as(gates_TK), None, None, *dw1s, *dw2s)
@@ -275,8 +280,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
 
 def swiglu_grouped_torch(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s, silu=None) -> Tensor:
     """Fast pure-torch path (the CPU training path): one sort, one gather, a GEMM per expert slice. ``silu``: where
-    given (the fused path: :mod:`mohge.model.native`), its ``silu_mul(a, u)`` and ``silu_mul_backward(a, u, dact, da,
-    du)`` compute SiLU and its products on each expert's row-strided halves, in their own roundings; else torch's
-    ops."""
+    given (the fused path: :mod:`mohge.model.native`), its ``silu_mul(a, u, g)`` and ``silu_mul_backward(a, u, dact,
+    da, du, g, dg)`` compute SiLU and its products on each expert's row-strided halves with each row's gate inside
+    (the down projection's rows come out gated, and the gates' gradients out of the backward's pass), in their own
+    roundings; else torch's ops, the gates applied to the down projection's output."""
     check_contract(x_TD, idx_TK, gates_TK, w1s, w2s)
     return _GroupedSwiGLU.apply(x_TD, idx_TK, gates_TK, len(w1s), silu, *w1s, *w2s)

@@ -115,25 +115,36 @@ def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_roun
 @pytest.mark.parametrize("H, C, ld", [(240, 273, 300), (5, 97, 97), (1, 1, 4), (7, 0, 3), (16, 50, 64)])
 def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_ops_in_their_dtype(H, C, ld, dtype):
     """The kernels on the gate and up halves of one buffer (row stride ``ld``), magnitudes up to 100 (the exponent's
-    clamp), no cols and one entry included: the largest distance of each result from torch's ops in fp64 is at most
-    twice that of torch's ops in the same dtype (plus 1e-7 of the largest entry)."""
+    clamp), no cols and one entry included, without and with a gate a row (and the gates' gradient): the largest
+    distance of each result from torch's ops in fp64 is at most twice that of torch's ops in the same dtype (plus
+    1e-7 of the largest entry)."""
     torch.manual_seed(H + C)
     buf = torch.randn(2 * H, ld, dtype=torch.float64) * 30
     buf[0, :2] = torch.tensor([100.0, -100.0])[: min(2, ld)]
     b32 = buf.to(dtype)
     a, u = b32[:H, :C], b32[H:, :C]  # rows of stride ld, as in a class's buffer
     dact = torch.randn(H, C).to(dtype)
-    act = native.silu_mul(a, u)
-    grads = torch.empty(2 * H, C, dtype=dtype)
+    g = torch.rand(H, dtype=torch.float64).to(dtype)  # a gate a row
+    act, gated = native.silu_mul(a, u), native.silu_mul(a, u, g)
+    grads, dg = torch.empty(2 * H, C, dtype=dtype), torch.empty(H, dtype=dtype)
     native.silu_mul_backward(a, u, dact, grads[:H], grads[H:])
+    gated_grads = torch.empty(2 * H, C, dtype=dtype)
+    native.silu_mul_backward(a, u, dact, gated_grads[:H], gated_grads[H:], g, dg)
 
-    def products(a, u, dact):
-        return [F.silu(a) * u, torch.ops.aten.silu_backward(dact * u, a), dact * F.silu(a)]
+    def products(a, u, dact, g):
+        act = F.silu(a) * u
+        gd = dact * g[:, None]
+        return [act, torch.ops.aten.silu_backward(dact * u, a), dact * F.silu(a), act * g[:, None],
+                torch.ops.aten.silu_backward(gd * u, a), gd * F.silu(a), (act * dact).sum(-1)]  # fmt: skip
 
-    want, fp32 = products(a.double(), u.double(), dact.double()), products(a, u, dact)
-    for name, got, ref, theirs in zip(["act", "da", "du"], [act, grads[:H], grads[H:]], want, fp32, strict=True):
-        assert got.dtype == dtype and got.shape == (H, C), name
+    want, theirs_all = products(a.double(), u.double(), dact.double(), g.double()), products(a, u, dact, g)
+    names = ["act", "da", "du", "act*g", "da (g)", "du (g)", "dg"]
+    ours = [act, grads[:H], grads[H:], gated, gated_grads[:H], gated_grads[H:], dg[:, None]]
+    want[-1], theirs_all[-1] = want[-1][:, None], theirs_all[-1][:, None]
+    for name, got, ref, theirs in zip(names, ours, want, theirs_all, strict=True):
+        assert got.dtype == dtype and got.shape == ref.shape, name
         if not C:
+            assert name != "dg" or not got.any()  # a row of no entries sums to 0
             continue
         bound = 2 * (theirs.double() - ref).abs().max() + 1e-7 * ref.abs().max()
         assert (got.double() - ref).abs().max() <= bound, name
@@ -191,7 +202,7 @@ def test_the_fused_path_keeps_the_grouped_experts_in_bf16_with_the_silu_products
     x, idx, gates = torch.randn(40, 16), torch.randint(0, 4, (40, 2)), torch.rand(40, 2)
     monkeypatch.setattr(fused, "class_swiglu", lambda *a: pytest.fail("bf16 reached the transposed block"))
     calls = []
-    monkeypatch.setattr(native, "silu_mul", lambda a, u, f=native.silu_mul: calls.append(a.dtype) or f(a, u))
+    monkeypatch.setattr(native, "silu_mul", lambda a, u, g=None, f=native.silu_mul: calls.append(a.dtype) or f(a, u, g))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got, want = fused.experts(bank, x, idx, gates), bank(x, idx, gates)
     assert calls and set(calls) == {torch.bfloat16}

@@ -101,52 +101,68 @@ struct BF16 {
         return (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : r);
     }
 };
-/* act = SiLU(a) * u over [rows, cols] blocks: a and u with row stride lda, act with row stride ldo; in float */
+/* act = SiLU(a) * u * g over [rows, cols] blocks (g: one value per row; none: 1): a and u with row stride lda, act
+   with row stride ldo; in float */
 template <class S>
 static void silu_mul(const typename S::T *__restrict a, const typename S::T *__restrict u, int64_t lda,
-                     typename S::T *__restrict act, int64_t ldo, int64_t rows, int64_t cols) {
+                     const typename S::T *__restrict g, typename S::T *__restrict act, int64_t ldo, int64_t rows,
+                     int64_t cols) {
     for (int64_t i = 0; i < rows; ++i) {
         const typename S::T *__restrict ar = a + i * lda, *__restrict ur = u + i * lda;
         typename S::T *__restrict o = act + i * ldo;
+        const float gi = g ? S::load(g[i]) : 1.0f;
         for (int64_t j = 0; j < cols; ++j) {
             const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x));
-            o[j] = S::store(x * s * S::load(ur[j]));
+            o[j] = S::store(x * s * S::load(ur[j]) * gi);
         }
     }
 }
-/* da = dact * u * SiLU'(a) and du = dact * SiLU(a), SiLU'(a) = s (1 + a (1 - s)) with s = sigmoid(a): a and u with
-   row stride lda, dact with ldd, da and du with ldg; in float */
+/* The gradients of act = SiLU(a) * u * g given dact: da = g dact u SiLU'(a) and du = g dact SiLU(a), SiLU'(a) =
+   s (1 + a (1 - s)) with s = sigmoid(a), and (where dg is given) dg = sum over the row of SiLU(a) u dact, summed in 16
+   lanes; a and u with row stride lda, dact with ldd, da and du with ldg; in float */
+#define DOT_LANES 16
+template <class S>
+static inline void silu_mul_grad(const typename S::T *__restrict ar, const typename S::T *__restrict ur,
+                                 const typename S::T *__restrict dr, typename S::T *__restrict ga,
+                                 typename S::T *__restrict gu, float gi, float *__restrict acc, int64_t j, int l) {
+    const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x)), d = S::load(dr[j]), y = S::load(ur[j]);
+    acc[l] += x * s * y * d;
+    gu[j] = S::store(gi * d * x * s);
+    ga[j] = S::store(gi * d * y * s * (1.0f + x * (1.0f - s)));
+}
 template <class S>
 static void silu_mul_backward(const typename S::T *__restrict a, const typename S::T *__restrict u, int64_t lda,
-                              const typename S::T *__restrict dact, int64_t ldd, typename S::T *__restrict da,
-                              typename S::T *__restrict du, int64_t ldg, int64_t rows, int64_t cols) {
+                              const typename S::T *__restrict dact, int64_t ldd, const typename S::T *__restrict g,
+                              typename S::T *__restrict da, typename S::T *__restrict du, int64_t ldg,
+                              typename S::T *__restrict dg, int64_t rows, int64_t cols) {
     for (int64_t i = 0; i < rows; ++i) {
         const typename S::T *__restrict ar = a + i * lda, *__restrict ur = u + i * lda, *__restrict dr = dact + i * ldd;
         typename S::T *__restrict ga = da + i * ldg, *__restrict gu = du + i * ldg;
-        for (int64_t j = 0; j < cols; ++j) {
-            const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x)), d = S::load(dr[j]);
-            gu[j] = S::store(d * x * s);
-            ga[j] = S::store(d * S::load(ur[j]) * s * (1.0f + x * (1.0f - s)));
+        const float gi = g ? S::load(g[i]) : 1.0f;
+        float acc[DOT_LANES] = {0.0f};
+        int64_t j = 0;
+        for (; j + DOT_LANES <= cols; j += DOT_LANES)
+            for (int l = 0; l < DOT_LANES; ++l) silu_mul_grad<S>(ar, ur, dr, ga, gu, gi, acc, j + l, l);
+        for (int l = 0; j < cols; ++j, ++l) silu_mul_grad<S>(ar, ur, dr, ga, gu, gi, acc, j, l);
+        if (dg) {
+            float sum = 0.0f;
+            for (int l = 0; l < DOT_LANES; ++l) sum += acc[l];
+            dg[i] = S::store(sum);
         }
     }
 }
-extern "C" void mohge_silu_mul_f32(const float *a, const float *u, int64_t lda, float *act, int64_t ldo, int64_t rows,
-                                   int64_t cols) {
-    silu_mul<F32>(a, u, lda, act, ldo, rows, cols);
-}
-extern "C" void mohge_silu_mul_bf16(const uint16_t *a, const uint16_t *u, int64_t lda, uint16_t *act, int64_t ldo,
-                                    int64_t rows, int64_t cols) {
-    silu_mul<BF16>(a, u, lda, act, ldo, rows, cols);
-}
-extern "C" void mohge_silu_mul_backward_f32(const float *a, const float *u, int64_t lda, const float *dact, int64_t ldd,
-                                            float *da, float *du, int64_t ldg, int64_t rows, int64_t cols) {
-    silu_mul_backward<F32>(a, u, lda, dact, ldd, da, du, ldg, rows, cols);
-}
-extern "C" void mohge_silu_mul_backward_bf16(const uint16_t *a, const uint16_t *u, int64_t lda, const uint16_t *dact,
-                                             int64_t ldd, uint16_t *da, uint16_t *du, int64_t ldg, int64_t rows,
-                                             int64_t cols) {
-    silu_mul_backward<BF16>(a, u, lda, dact, ldd, da, du, ldg, rows, cols);
-}
+#define SILU_ENTRY(SUFFIX, S)                                                                                        \
+    extern "C" void mohge_silu_mul_##SUFFIX(const S::T *a, const S::T *u, int64_t lda, const S::T *g, S::T *act,     \
+                                            int64_t ldo, int64_t rows, int64_t cols) {                               \
+        silu_mul<S>(a, u, lda, g, act, ldo, rows, cols);                                                             \
+    }                                                                                                                \
+    extern "C" void mohge_silu_mul_backward_##SUFFIX(const S::T *a, const S::T *u, int64_t lda, const S::T *dact,    \
+                                                     int64_t ldd, const S::T *g, S::T *da, S::T *du, int64_t ldg,    \
+                                                     S::T *dg, int64_t rows, int64_t cols) {                         \
+        silu_mul_backward<S>(a, u, lda, dact, ldd, g, da, du, ldg, dg, rows, cols);                                  \
+    }
+SILU_ENTRY(f32, F32)
+SILU_ENTRY(bf16, BF16)
 """
 
 SOURCE = "#include <cmath>\n#include <cstdint>\n" + TOPK_SOURCE + SILU_SOURCE
@@ -218,6 +234,12 @@ _P, _I = ctypes.c_void_p, ctypes.c_int64
 _SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}  # the dtypes the SiLU kernels compute for (in float)
 
 
+def _gates(a: Tensor, *gs: Tensor) -> bool:
+    """Whether every per-row vector (a gate, its gradient) is a contiguous 1-D tensor of ``a``'s dtype, one value a
+    row of ``a``."""
+    return all(g.dtype == a.dtype and g.dim() == 1 and g.shape[0] == a.shape[0] and g.is_contiguous() for g in gs)
+
+
 def _rows(*ts: Tensor) -> bool:
     """Whether the tensors are 2-D CPU blocks of contiguous rows (any row stride), all fp32 or all bf16: what the SiLU
     kernels take."""
@@ -226,32 +248,50 @@ def _rows(*ts: Tensor) -> bool:
     )
 
 
-def silu_mul(a: Tensor, u: Tensor) -> Tensor:
-    """``F.silu(a) * u`` as a new contiguous tensor: one pass of the kernel (in float, one rounding to the dtype) for
-    fp32 or bf16 blocks of contiguous rows (a and u of one row stride, as the gate and up halves of one buffer),
-    torch's ops for anything else."""
-    if not (_rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0)):
-        return torch.nn.functional.silu(a) * u
+def _ptr(t: Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def silu_mul(a: Tensor, u: Tensor, g: Tensor | None = None) -> Tensor:
+    """``F.silu(a) * u`` (times ``g[:, None]``, one value a row, where given) as a new contiguous tensor: one pass of
+    the kernel (in float, one rounding to the dtype) for fp32 or bf16 blocks of contiguous rows (a and u of one row
+    stride, as the gate and up halves of one buffer; g contiguous, of their dtype), torch's ops for anything else."""
+    gs = () if g is None else (g,)
+    if not (_rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0) and _gates(a, *gs)):
+        act = torch.nn.functional.silu(a) * u
+        return act if g is None else act * g[:, None]
     H, C = a.shape
     out = a.new_empty(H, C)
     if out.numel():
-        kernel(f"mohge_silu_mul_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _I, _I, _I)(
-            a.data_ptr(), u.data_ptr(), a.stride(0), out.data_ptr(), C, H, C
+        kernel(f"mohge_silu_mul_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _P, _I, _I, _I)(
+            a.data_ptr(), u.data_ptr(), a.stride(0), _ptr(g), out.data_ptr(), C, H, C
         )
     return out
 
 
-def silu_mul_backward(a: Tensor, u: Tensor, dact: Tensor, da: Tensor, du: Tensor) -> None:
-    """The gradients of ``F.silu(a) * u`` given ``dact``, written into ``da`` (dact * u * SiLU'(a)) and ``du`` (dact *
-    SiLU(a)): one pass of the kernel (in float) for fp32 or bf16 blocks of contiguous rows (a and u of one row stride,
-    da and du of another), torch's ops (aten's silu_backward) for anything else."""
-    if not (_rows(a, u, dact, da, du) and a.stride(0) == u.stride(0) and da.stride(0) == du.stride(0)):
-        torch.ops.aten.silu_backward.grad_input(dact * u, a, grad_input=da)
-        torch.mul(dact, torch.nn.functional.silu(a), out=du)
+def silu_mul_backward(
+    a: Tensor, u: Tensor, dact: Tensor, da: Tensor, du: Tensor, g: Tensor | None = None, dg: Tensor | None = None
+) -> None:
+    """The gradients of ``F.silu(a) * u * g[:, None]`` (g: 1 where not given) given ``dact``, written into ``da`` (g
+    dact u SiLU'(a)), ``du`` (g dact SiLU(a)) and, where given, ``dg`` (one value a row: the sum over the row of
+    SiLU(a) u dact): one pass of the kernel (in float) for fp32 or bf16 blocks of contiguous rows (a and u of one row
+    stride, da and du of another; g and dg contiguous, of their dtype), torch's ops (aten's silu_backward) for anything
+    else."""
+    gs = tuple(t for t in (g, dg) if t is not None)
+    strides = a.stride(0) == u.stride(0) and da.stride(0) == du.stride(0)
+    if not (_rows(a, u, dact, da, du) and strides and _gates(a, *gs)):
+        silu = torch.nn.functional.silu(a)
+        if dg is not None:
+            dg.copy_((silu * u * dact).sum(-1))
+        scaled = dact if g is None else dact * g[:, None]
+        torch.ops.aten.silu_backward.grad_input(scaled * u, a, grad_input=da)
+        torch.mul(scaled, silu, out=du)
         return
     H, C = a.shape
     if a.numel():
-        kernel(f"mohge_silu_mul_backward_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _I, _P, _P, _I, _I, _I)(
-            a.data_ptr(), u.data_ptr(), a.stride(0), dact.data_ptr(), dact.stride(0), da.data_ptr(), du.data_ptr(),
-            da.stride(0), H, C,
+        kernel(f"mohge_silu_mul_backward_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _I, _P, _P, _P, _I, _P, _I, _I)(
+            a.data_ptr(), u.data_ptr(), a.stride(0), dact.data_ptr(), dact.stride(0), _ptr(g), da.data_ptr(),
+            du.data_ptr(), da.stride(0), _ptr(dg), H, C,
         )  # fmt: skip
+    elif dg is not None:
+        dg.zero_()
