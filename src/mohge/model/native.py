@@ -220,8 +220,10 @@ def library() -> ctypes.CDLL:
     return ctypes.CDLL(str(build(os.environ.get("CXX") or "g++")))
 
 
+@functools.cache
 def kernel(name: str, *argtypes: type) -> ctypes._CFuncPtr:
-    """The function ``name`` of :func:`library`, with its argument types (it returns nothing)."""
+    """The function ``name`` of :func:`library`, with its argument types (it returns nothing); looked up and typed
+    once, as it is called per expert and step."""
     fn = getattr(library(), name)
     fn.argtypes = list(argtypes)
     fn.restype = None
