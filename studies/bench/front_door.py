@@ -43,7 +43,8 @@ TARGETS = ("test", "run")
 JOB_KINDS = {"train": "train", "eval": "evaluate", "inference": "inference"}
 # the host kinds the budgets name, fastest first: (unit in the record's matrix_units, its words)
 KINDS = (("amx_bf16", "AMX"), ("avx512_bf16", "avx512_bf16"), ("avx512f", "AVX-512"), ("avx2", "AVX2 only"))
-SUMMARY = re.compile(r"=*\s*((\d+) passed[^\n]*? in ([\d.]+)s[^\n]*?)\s*=*\s*$", re.M)
+# pytest's closing line between its rules of '=', whichever count comes first (``1 failed, 1171 passed, ...``)
+SUMMARY = re.compile(r"^=+ (\d+ (?:failed|passed|error)[^\n]*? in ([\d.]+)s[^\n]*?) =+$", re.M)
 
 
 def machine() -> dict:
@@ -71,9 +72,11 @@ def pytest_summary(text: str) -> dict:
     found = SUMMARY.findall(text)
     if not found:
         return {"pytest_summary": None}
-    line, passed, seconds = found[-1]
-    count = {k: int(m.group(1)) if (m := re.search(rf"(\d+) {k}", line)) else 0 for k in ("failed", "skipped")}
-    return {"pytest_summary": line, "pytest_wall_s": float(seconds), "passed": int(passed), **count}
+    line, seconds = found[-1]
+    count = {
+        k: int(m.group(1)) if (m := re.search(rf"(\d+) {k}", line)) else 0 for k in ("passed", "failed", "skipped")
+    }
+    return {"pytest_summary": line, "pytest_wall_s": float(seconds), **count}
 
 
 def benchmark_files(clone: Path) -> dict[Path, int]:

@@ -83,3 +83,15 @@ def test_each_host_kind_of_the_budgets_is_named_by_its_fastest_units():
     assert host_kind(epyc) == "an AMD EPYC with avx512_bf16"
     assert host_kind({**epyc, "matrix_units": ["avx2"]}) == "an AMD EPYC with AVX2 only"
     assert host_kind({"cpu": "", "matrix_units": ["avx2", "avx512f"]}) == "a CPU with AVX-512"
+
+
+def test_a_suite_with_failures_is_counted_from_its_whole_summary_line():
+    """pytest puts failures first on its closing line; the record counts them, and the passes after them."""
+    from mohge_studies.bench.front_door import pytest_summary
+
+    line = "1 failed, 1171 passed, 20 skipped, 34 warnings in 1088.82s (0:18:08)"
+    rec = pytest_summary(f"...\nFAILED tests/x.py::test_y\n===== {line} =====\nmake: *** [Makefile:26: test] Error 1\n")
+    assert (rec["failed"], rec["passed"], rec["skipped"], rec["pytest_wall_s"]) == (1, 1171, 20, 1088.82)
+    assert rec["pytest_summary"] == line
+    assert pytest_summary("== 2 errors in 3.10s ==")["pytest_wall_s"] == 3.1
+    assert pytest_summary("no summary")["pytest_summary"] is None

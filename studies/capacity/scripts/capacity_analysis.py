@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import mohge_studies.analysis.plotstyle as ps
-import numpy as np
 import pandas as pd
 from mohge_studies.capacity import analysis as capacity
 
@@ -162,14 +161,16 @@ def figure(
             zorder=2,
         )
     if math.isfinite(fit["slope"]):
-        xs = np.linspace(
-            np.log(sweep["total_params_non_embedding"].min()) - 0.1,
-            np.log(sweep["total_params_non_embedding"].max()) + 0.1,
-            50,
-        )
+        # a straight line on log-log axes, drawn from its two ends: intermediate points are collinear only up to
+        # rounding, and how the renderer simplifies and joins them then differs with the host's exp and log (pixels
+        # along the line differ between AVX2 and AVX-512 hosts)
+        xs = [
+            math.log(sweep["total_params_non_embedding"].min()) - 0.1,
+            math.log(sweep["total_params_non_embedding"].max()) + 0.1,
+        ]
         ax.plot(
-            np.exp(xs),
-            np.exp(fit["intercept"] + fit["slope"] * xs),
+            [math.exp(x) for x in xs],
+            [math.exp(fit["intercept"] + fit["slope"] * x) for x in xs],
             color="#888888",
             lw=1,
             ls="--",
