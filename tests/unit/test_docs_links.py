@@ -445,6 +445,41 @@ def test_readme_times_are_the_recorded_fresh_clone_measurements():
     assert not missing, missing
 
 
+def test_speed_bounds_rows_quote_the_fresh_clone_records_of_the_slowest_host_kind():
+    """docs/speed.md's `make run` and `make test` rows: the AVX2 host's times, job seconds and test counts are the
+    ones its fresh-clone records hold (`mohge bench front-door`, one record a target), with the host kind they name,
+    and the ratio of its suite to the AMX host's."""
+    from mohge_studies.bench.front_door import host_kind
+
+    bench = ROOT / "results" / "bench"
+    run = json.loads((bench / "front_door_avx2_run.json").read_text())
+    test = json.loads((bench / "front_door_avx2_test.json").read_text())
+    amx = json.loads((bench / "front_door_amx.json").read_text())["make_test"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert host_kind(run["machine"]) == host_kind(test["machine"]) == "an AMD EPYC with AVX2 only"
+    r, t, jobs = run["make_run"], test["make_test"], run["make_run"]["job_seconds"]
+    cpu, passed = (r["user_s"] + r["system_s"]) / 60, f"{t['passed']:,}".replace(",", " ")
+    expect = [
+        f"on an AMD EPYC with AVX2 only **{r['wall_s'] / 60:.1f} min** wall, {cpu:.1f} min of CPU time, set-up "
+        f"included (fresh clone of {run['commit']}; `results/bench/front_door_avx2_run.json`)",
+        f"{jobs['train']['jobs']} trainings take {jobs['train']['wall_s']:.0f} s of job time "
+        f"({jobs['train']['wall_s'] / jobs['train']['jobs']:.0f} s each,",
+        f"{jobs['evaluate']['jobs']} evaluations {jobs['evaluate']['wall_s']:.0f} s "
+        f"({jobs['evaluate']['wall_s'] / jobs['evaluate']['jobs']:.0f} s each) and {jobs['inference']['jobs']} "
+        f"inference records {jobs['inference']['wall_s']:.0f} s",
+        f"the jobs alone are {sum(j['wall_s'] for j in jobs.values()) / 2 / 60:.1f} min on two cores",
+        f"on an AMD EPYC with AVX2 only **{t['wall_s'] / 60:.1f} min** wall: the suite "
+        f"{t['pytest_wall_s'] / 60:.1f} min ({passed} passed, {t['failed']} failed), set-up "
+        f"{t['setup_and_startup_s'] / 60:.1f} min; "
+        f"{(t['user_s'] + t['system_s']) / 60:.1f} min of CPU time (fresh clone of {test['commit']}; "
+        "`results/bench/front_door_avx2_test.json`)",
+        f"the same suite takes {t['pytest_wall_s'] / amx['pytest_wall_s']:.1f}× the AMX host's wall time there",
+    ]
+    assert t["pytest_summary"].startswith(f"{t['failed']} failed, {t['passed']} passed")
+    missing = [x for x in expect if x not in text]
+    assert not missing, missing
+
+
 def test_contributing_loop_times_are_the_recorded_measurements():
     """CONTRIBUTING's fast loop and distributed-tests rows: their commands and times are the ones
     results/bench/front_door.json recorded (pytest's own summary line)."""
