@@ -12,6 +12,7 @@ from conftest import tiny_model_config
 from mohge_studies.bench.train import Trainer
 
 from mohge.config import LossConfig, RunConfig, TrainConfig, preflight
+from mohge.train.runtime import auto_precision
 from mohge.train.step import compute_loss
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,3 +104,24 @@ def test_speed_doc_quotes_the_fused_path_record_with_its_host():
     ) in text
     assert rec["setup"]["fused"] is True and rec["setup"]["adamw"] == ["foreach", "fused"]
     assert rec["cpu_bf16"]["amx_bf16"] and rec["cpu_bf16"]["aten_capability"] == "AVX512" and rec["threads"] == 1
+
+
+def test_speed_doc_quotes_the_avx2_hosts_fused_path_record():
+    """The MFU row's AVX2 numbers are the record's: a host without bf16 units, where auto trains fp32."""
+    rec = json.loads((ROOT / "results" / "bench" / "train_fused_avx2.json").read_text())
+    m, g, t = rec["mfu"], rec["gemm_rate_flops"], rec["tokens_per_s"]
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        f"on the fused path, MoHGE fp32 **{m['mohge_fp32_fused']:.2f}** with the fused update, "
+        f"**{m['mohge_fp32']:.2f}** with foreach (MoE: {m['moe_fp32_fused']:.2f} and {m['moe_fp32']:.2f}), "
+        f"at {g['fp32'] / 1e9:.0f} GFLOP/s "
+        "(`results/bench/train_fused_avx2.json`"
+    ) in text
+    assert (
+        f"bf16 there trains at {t['mohge_bf16'] / t['mohge_fp32']:.2f}× fp32's tokens/s, and its GEMMs at these shapes "
+        f"run at {g['bf16'] / 1e9:.1f} GFLOP/s, so its ratio to that rate ({m['mohge_bf16']:.2f}) measures no "
+        "matrix unit"
+    ) in text
+    host = rec["cpu_bf16"]
+    assert not host["bf16_units"] and host["aten_capability"] == "AVX2" and rec["setup"]["fused"] is True
+    assert auto_precision("cpu", rec["setup"]["d_model"], host)[0] == "fp32"
