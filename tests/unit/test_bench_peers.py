@@ -167,3 +167,20 @@ def test_speed_doc_quotes_the_amx_peers_record_against_the_target():
     assert rec["cpu_capability"] == "AVX512" and rec["bf16_gemm"]["amx_bf16"]
     row = speed_doc_peers_row(rec)
     assert row in (ROOT / "docs" / "speed.md").read_text(), row
+
+
+def test_benchmarks_doc_quotes_the_avx2_peers_record():
+    """The AVX2 host's fp32 record: MoHGE's ratios to the fastest same-dtype peer at the target shapes, as timed."""
+    rec = json.loads((ROOT / "results" / "bench" / "peers_cpu_avx2.json").read_text())
+    assert rec["cpu_capability"] == "AVX2" and {r["precision"] for r in rec["results"]} == {"fp32"}
+    by = {r["shape"]: r["ratios"] for r in rec["results"]}
+
+    def at(path: str, shape: str) -> str:
+        return f"{by[shape][f'{path}_over_fastest_same_dtype_peer']:.2f}"
+
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
+    assert (
+        f"MoHGE over the fastest peer: {at('mohge', 'd256')} (d256) and {at('mohge', 'release')} (release) eager, "
+        f"{at('mohge_fused', 'd256')} and {at('mohge_fused', 'release')} on the fused path, short of the 0.8 target"
+    ) in text
+    assert min(float(at(p, s)) for p in ("mohge", "mohge_fused") for s in ("d256", "release")) > 0.8
