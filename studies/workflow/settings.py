@@ -13,7 +13,7 @@ from mohge_studies.config.runs import (
     UtilizationConfig,
 )
 
-from mohge.config import RunConfig
+from mohge.config import EvalConfig, RunConfig
 
 
 def utilization(config: dict) -> UtilizationConfig:
@@ -71,9 +71,12 @@ def util_source(runs: dict[str, RunConfig], config: dict) -> str:
 
 
 def study_param(config: dict, key: str) -> Any:
-    """A value the study's figures take from its config: the main dataset and the declared analysis."""
+    """A value the study's figures take from its config: the main dataset, the val/test loss batches of its
+    evaluations and the declared analysis."""
     if key == "dataset":
         return main_dataset(config)
+    if key == "loss_batches":
+        return EvalConfig.from_dict(config.get("eval") or {}, "eval").loss_batches
     a = analysis(config)
     return {
         "alpha": a.alpha,

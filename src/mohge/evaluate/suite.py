@@ -381,14 +381,15 @@ def evaluate(
     device: str = "auto",
     allow_hub: bool = False,
     task_data: str | Path | None = None,
-    max_loss_batches: int = 0,
+    max_loss_batches: int | None = None,
     templates: str | Path = TASK_TEMPLATES,
     eval_config: str | Path | None = None,
     route_override: RouteOverride | None = None,
 ) -> dict[str, Any]:
     """Everything metrics.json holds (see the module docstring); the eval section of the run config gives the
-    defaults of tasks, limit and batch size. ``route_override`` serves the model with a cheaper routing
-    (:mod:`.route_override`; every task and loss then sees it, and metrics.json records it)."""
+    defaults of tasks, limit, batch size and the val/test loss batches (``max_loss_batches``, 0 = the whole split).
+    ``route_override`` serves the model with a cheaper routing (:mod:`.route_override`; every task and loss then sees
+    it, and metrics.json records it)."""
     if tasks is not None:
         check_task_names(tasks, allow_hub, Path(templates))  # before the model loads
     if not allow_hub:
@@ -403,6 +404,7 @@ def evaluate(
     log.info("eval section: %s", source)
     ec = run_cfg.eval
     limit = ec.limit if limit is None else limit
+    max_loss_batches = ec.loss_batches if max_loss_batches is None else max_loss_batches
     lm.batch_size = batch_size or ec.batch_size
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
@@ -458,7 +460,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default: eval.batch_size)")
     ap.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     ap.add_argument("--task-data", help="keep the task documents in this folder (default: a temporary one)")
-    ap.add_argument("--max-loss-batches", type=int, default=0, help="cap the val/test loss batches (0 = all)")
+    ap.add_argument(
+        "--max-loss-batches",
+        type=int,
+        help="val/test loss over this many batches at most, 0 = all (default: eval.loss_batches)",
+    )
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")
     ap.add_argument(
