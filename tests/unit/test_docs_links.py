@@ -492,3 +492,72 @@ def test_contributing_loop_times_are_the_recorded_measurements():
         (row,) = [r for r in rows if f"`{run['command']}`" in r]
         assert f"{run['pytest_wall_s'] / 60:.1f} min on 2 idle cores, {run['passed']} tests" in row, key
     assert rec["fast_loop"]["pytest_wall_s"] < 180  # the contributor's loop stays under 3 minutes
+
+
+DEFAULT_LABELS = {
+    "mohge": "MoHGE",
+    "moe": "MoE (width 256)",
+    "hmoe": "HMoE",
+    "modse": "MoDSE",
+    "dense": "dense (MoHGE's activated FFN width)",
+}
+
+
+def default_study_rows() -> list[str]:
+    """docs/results.md's table of the default study: T1's Shakespeare rows (results/default/tables/T1_main.csv)."""
+    import pandas as pd
+
+    def mega(x: float) -> str:
+        return f"{x / 1e6:.3g} M"
+
+    def ppl(mean: float, ci: float, n: int) -> str:
+        return f"{mean:.2f} ± {ci:.2f}" if n > 1 else f"{mean:.2f}"
+
+    t1 = pd.read_csv(ROOT / "results" / "default" / "tables" / "T1_main.csv").query("dataset == 'shakespeare'")
+    return [
+        f"| {DEFAULT_LABELS[r.family]} | {r.n_seeds} | {mega(r.total_params)} | {mega(r.activated_params)} "
+        f"({mega(r.activated_params_uniform)}) | {ppl(r.val_ppl_mean, r.val_ppl_ci95, r.n_seeds)} | "
+        f"{ppl(r.test_ppl_mean, r.test_ppl_ci95, r.n_seeds)} | {100 * r['task:mohge_cloze:acc_mean']:.1f} % | "
+        f"{r['task:mohge_ppl:bits_per_byte_mean']:.3f} |"
+        for _, r in t1.iterrows()
+    ]
+
+
+def default_study_balance() -> str:
+    """docs/results.md's per-GPU load sentence of the default study, from results/default/tables/T3_balance.csv."""
+    import pandas as pd
+
+    t3 = pd.read_csv(ROOT / "results" / "default" / "tables" / "T3_balance.csv").set_index(["strategy", "ep_size"])
+
+    def analytic(strategy: str) -> str:
+        return " / ".join(f"{t3.loc[(strategy, ep), 'analytic_max_over_mean_mean']:.3f}" for ep in (2, 4, 8))
+
+    def measured(strategy: str) -> str:
+        return f"{t3.loc[(strategy, 4), 'measured_max_over_mean_mean']:.3f}"
+
+    return (
+        f"the all-size allocation gives analytic FLOP max/mean **{analytic('all_size')}** at EP 2 / 4 / 8, against "
+        f"{analytic('contiguous')} for contiguous placement and **{analytic('flop_lpt')}** for the FLOP-aware LPT "
+        f"balancer. Measured on 4 gloo ranks (EP 4) the max/mean is {measured('all_size')} for all-size, "
+        f"{measured('contiguous')} contiguous, {measured('modse_pairs')} MoDSE pairs and {measured('flop_lpt')} LPT "
+        f"(analytic {t3.loc[('flop_lpt', 4), 'analytic_max_over_mean_mean']:.3f}"
+    )
+
+
+def test_results_doc_quotes_the_default_studys_committed_tables():
+    """H0 'docs/results.md's default study is stale against its committed tables' fails when its table is T1's
+    Shakespeare rows, its load sentence T3's numbers, the held-out tokens those of the runs' metrics.json, and its
+    'decides nothing' has T1 behind it: no Shakespeare cell is bold (no row wins a test)."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    section = text[text.index("## The default study") : text.index("## The ablations")]
+    missing = [row for row in default_study_rows() if row not in section]
+    assert not missing, missing
+    assert default_study_balance() in " ".join(section.split())
+    tokens = {
+        json.loads(p.read_text())[split]["tokens"]
+        for p in (ROOT / "results" / "default" / "runs").glob("shakespeare-*/metrics.json")
+        for split in ("val", "test")
+    }
+    assert len(tokens) == 1 and f"({tokens.pop():,} tokens of each" in " ".join(section.split())
+    t1 = (ROOT / "results" / "default" / "tables" / "T1_main.md").read_text()
+    assert not [line for line in t1.splitlines() if line.startswith("| shakespeare") and "**" in line]
