@@ -75,8 +75,8 @@ def study_param(config: dict, key: str) -> Any:
     evaluations and the declared analysis."""
     if key == "dataset":
         return main_dataset(config)
-    if key == "loss_batches":
-        return EvalConfig.from_dict(config.get("eval") or {}, "eval").loss_batches
+    if key == "heldout_batches":
+        return EvalConfig.from_dict(config.get("eval") or {}, "eval").heldout_batches
     a = analysis(config)
     return {
         "alpha": a.alpha,

@@ -55,8 +55,10 @@ rule trace:
         mem_mb=eval_mem_mb,  # weights + activations (mohge_studies.workflow.resources)
         runtime=eval_runtime,
     params:
+        # eval.heldout_batches only where set: a study without it keeps the digest its traces were made with
         trace=lambda wc: digest(
             [RUNS[wc.run].eval.batch_size, RUNS[wc.run].eval.trace_batches]
+            + ([RUNS[wc.run].eval.heldout_batches] if RUNS[wc.run].eval.heldout_batches else [])
         ),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,

@@ -32,7 +32,7 @@ rule tables:
         # T3 shows the imbalance on the MoHGE model's routing
         source=lambda wc: PLAN.study_source(wc.study),
         alpha=lambda wc: study_param(wc.study, "alpha"),  # T1's chance and ceiling tests
-        loss_batches=lambda wc: study_param(wc.study, "loss_batches"),  # T1 names the splits' part its ppl reads
+        heldout_batches=lambda wc: study_param(wc.study, "heldout_batches"),  # T1 names the splits' part its ppl reads
     script:
         "../scripts/make_tables.py"
 

@@ -6,7 +6,7 @@ Outputs: keys starting with the table (case-insensitive) and ending in _csv, _md
 Params: source (T3: a routing trace; T3 pools the traces of every seed of that trace's model; default: every
 model, one row block each), task_docs (T1: documents per lm-eval task, an int for every task or a dict per task;
 used where runs.csv has no task:<task>:n_samples column), alpha (T1: the level of the chance and ceiling tests;
-the study's analysis.alpha, which rules/figures.smk passes), loss_batches (T1: the study's eval.loss_batches, the
+the study's analysis.alpha, which rules/figures.smk passes), heldout_batches (T1: the study's eval.heldout_batches, the
 val/test loss batches its evaluations read; 0 or absent: the whole splits).
 Reporting rules: means over seeds carry a 95% Student-t interval ("± —" with one seed); activated
 parameters are reported beside every comparison, one definition per column; a task is reported only where its
@@ -86,17 +86,20 @@ def task_columns(runs: pd.DataFrame, params: dict) -> tuple[list[str], list[str]
     return cols, notes
 
 
-def loss_scope(loss_batches: int) -> tuple[str, str]:
+def loss_scope(heldout_batches: int) -> tuple[str, str]:
     """(T1's words for the val/test splits the perplexities are read on, its perplexity columns' qualifier)."""
-    if not loss_batches:
+    if not heldout_batches:
         return "the full val and test splits", "full split"
-    return f"the first {loss_batches} evaluation batches of the val and test splits", f"first {loss_batches} batches"
+    return (
+        f"the first {heldout_batches} evaluation batches of the val and test splits",
+        f"first {heldout_batches} batches",
+    )
 
 
 def table_main(runs: pd.DataFrame, outputs: dict, params: dict) -> None:
     """T1: one row per (dataset, family), families in the paper's order."""
     tasks, notes = task_columns(runs, params)
-    splits, scope = loss_scope(int(params.get("loss_batches") or 0))
+    splits, scope = loss_scope(int(params.get("heldout_batches") or 0))
     metrics = [c for c in ("val_ppl", "test_ppl", *tasks, "tokens_per_s") if c in runs.columns]
     runs = runs.assign(_f=runs["family"].map({f: i for i, f in enumerate(ps.FAMILIES)}).fillna(len(ps.FAMILIES)))
     runs = runs.sort_values([c for c in ("dataset", "_f", "family", "seed") if c in runs], kind="stable")

@@ -317,7 +317,7 @@ LATER_KNOBS = {
     ("model", "router", "group_bias_rate"): 0.0,
     ("train", "adamw"): "auto",
     ("train", "fused"): False,
-    ("eval", "loss_batches"): 0,
+    ("eval", "heldout_batches"): 0,
 }
 
 

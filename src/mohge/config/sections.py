@@ -385,8 +385,9 @@ class EvalConfig(_Section):
     """Evaluation through lm-eval and routing traces on held-out data.
 
     ``tasks``: names of the task YAMLs shipped in ``mohge/tasks`` (offline) and, when the hub is reachable,
-    lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all). ``loss_batches``: the
-    val/test loss over the first this many batches of ``batch_size`` sequences of each split (0 = the whole split).
+    lm-eval's standard tasks. ``limit``: at most this many documents per task (0 = all). ``heldout_batches``: the
+    val/test loss and the routing trace over the first this many batches of ``batch_size`` sequences of each split
+    (0 = the whole split).
     ``allow_hub``: let the standard tasks download their data (the workflow passes ``--allow-hub``); off for offline
     machines.
     """
@@ -394,7 +395,9 @@ class EvalConfig(_Section):
     tasks: tuple[str, ...] = knob(("mohge_ppl",), "lm-eval tasks (mohge/tasks, or standard ones with allow_hub)")
     batch_size: int = knob(16, "evaluation batch size", gt=0)
     limit: int = knob(0, "documents per task at most (0: all)", ge=0)
-    loss_batches: int = knob(0, "val/test loss over the first this many batches of each split (0: all)", ge=0)
+    heldout_batches: int = knob(
+        0, "val/test loss and routing trace over the first this many batches of each split (0: all)", ge=0
+    )
     trace_batches: int = knob(16, "batches of routing traces", ge=0)
     allow_hub: bool = knob(False, "let lm-eval's standard tasks download their data")
     _path: str = field(default="", repr=False, compare=False)

@@ -404,7 +404,7 @@ def evaluate(
     log.info("eval section: %s", source)
     ec = run_cfg.eval
     limit = ec.limit if limit is None else limit
-    max_loss_batches = ec.loss_batches if max_loss_batches is None else max_loss_batches
+    max_loss_batches = ec.heldout_batches if max_loss_batches is None else max_loss_batches
     lm.batch_size = batch_size or ec.batch_size
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mohge-tasks-") as tmp:
@@ -463,7 +463,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--max-loss-batches",
         type=int,
-        help="val/test loss over this many batches at most, 0 = all (default: eval.loss_batches)",
+        help="val/test loss over this many batches at most, 0 = all (default: eval.heldout_batches)",
     )
     ap.add_argument("--allow-hub", action="store_true", help="allow lm-eval's standard tasks to download data")
     ap.add_argument("--task-configs", default=str(TASK_TEMPLATES), help="folder of the task YAML templates")

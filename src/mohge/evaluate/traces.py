@@ -424,12 +424,13 @@ def trace_checkpoint(
     out: str | Path,
     npz: bool = True,
     batch_size: int | None = None,
-    max_batches: int = 0,
+    max_batches: int | None = None,
     device: str = "cpu",
     eval_config: str | Path | None = None,
 ) -> dict[str, Any]:
-    """Trace a trained model folder on ``data_dir``'s test split and write ``out`` (+ the .npz and, on graded data,
-    the per-token arrays ``<stem>_tokens.npz``); returns the trace."""
+    """Trace a trained model folder on ``data_dir``'s test split, its first ``max_batches`` batches (default:
+    eval.heldout_batches; 0 = all), and write ``out`` (+ the .npz and, on graded data, the per-token arrays
+    ``<stem>_tokens.npz``); returns the trace."""
     cfg, model = load_trained(ckpt, device)
     check_trained_on(ckpt, cfg, data_dir)  # another tokenizer or data config: refused, naming both
     run_cfg, source = eval_run_config(ckpt, eval_config, cfg)  # the workflow passes the study's current one
@@ -441,7 +442,7 @@ def trace_checkpoint(
         cfg,
         data_dir,
         batch_size=batch_size or ec.batch_size,
-        max_batches=max_batches,
+        max_batches=ec.heldout_batches if max_batches is None else max_batches,
         keep_batches=ec.trace_batches if npz else 0,
         token_arrays=tokens,
     )
@@ -465,7 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="trace JSON to write (the .npz goes beside it)")
     ap.add_argument("--no-npz", action="store_true", help="do not write the raw routing of eval.trace_batches")
     ap.add_argument("--batch-size", type=int, help="sequences per forward pass (default eval.batch_size)")
-    ap.add_argument("--max-batches", type=int, default=0, help="trace at most this many batches (0 = all)")
+    ap.add_argument(
+        "--max-batches", type=int, help="trace at most this many batches, 0 = all (default: eval.heldout_batches)"
+    )
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument(
         "--eval-config",
