@@ -309,6 +309,19 @@ def test_a_workflow_model_folder_is_evaluated_with_its_studys_eval_section(run, 
     assert "(the model folder's own" in caplog.text
 
 
+def test_the_studys_heldout_batches_bound_the_val_and_test_loss(run, tmp_path):
+    """H0 'eval.heldout_batches is ignored' fails: a study's eval section with heldout_batches 1 gives a val and test
+    loss over one batch of eval.batch_size sequences each; an explicit max_loss_batches (0 = all) overrides it."""
+    model, data = run
+    folder = _as_workflow_lays_it_out(model, tmp_path, {"limit": 1, "heldout_batches": 1, "tasks": []})
+    cfg = json.loads((folder / "config.json").read_text())
+    one = cfg["eval"]["batch_size"] * cfg["data"]["seq_len"]
+    metrics = ev.evaluate(folder, data, device="cpu")
+    assert metrics["val"]["tokens"] == metrics["test"]["tokens"] == one
+    whole = ev.evaluate(folder, data, device="cpu", max_loss_batches=0)
+    assert whole["val"]["tokens"] > one and whole["test"]["tokens"] > one
+
+
 def test_a_route_override_prints_the_flops_per_token_it_serves(run, tmp_path, capsys):
     model, data = run
     out = tmp_path / "m.json"

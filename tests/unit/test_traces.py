@@ -81,6 +81,21 @@ def test_trace_npz_replay_arrays(run, tmp_path):
     assert trace["layers"][0]["counts"] == json.loads((tmp_path / "t.json").read_text())["layers"][0]["counts"]
 
 
+def test_the_eval_sections_heldout_batches_bound_the_trace(run, tmp_path):
+    """H0 'the trace reads the whole test split whatever eval.heldout_batches says' fails: a run config with
+    heldout_batches 1 traces one batch of eval.batch_size sequences; --max-batches 0 reads the whole split."""
+    model, data = run
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["eval"] = {**cfg["eval"], "heldout_batches": 1}
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    one = traces.trace_checkpoint(model, data, tmp_path / "one.json", npz=False, eval_config=tmp_path / "run.json")
+    assert one["tokens"] == cfg["eval"]["batch_size"] * cfg["data"]["seq_len"]
+    whole = traces.trace_checkpoint(
+        model, data, tmp_path / "all.json", npz=False, max_batches=0, eval_config=tmp_path / "run.json"
+    )
+    assert whole["tokens"] == len(TokenStream.open(data, "test")) - 1
+
+
 def test_trace_without_levels_and_max_batches(run, tmp_path):
     model, _ = run
     words = "the cat and the dog sat on a mat while birds sang in trees above quiet rivers".split()

@@ -48,7 +48,7 @@ def rule_params() -> dict[str, dict]:
         | {"decision_ep": p("balance_ep")},
         "study_frontier": {**ratio, "ep": p("balance_ep"), "metric": p("metric")},
         "plot_quality_params": {"metric": p("metric")},
-        "make_tables": {"alpha": p("alpha")},
+        "make_tables": {"alpha": p("alpha"), "heldout_batches": p("heldout_batches")},
     }
 
 
@@ -371,6 +371,17 @@ def test_tables_bold_only_test_winners(data, tmp_path):
     assert not any(line.startswith("| graded") and "**" in line for line in md.splitlines())
     first = make_tables({"runs": tmp_path / "runs.csv"}, tmp_path / "again")
     assert first["t1_md"].read_bytes() == md.encode()  # a rerun is byte-identical
+
+
+def test_t1_names_the_part_of_the_splits_its_perplexities_read(data, tmp_path):
+    """H0 'T1 says "full split" whatever its study's evaluations read' fails: with the study's eval.heldout_batches at
+    16 its caption and perplexity columns name the first 16 batches; at 0 (the whole splits) they say full."""
+    (tmp_path / "part").mkdir()
+    part = make_tables({"runs": data["runs"]}, tmp_path / "part", {"heldout_batches": 16})["t1_md"].read_text()
+    whole = make_tables({"runs": data["runs"]}, tmp_path, {"heldout_batches": 0})["t1_md"].read_text()
+    assert "perplexity on the full val and test splits." in whole and "| Val PPL (full split) ↓ |" in whole
+    assert "perplexity on the first 16 evaluation batches of the val and test splits." in part
+    assert "| Test PPL (first 16 batches) ↓ |" in part and "full split" not in part
 
 
 def test_tables_pool_traces_over_seeds(data, tmp_path):

@@ -58,7 +58,11 @@ rule trace:
         # eval.heldout_batches only where set: a study without it keeps the digest its traces were made with
         trace=lambda wc: digest(
             [RUNS[wc.run].eval.batch_size, RUNS[wc.run].eval.trace_batches]
-            + ([RUNS[wc.run].eval.heldout_batches] if RUNS[wc.run].eval.heldout_batches else [])
+            + (
+                [RUNS[wc.run].eval.heldout_batches]
+                if RUNS[wc.run].eval.heldout_batches
+                else []
+            )
         ),
         ckpt=lambda wc, input: os.path.dirname(input.model),
         data=data_dir,
