@@ -13,7 +13,12 @@ those of the ``make`` process and every process it waited for (``os.wait4``). Th
   (the budgets are for an otherwise idle machine: a load above 0.5 is recorded, not refused);
 * for ``make test``: pytest's own summary line, its counts and the suite's wall time, and what setup took;
 * for ``make run``: the Snakemake jobs of each kind this run made (the study's benchmark files written during it:
-  ``results/<study>/benchmarks/<rule>/``), with their count and summed seconds.
+  ``results/<study>/benchmarks/<rule>/``), with their count and summed seconds;
+* with ``--processes``: where the target's CPU time went, Python process by Python process (:func:`processes`). A
+  ``sitecustomize`` module on ``PYTHONPATH`` (:data:`HOOK`) appends one line to a log as each Python process that
+  inherits the environment exits normally: its command line, its own CPU seconds, the test pytest was running when it
+  started (``PYTEST_CURRENT_TEST``) and whether it imported torch. A process that replaces or clears the environment
+  or ends by a signal or ``os._exit`` is not in it: ``logged_cpu_s`` against the target's CPU time says how much is.
 
 Each target's output is kept beside the record (``<json stem>.<target>.log``). The record is written whole or not at
 all; a target that fails is recorded with its exit status and the command exits 1.
@@ -22,6 +27,7 @@ all; a target that fails is recorded with its exit status and the command exits 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -100,14 +106,98 @@ def job_seconds(clone: Path, before: dict[Path, int]) -> dict:
     return out
 
 
-def run_target(clone: Path, target: str, log: Path) -> dict:
-    """``make <target>`` in ``clone``, in its own session, no terminal: wall, user and system seconds, exit status."""
+# The sitecustomize of --processes: one JSON line per Python process at its normal exit, appended to the file
+# MOHGE_PROCESS_LOG names (one write of one line: lines of processes exiting together do not interleave).
+HOOK = """\
+import atexit, json, os, sys
+
+
+def _mohge_process_record():
+    try:
+        t = os.times()
+        line = json.dumps({
+            "argv": getattr(sys, "orig_argv", sys.argv)[:8],
+            "cpu_s": round(t.user + t.system, 3),
+            "test": _MOHGE_TEST,
+            "torch": "torch" in sys.modules,
+        })
+        fd = os.open(os.environ["MOHGE_PROCESS_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\\n").encode())
+        finally:
+            os.close(fd)
+    except Exception:
+        pass
+
+
+_MOHGE_TEST = os.environ.get("PYTEST_CURRENT_TEST", "")
+if os.environ.get("MOHGE_PROCESS_LOG"):
+    atexit.register(_mohge_process_record)
+"""
+# How many rows of each breakdown the record keeps (the largest)
+TOP = 25
+
+
+def command_kind(argv: Sequence[str]) -> str:
+    """What a logged Python process was, in a few words: ``snakemake`` (its command line), ``snakemake script
+    plot_curves`` (a rule's script job), ``python -m mohge.train``, ``python -m mohge bench`` (a module and its
+    subcommand), ``pytest worker`` (pytest-xdist), ``python -c``, else the script's file name (``lm_eval``)."""
+    args = [str(a) for a in argv]
+    text = " ".join(args)
+    if m := re.search(r"\.snakemake/scripts/tmp\w+\.(\w+)\.py", text):
+        return f"snakemake script {m.group(1)}"
+    if "execnet" in text or "import sys;exec(eval(sys.stdin.readline()))" in text:
+        return "pytest worker"
+    if "-m" in args[1:]:
+        i = args.index("-m", 1)
+        module = args[i + 1] if i + 1 < len(args) else "?"
+        sub = args[i + 2] if i + 2 < len(args) and re.fullmatch(r"[a-z][\w-]*", args[i + 2]) else ""
+        return f"python -m {module} {sub}".rstrip()
+    if "-c" in args[1:]:
+        return "python -c"
+    script = next((a for a in args[1:] if not a.startswith("-")), args[0] if args else "?")
+    return Path(script).name
+
+
+def processes(log: Path, top: int = TOP) -> dict:
+    """The Python processes of :data:`HOOK`'s ``log``: how many, their CPU seconds, how many imported torch, and the
+    largest rows of their CPU time by :func:`command_kind` and by the test file that was running (``(no test)``:
+    outside pytest's tests, the set-up included), each {name, processes, cpu_s}."""
+    rows = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.is_file() else []
+
+    def breakdown(key) -> list[dict]:
+        acc: dict[str, list] = {}
+        for r in rows:
+            entry = acc.setdefault(key(r), [0, 0.0])
+            entry[0] += 1
+            entry[1] += r["cpu_s"]
+        ranked = sorted(acc.items(), key=lambda kv: -kv[1][1])[:top]
+        return [{"name": k, "processes": n, "cpu_s": round(c, 1)} for k, (n, c) in ranked]
+
+    return {
+        "logged": len(rows),
+        "logged_cpu_s": round(sum(r["cpu_s"] for r in rows), 1),
+        "importing_torch": sum(bool(r["torch"]) for r in rows),
+        "by_command": breakdown(lambda r: command_kind(r["argv"])),
+        "by_test_file": breakdown(lambda r: r["test"].split("::")[0] or "(no test)"),
+    }
+
+
+def run_target(clone: Path, target: str, log: Path, hook: Path | None = None) -> dict:
+    """``make <target>`` in ``clone``, in its own session, no terminal: wall, user and system seconds, exit status;
+    with ``hook`` (a folder holding :data:`HOOK` as sitecustomize.py), its Python processes (:func:`processes`)."""
     load = list(os.getloadavg())
+    env = dict(os.environ)
+    if hook is not None:
+        plog = log.with_suffix(".processes.jsonl")
+        plog.unlink(missing_ok=True)
+        env.update(MOHGE_PROCESS_LOG=str(plog.resolve()))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(hook), env.get("PYTHONPATH", "")) if p)
     before, start = benchmark_files(clone), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(
             ["make", target], cwd=clone, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=env,
         )  # fmt: skip
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
@@ -129,6 +219,8 @@ def run_target(clone: Path, target: str, log: Path) -> dict:
     if target == "run":
         rec["job_seconds"] = job_seconds(clone, before)
         rec["jobs"] = sum(k["jobs"] for k in rec["job_seconds"].values())
+    if hook is not None:
+        rec["processes"] = processes(plog)
     return rec
 
 
@@ -138,6 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--targets", nargs="+", default=list(TARGETS), choices=TARGETS, help="make targets, in order")
     ap.add_argument("--repo", type=Path, default=ROOT, help="the repository to clone (its committed HEAD)")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    ap.add_argument(
+        "--processes",
+        action="store_true",
+        help="also record the CPU time of each Python process the targets start, by command and by test file",
+    )
     args = ap.parse_args(argv)
     repo = args.repo.resolve()
     head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=repo, capture_output=True, text=True)
@@ -159,12 +256,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "date_utc": datetime.now(UTC).strftime("%Y-%m-%d"),
     }
     failed = False
+    hook = None
+    if args.processes:
+        hook = tmp / "process_hook"
+        hook.mkdir()
+        (hook / "sitecustomize.py").write_text(HOOK)
     try:
         subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(repo), str(clone)], check=True)
         for target in args.targets:
             log = args.json.with_name(f"{args.json.stem}.{target}.log")
             print(f"make {target} in {clone} (output: {log}) ...", flush=True)
-            rec = run_target(clone, target, log)
+            rec = run_target(clone, target, log, hook)
             record[f"make_{target}"] = rec
             cpu = (rec["user_s"] + rec["system_s"]) / 60
             print(f"  make {target}: exit {rec['exit_status']}, {rec['wall_s'] / 60:.1f} min wall, {cpu:.1f} min CPU")

@@ -95,3 +95,45 @@ def test_a_suite_with_failures_is_counted_from_its_whole_summary_line():
     assert rec["pytest_summary"] == line
     assert pytest_summary("== 2 errors in 3.10s ==")["pytest_wall_s"] == 3.1
     assert pytest_summary("no summary")["pytest_summary"] is None
+
+
+def test_with_processes_each_python_process_of_a_target_is_logged_with_its_cpu_time_and_test(tmp_path):
+    """--processes: the Python processes a target starts are counted by command and by the test that started them
+    (PYTEST_CURRENT_TEST in their environment), with their own CPU time; one that replaces the environment or is
+    killed by a signal is not, and the record shows that as the gap between the logged and the target's CPU time."""
+    makefile = MAKEFILE.replace(
+        '\t@{py} -c "sum(range(3 * 10**7))"\n',
+        '\t@PYTEST_CURRENT_TEST= {py} -c "sum(range(3 * 10**7))"\n'
+        '\t@PYTEST_CURRENT_TEST="tests/unit/test_x.py::test_y (call)" {py} -m json.tool --help > /dev/null\n'
+        '\t@env -i {py} -c "pass"\n'
+        '\t@{py} -c "import os, signal; os.kill(os.getpid(), signal.SIGKILL)" || true\n',
+    )
+    repo = _repo(tmp_path, makefile)
+    out = tmp_path / "rec" / "front_door.json"
+    r = _front_door("--json", str(out), "--repo", str(repo), "--targets", "test", "--processes")
+    assert r.returncode == 0, r.stderr[-2000:]
+    test = json.loads(out.read_text())["make_test"]
+    procs = test["processes"]
+    assert procs["logged"] == 2 and procs["importing_torch"] == 0, procs  # not the `env -i` one, not the killed one
+    commands = {row["name"]: row for row in procs["by_command"]}
+    assert set(commands) == {"python -c", "python -m json.tool"}, commands
+    assert commands["python -c"]["processes"] == 1 and commands["python -c"]["cpu_s"] > 0.1  # the busy loop
+    files = {row["name"]: row["processes"] for row in procs["by_test_file"]}
+    assert files == {"tests/unit/test_x.py": 1, "(no test)": 1}, files
+    assert 0 < procs["logged_cpu_s"] <= test["user_s"] + test["system_s"]
+    assert (out.parent / "front_door.test.processes.jsonl").is_file()
+
+
+def test_a_process_is_named_by_its_module_its_rule_script_or_its_file():
+    from mohge_studies.bench.front_door import command_kind
+
+    venv = "/c/.venv/bin"
+    assert command_kind([f"{venv}/python", "-m", "mohge.train", "--config", "a.json"]) == "python -m mohge.train"
+    assert command_kind(["python", "-m", "mohge", "bench", "step"]) == "python -m mohge bench"
+    assert command_kind([f"{venv}/python", f"{venv}/snakemake", "-n"]) == "snakemake"
+    script = "/c/.snakemake/scripts/tmpa1b2c3.plot_curves.py"
+    assert command_kind([f"{venv}/python", script]) == "snakemake script plot_curves"
+    worker = "import sys;exec(eval(sys.stdin.readline()))"  # how pytest-xdist starts a worker
+    assert command_kind([f"{venv}/python", "-u", "-c", worker]) == "pytest worker"
+    assert command_kind([f"{venv}/python", "-c", "print(1)"]) == "python -c"
+    assert command_kind([f"{venv}/python", f"{venv}/lm_eval", "--model", "hf"]) == "lm_eval"
