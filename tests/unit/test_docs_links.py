@@ -551,3 +551,33 @@ def test_results_doc_quotes_the_default_studys_committed_tables():
     assert len(tokens) == 1 and f"({tokens.pop():,} tokens of each" in " ".join(section.split())
     t1 = (ROOT / "results" / "default" / "tables" / "T1_main.md").read_text()
     assert not [line for line in t1.splitlines() if line.startswith("| shakespeare") and "**" in line]
+
+
+def suite_process_lines(rec: dict, top: int = 8) -> list[str]:
+    """docs/speed.md's account of where `make test`'s CPU time went, process by process, formatted from a
+    `mohge bench front-door --processes` record: its summary sentence and the rows of its two tables."""
+    from mohge_studies.bench.front_door import host_kind
+
+    t = rec["make_test"]
+    p, passed = t["processes"], f"{t['passed']:,}".replace(",", " ")
+    lines = [
+        f"on {host_kind(rec['machine'])} (fresh clone of {rec['commit']}; "
+        "`results/bench/front_door_avx2_test_processes.json`)",
+        f"**{p['logged']}** Python processes exited normally, **{p['logged_cpu_s'] / 60:.1f} min** of their own CPU "
+        f"time of the target's {(t['user_s'] + t['system_s']) / 60:.1f} min",
+        f"{p['importing_torch']} of them imported torch (the suite {t['pytest_wall_s'] / 60:.1f} min wall, "
+        f"{passed} passed, in this run)",
+    ]
+    for key in ("by_command", "by_test_file"):
+        lines += [f"| `{r['name']}` | {r['processes']} | {r['cpu_s'] / 60:.1f} |" for r in p[key][:top]]
+    return lines
+
+
+def test_speed_md_says_where_the_suites_cpu_time_went_as_its_process_record_holds():
+    """docs/speed.md's breakdown of `make test`'s CPU time on the slowest host kind: the counts, minutes and the
+    largest rows by command and by test file are the ones results/bench/front_door_avx2_test_processes.json holds."""
+    rec = json.loads((ROOT / "results" / "bench" / "front_door_avx2_test_processes.json").read_text())
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert rec["make_test"]["exit_status"] == 0 and rec["make_test"]["failed"] == 0
+    missing = [x for x in suite_process_lines(rec) if x not in text]
+    assert not missing, missing
