@@ -20,8 +20,9 @@ those of the ``make`` process and every process it waited for (``os.wait4``). Th
   started (``PYTEST_CURRENT_TEST``) and whether it imported torch. A process that replaces or clears the environment
   or ends by a signal or ``os._exit`` is not in it: ``logged_cpu_s`` against the target's CPU time says how much is.
 
-Each target's output is kept beside the record (``<json stem>.<target>.log``). The record is written whole or not at
-all; a target that fails is recorded with its exit status and the command exits 1.
+Each target's output is kept beside the record (``<json stem>.<target>.log``; with ``--processes`` its process log,
+``<json stem>.<target>.processes.jsonl``). The record is written whole or not at all; a target that fails is
+recorded with its exit status and the command exits 1.
 """
 
 from __future__ import annotations
