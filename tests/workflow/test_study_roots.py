@@ -259,6 +259,31 @@ def test_reruns_follow_the_section_that_changed(smoke_clone, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("smoke_clone")
+def test_a_clone_evaluates_with_the_eval_section_as_edited_not_as_committed(smoke_clone):
+    """configs/config.yaml's eval section edited in a clone before its first run: every run of the default study it
+    trains has its committed config.json written again first, with the edited section, and evaluated from that file
+    (the clone's committed config.json files hold the section as committed)."""
+    config = smoke_clone.path / "configs" / "config.yaml"
+    text = config.read_text()
+    assert "\n  limit: 50\n" in text
+    config.write_text(text.replace("\n  limit: 50\n", "\n  limit: 7\n"))
+    try:
+        plan = smoke_clone.snakemake("-n", "-p")
+    finally:
+        git("checkout", "-q", "configs/config.yaml", cwd=smoke_clone.path)
+    jobs = planned(plan)
+    assert jobs["train"] == jobs["run_config"] == jobs["evaluate"] == 11, jobs
+    written = re.findall(r"^rule run_config:\n(?:    .*\n)*?    output: (\S+)\n", plan, re.M)
+    evaluated = re.findall(r"--eval-config (\S+)", plan)
+    assert len(set(written)) == 11 and set(evaluated) == set(written), (written, evaluated)
+    texts = {path: json.loads(t) for t, path in re.findall(r"printf '%s' '(\{\n.*?\n\})\n' > (\S+)", plan, re.S)}
+    assert {texts[path]["eval"]["limit"] for path in written} == {7}
+    committed = json.loads((smoke_clone.path / written[0]).read_text())
+    assert committed["eval"]["limit"] == 50
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smoke_clone")
 def test_readme_commands_in_a_fresh_clone(smoke_clone, tmp_path):
     """The smoke run of a fresh clone (the shared `smoke_clone`, stopped by Ctrl-C and finished with
     --rerun-incomplete): its tables and figures, nothing left to do; after `mohge mtimes`, nothing to do for the

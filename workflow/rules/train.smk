@@ -3,7 +3,11 @@ rule run_config:
     # hand. The params train and eval are short hashes of its sections: a rerun reason names the section that
     # changed. The file's text is a param computed from the output (Snakemake keeps such params out of its rerun
     # triggers), so it reaches the command without showing in a reason; a shell job runs on a thread of Snakemake's
-    # own process, where a `run:` job would start another Snakemake.
+    # own process, where a `run:` job would start another Snakemake. It is written again whenever the training
+    # config is: a clone holds a committed config.json of each run of the default study but no work/, so the runs
+    # it trains are evaluated and traced with the eval section of the config as it is now, not as committed.
+    input:
+        f"{WORK}/configs/{{run}}.train.json",
     output:
         f"{RES}/runs/{{run}}/config.json",
     log:
