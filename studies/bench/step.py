@@ -1,7 +1,7 @@
 """Training tokens/s of this checkout against a baseline commit, on run configs of a study, in one interleaved run.
 
     mohge bench step --baseline REV [--config results/capacity/runs/<run>/config.json ...] [--set KEY=VALUE ...] \\
-        [--steps 20] [--repeats 3] [--warmup 3] [--parts 7] [--json results/bench/train_small_cpu.json]
+        [--steps 20] [--repeats 3] [--warmup 3] [--parts 7] [--kernels 0] [--json results/bench/train_small_cpu.json]
 
 For each run config, processes train the same model from the same seed on the same random batches with the trainer's
 own step (:mod:`.step_worker`): one imports the package from ``--baseline`` (a commit, read with ``git
@@ -19,7 +19,10 @@ process's wall time of its warmup steps (a compile's cost lands there).
 
 Every process also reports every step's loss and, at the end, a digest of its weights and optimizer state, so the
 record says whether this checkout trains the baseline's numbers bit for bit (``identical``). Then (``--parts``) the
-baseline and this checkout each profile more steps: where a step's time goes, part by part, and op by op.
+baseline and this checkout each profile more steps: where a step's time goes, part by part, and op by op; and
+(``--kernels``) by torch's profiler, which also sees the compiled graphs' kernels of the fused path by name (every
+process then runs with inductor's kernel profile on): the self milliseconds a step of each op, kernel and node, summed
+into GEMMs, compiled kernels, custom ops, other aten ops and the rest (:func:`kernel_groups`).
 
 The default configs are the capacity study's (studies/capacity/config.yaml): at d_model 32 MoHGE (product_renorm gate),
 MoE-15 and MoE-12; at d_model 64 MoHGE and MoE-15.
@@ -60,13 +63,16 @@ DEFAULT_CONFIGS = (
 class Worker:
     """A :mod:`~mohge_studies.bench.step_worker` process on ``tree``, trained one request at a time."""
 
-    def __init__(self, tree: Path, config: Path) -> None:
+    def __init__(self, tree: Path, config: Path, kernel_names: bool = False) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if kernel_names:  # inductor's kernels call the profiler's hooks by name (read when inductor is imported)
+            env["TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE"] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, str(WORKER), "--tree", str(tree), "--config", str(config)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env=env,
         )
         self.ready = self._read()
 
@@ -95,6 +101,30 @@ class Worker:
 
 ROLES = ("baseline", "control", "new")  # control: the baseline's package again, in a process of its own
 
+GEMMS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::_grouped_mm")
+KERNEL_GROUPS = ("GEMMs", "compiled kernels", "custom ops", "other aten ops", "Python and nodes")
+
+
+def kernel_group(key: str) -> str:
+    """Which of :data:`KERNEL_GROUPS` a profiler key belongs to: the matrix products (:data:`GEMMS`), inductor's
+    kernels (``graph_<n>_cpp_...``), our custom ops (``mohge::``), every other aten op, and the rest (autograd and
+    compiled-graph nodes, the optimizer's step, dynamo's guards: Python, and what runs outside the dispatcher)."""
+    if key in GEMMS:
+        return "GEMMs"
+    if key.startswith("graph_") and "_cpp_" in key:
+        return "compiled kernels"
+    if key.startswith("mohge::"):
+        return "custom ops"
+    return "other aten ops" if key.startswith("aten::") else "Python and nodes"
+
+
+def kernel_groups(kernels: dict) -> dict[str, float]:
+    """A :func:`~mohge_studies.bench.step_worker.kernel_times` answer summed by :func:`kernel_group`, ms a step."""
+    out = dict.fromkeys(KERNEL_GROUPS, 0.0)
+    for key, ms in kernels["self_ms"].items():
+        out[kernel_group(key)] += ms
+    return out
+
 
 def measure_config(
     base: Path,
@@ -105,24 +135,28 @@ def measure_config(
     parts: int = 0,
     repeats: int = 1,
     new_config: Path | None = None,
+    kernels: int = 0,
 ) -> dict:
     """Both trees on one run config, ``repeats`` times with fresh processes: three processes each time (the baseline,
     the baseline again as a control of the noise, this checkout, which trains ``new_config`` where given: the run
     config with this checkout's knobs set), single steps in turn (the order rotates every round); the step times, the
     losses and the final digests of each; then in the last repeat (``parts`` > 0) where the time of a step goes, part
-    by part (the median of that many more steps of each, interleaved), and op by op (one more step)."""
+    by part (the median of that many more steps of each, interleaved), and op by op (one more step); and (``kernels`` >
+    0) by the profiler over that many more steps of each (:func:`kernel_groups`)."""
     from mohge.config import load_run_config
 
     cfg = load_run_config(config)
     tokens = cfg.train.batch_size * cfg.data_config.seq_len
     times: dict[str, list[float]] = {name: [] for name in ROLES}
     warmup_wall: dict[str, list[float]] = {name: [] for name in ROLES}
-    per_repeat, identical, parts_ms, ops, final = [], True, {}, {}, {}
+    per_repeat, identical, parts_ms, ops, final, kernel_ms = [], True, {}, {}, {}, {}
     for rep in range(repeats):
         workers: dict[str, Worker] = {}
         try:
+            named = kernels > 0
             workers = {
-                name: Worker(new, new_config or config) if name == "new" else Worker(base, config) for name in ROLES
+                name: Worker(new, new_config or config, named) if name == "new" else Worker(base, config, named)
+                for name in ROLES
             }
             mine: dict[str, list[float]] = {name: [] for name in ROLES}
             losses = {}
@@ -151,6 +185,12 @@ def measure_config(
                     name: {k: statistics.median(p[k] for p in got) for k in got[0]} for name, got in rounds.items()
                 }
                 ops = {name: w.ask(ops=True) for name, w in pair.items()}
+            if rep == repeats - 1 and kernels:
+                kernel_ms = {name: workers[name].ask(kernels=kernels) for name in ("baseline", "new")}
+                for k in kernel_ms.values():
+                    k["groups"] = kernel_groups(k)
+                    k["self_ms"] = {key: ms for key, ms in k["self_ms"].items() if ms >= 0.01}  # the record's size
+                    k["calls"] = {key: n for key, n in k["calls"].items() if key in k["self_ms"]}
         finally:
             for w in workers.values():
                 w.close()
@@ -175,6 +215,8 @@ def measure_config(
         "parts_ms": parts_ms,
         "ops": ops,
         "part_steps": parts,
+        "kernels": kernel_ms,
+        "kernel_steps": kernels,
         "setup": {
             "n_layers": model.n_layers,
             "n_heads": model.n_heads,
@@ -290,13 +332,14 @@ def run(
     repeats: int,
     sets: dict[str, object] | None = None,
     new_configs: Sequence[Path | None] | None = None,
+    kernels: int = 0,
 ) -> dict:
     """Every run config measured (:func:`measure_config`); this checkout's process trains ``new_configs`` where given
     (each config with ``sets`` applied: :func:`with_sets`)."""
     load0 = list(os.getloadavg())
     rows = []
     for config, new_config in zip(configs, new_configs or [None] * len(configs), strict=True):
-        rows.append(_measured(base, config, steps, warmup, parts, repeats, new_config))
+        rows.append(_measured(base, config, steps, warmup, parts, repeats, new_config, kernels))
     return {
         "bench": "step",
         "host": host(),
@@ -315,9 +358,9 @@ def run(
 
 
 def _measured(
-    base: Path, config: Path, steps: int, warmup: int, parts: int, repeats: int, new_config: Path | None
+    base: Path, config: Path, steps: int, warmup: int, parts: int, repeats: int, new_config: Path | None, kernels: int
 ) -> dict:
-    row = measure_config(base, ROOT, config, steps, warmup, parts, repeats, new_config)
+    row = measure_config(base, ROOT, config, steps, warmup, parts, repeats, new_config, kernels)
     tps = row["tokens_per_s"]
     print(
         f"  {row['family']:<9} d_model {row['d_model']:>3}: baseline {tps['baseline']:8.0f} tok/s, "
@@ -325,6 +368,11 @@ def _measured(
         + ", ".join(f"{r:.2f}" for r in row["ratio_per_repeat"])
         + f"; baseline / control {row['control_ratio']:.2f}; identical: {row['identical']})"
     )
+    for name, k in row["kernels"].items():
+        print(
+            f"    {name:<8} profiled: {k['step_ms']:6.1f} ms a step: "
+            + ", ".join(f"{group} {ms:.1f}" for group, ms in k["groups"].items())
+        )
     return row
 
 
@@ -339,6 +387,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3, help="untimed first steps per process")
     ap.add_argument("--parts", type=int, default=7, help="steps of the per-part profile after the timed ones (0: none)")
     ap.add_argument(
+        "--kernels",
+        type=int,
+        default=0,
+        help="steps profiled by torch's profiler after the timed ones, compiled kernels by name (0: none)",
+    )
+    ap.add_argument(
         "--set",
         action="append",
         default=[],
@@ -348,8 +402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="also write the record here")
     args = ap.parse_args(argv)
-    if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.parts < 0:
-        ap.error("--steps and --repeats must be at least 1, --warmup and --parts at least 0")
+    if args.steps < 1 or args.repeats < 1 or args.warmup < 0 or args.parts < 0 or args.kernels < 0:
+        ap.error("--steps and --repeats must be at least 1, --warmup, --parts and --kernels at least 0")
     configs = [Path(c) for c in (args.config or [ROOT / c for c in DEFAULT_CONFIGS])]
     with contextlib.ExitStack() as stack:
         try:
@@ -365,7 +419,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             base = Path(args.baseline_tree).resolve()
             version = tree_version(base)
         print(f"step benchmark: baseline {version['commit']} against this checkout, {len(configs)} run config(s)")
-        rec = run(base, version, configs, args.steps, args.warmup, args.parts, args.repeats, sets, new_configs)
+        rec = run(
+            base, version, configs, args.steps, args.warmup, args.parts, args.repeats, sets, new_configs, args.kernels
+        )
     if args.json:
         write_json_atomic(args.json, rec)
     return 0

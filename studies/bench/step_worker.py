@@ -11,7 +11,8 @@ what the trainer's loop uses (``setup_runtime``, ``set_deterministic``, the ``Re
 Protocol, one JSON object a line: the worker answers ``{"ready": ...}`` once built, then reads ``{"steps": n}``
 and answers with the thread CPU seconds of each of the n steps and their losses; ``{"finish": true}`` answers the
 sha256 of the weights and of the optimizer state; ``{"parts": n}`` the median milliseconds of each part of n more
-steps (:func:`part_times`); ``{"ops":
+steps (:func:`part_times`); ``{"kernels": n}`` the milliseconds a step of each op and compiled kernel by the profiler
+over n more steps (:func:`kernel_times`); ``{"ops":
 true}`` the milliseconds of each aten op in one more step (:func:`op_times`); ``{"exit": true}`` or the end of its
 input ends it. A step is what the trainer's loop does per step:
 the forward, backward, clipping and AdamW step of ``mohge.train.trainer._step`` and the log window's bookkeeping,
@@ -133,7 +134,7 @@ def main() -> int:
             say(op_times(trainer._step, s, par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None))
             s += 1
             continue
-        if "parts" in req:
+        if "parts" in req or "kernels" in req:
             state = {"s": s}
 
             def one_step(state=state, meter=meter):
@@ -141,7 +142,10 @@ def main() -> int:
                 trainer._step(state["s"], par, opt, (b[:, :-1], b[:, 1:]), meter, biased, None)
                 state["s"] += 1
 
-            say(part_times(model, opt, par, meter, one_step, int(req["parts"])))
+            if "parts" in req:
+                say(part_times(model, opt, par, meter, one_step, int(req["parts"])))
+            else:
+                say(kernel_times(one_step, int(req["kernels"])))
             s = state["s"]
             continue
         times, losses = [], []
@@ -183,6 +187,28 @@ def op_times(step, *args) -> dict:
     with Timer():
         step(*args)
     return {"step_ms": 1e3 * (time.thread_time() - t0), "ops_ms": dict(ms), "calls": dict(calls)}
+
+
+def kernel_times(step, reps: int) -> dict:
+    """Where ``reps`` calls of ``step`` (training steps) spend their time, by torch's profiler: the self milliseconds a
+    step of each aten op, custom op (``mohge::``), compiled kernel (inductor's C++ kernels, named ``graph_<n>_cpp_...``
+    where the process runs with ``TORCHINDUCTOR_CPP_ENABLE_KERNEL_PROFILE=1``, as ``mohge bench step --kernels`` starts
+    it) and autograd or compiled-graph node (its Python and the calls it makes outside the dispatcher: the ctypes
+    kernels of ``mohge.model.native``), with their calls a step; ``step_ms`` the step's thread CPU milliseconds with the
+    profiler on. Self times are the profiler's, the wall clock of this one-thread process."""
+    from torch.profiler import ProfilerActivity, profile
+
+    t0 = time.thread_time()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            step()
+    step_ms = 1e3 * (time.thread_time() - t0) / reps
+    events = prof.key_averages()
+    return {
+        "step_ms": step_ms,
+        "self_ms": {e.key: e.self_cpu_time_total / 1e3 / reps for e in events},
+        "calls": {e.key: e.count / reps for e in events},
+    }
 
 
 PARTS = ("embedding", "attention", "attention kernel", "router", "experts", "head and loss", "optimizer", "other")

@@ -120,7 +120,7 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     out = tmp_path / "rec.json"
     argv = ["step", "--baseline-tree", str(ROOT), "--config", str(config), "--steps", "2", "--warmup", "1"]
     argv += ["--repeats", "1"]
-    assert main([*argv, "--parts", "1", "--json", str(out)]) == 0
+    assert main([*argv, "--parts", "1", "--kernels", "1", "--json", str(out)]) == 0
     rec = json.loads(out.read_text())
     assert rec["bench"] == "step" and rec["clock"] == "thread_time" and rec["threads"] == 1
     assert set(rec["host"]) >= {"cpu", "cpu_capability", "matrix_units", "torch", "python"}
@@ -136,6 +136,21 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     assert set(parts) == {*PARTS, "aten", "step"} and parts["attention kernel"] < parts["attention"]
     assert sum(parts[p] for p in PARTS if p != "attention kernel") == pytest.approx(parts["aten"])
     assert run["ops"]["new"]["ops_ms"]["mm"] > 0
+    assert run["kernel_steps"] == 1 and set(run["kernels"]) == {"baseline", "new"}
+    k = run["kernels"]["new"]
+    assert set(k["groups"]) == set(bench_step.KERNEL_GROUPS) and k["self_ms"]["aten::mm"] > 0
+    assert k["groups"]["GEMMs"] == pytest.approx(sum(k["self_ms"].get(g, 0.0) for g in bench_step.GEMMS))
+    assert k["groups"]["compiled kernels"] == 0 and k["calls"]["aten::mm"] >= 1  # the eager path compiles nothing
+
+
+def test_profiler_keys_fall_in_the_group_of_what_they_compute():
+    kernel_group = bench_step.kernel_group
+    assert kernel_group("aten::mm") == kernel_group("aten::addmm_") == "GEMMs"
+    assert kernel_group("graph_1_cpp_fused__softmax_bitwise_not_clone_div_2") == "compiled kernels"
+    assert kernel_group("mohge::topk_indices") == "custom ops"
+    assert kernel_group("aten::exp") == "other aten ops" and kernel_group("aten::mul_") == "other aten ops"
+    for key in ("_ClassSwiGLUBackward", "CompiledFunction", "Optimizer.step#AdamW.step", "graph_4"):
+        assert kernel_group(key) == "Python and nodes"
 
 
 def test_bad_counts_are_refused_before_any_work(capsys):
