@@ -529,6 +529,36 @@ def test_speed_doc_quotes_the_avx2_hosts_fused_path_record():
     assert f"AVX2 host: missed, {pooled} on the fused path (`results/bench/train_small_fused_avx2.json`) |" in text
 
 
+def test_speed_doc_says_where_the_avx2_hosts_fused_step_goes_as_its_record_holds():
+    """The AVX2 record's profiles, summed by kind (GEMMs, compiled kernels, ...), as docs/speed.md's table shows them,
+    and the share of the 2x target its GEMMs leave to the rest: what the sentence after the table says."""
+    rec = json.loads(FUSED_RECORD_AVX2.read_text())
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    text = " ".join(doc.split())
+    groups = bench_step.KERNEL_GROUPS
+    assert f"`--kernels {rec['runs'][0]['kernel_steps']}`" in text
+    needs = {}
+    for run in rec["runs"]:
+        for side, path in (("baseline", "eager"), ("new", "fused")):
+            g = run["kernels"][side]["groups"]
+            assert (g["compiled kernels"] > 0) == (side == "new")  # inductor's kernels were named and counted
+            row = f"| {NAMES[run['family']]} | {run['d_model']} | {path} | " + " | ".join(f"{g[k]:.1f}" for k in groups)
+            assert row + " |" in doc.splitlines(), row
+        target_ms = 1e3 * run["step_seconds"]["baseline"] / 2
+        g = run["kernels"]["new"]["groups"]
+        rest = sum(g.values()) - g["GEMMs"]
+        needs[run["family"], run["d_model"]] = (target_ms, g["GEMMs"], rest, rest / (target_ms - g["GEMMs"]))
+    target_ms, gemms, rest, factor = needs["mohge", 64]
+    assert (
+        f"is a MoHGE step of {target_ms:.0f} ms; the fused step's GEMMs alone take {gemms:.0f} ms a step under the "
+        f"profiler, which leaves {target_ms - gemms:.0f} ms for the rest, {rest:.0f} ms there: on this host the target "
+        f"needs everything but the GEMMs {factor:.1f}× faster than the fused path runs it (MoE-15: "
+        f"{needs['moe', 64][3]:.1f}×; at d_model 32, MoHGE {needs['mohge', 32][3]:.1f}×, MoE-15 "
+        f"{needs['moe', 32][3]:.1f}×, MoE-12 {needs['moe_equal', 32][3]:.1f}×)"
+    ) in text
+    assert all(f > 1 for *_, f in needs.values()), "the sentence says the target needs the rest faster"
+
+
 def test_speed_doc_quotes_the_fused_path_record():
     rec = json.loads(FUSED_RECORD.read_text())
     doc = (ROOT / "docs" / "speed.md").read_text()
