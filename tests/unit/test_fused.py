@@ -126,6 +126,9 @@ def test_the_native_silu_products_are_off_fp64_by_no_more_than_torchs_ops_in_the
     dact = torch.randn(H, C).to(dtype)
     g = torch.rand(H, dtype=torch.float64).to(dtype)  # a gate a row
     act, gated = native.silu_mul(a, u), native.silu_mul(a, u, g)
+    into = torch.full((H, ld + 2), 7.0, dtype=dtype)  # rows of another stride: the block written, the rest kept
+    assert native.silu_mul(a, u, g, out=into[:, 1 : C + 1]) is not None
+    assert torch.equal(into[:, 1 : C + 1], gated) and (into[:, 0] == 7).all() and (into[:, C + 1 :] == 7).all()
     grads, dg = torch.empty(2 * H, C, dtype=dtype), torch.empty(H, dtype=dtype)
     native.silu_mul_backward(a, u, dact, grads[:H], grads[H:])
     gated_grads = torch.empty(2 * H, C, dtype=dtype)
@@ -156,6 +159,8 @@ def test_the_silu_products_of_other_dtypes_and_layouts_are_torchs_own():
                  (torch.randn(9, 6).t(), torch.randn(9, 6).t())]:  # fmt: skip
         dact = torch.randn_like(a)
         assert torch.equal(native.silu_mul(a, u), F.silu(a) * u)
+        into = torch.empty_like(a)
+        assert native.silu_mul(a, u, out=into) is into and torch.equal(into, F.silu(a) * u)
         da, du = torch.empty_like(a), torch.empty_like(a)
         native.silu_mul_backward(a, u, dact, da, du)
         assert torch.equal(da, torch.ops.aten.silu_backward(dact * u, a)) and torch.equal(du, dact * F.silu(a))

@@ -126,12 +126,13 @@ def _chunks(cols: list[tuple[int, int]], H: int) -> list[tuple[int, int]]:
 class _ClassSwiGLU(torch.autograd.Function):
     """The grouped pure-torch expert block (:mod:`mohge.kernels.reference`: one sort, one gather, GEMMs on each
     expert's contiguous slice of the sorted rows) with each width class's pre-activations stored transposed, one
-    [2H, rows of the class] buffer: its gate and up halves are row-major blocks whose rows are an expert's tokens, so
-    SiLU and the products run over rows hundreds of elements long, on runs of experts (:func:`_chunks`), instead of
-    per expert over half-rows of H elements (the grouped path: element by element in each row's tail, 5-6x the time
-    at widths 5-19). The combine by token, its gradients and the input's gradient are gathers by slot
-    (:func:`_combine`, :func:`_combine_backward`, :func:`_sum_rows`), compiled where the row count is fixed (no
-    padding rows), in place of index_add."""
+    [2H, rows of the class] buffer, and its SiLU products, one [H, rows] buffer kept for the backward: the gate and up
+    halves are row-major blocks whose rows are an expert's tokens, so SiLU and the products run over rows hundreds of
+    elements long, on runs of experts (:func:`_chunks`), instead of per expert over half-rows of H elements (the
+    grouped path: element by element in each row's tail, 5-6x the time at widths 5-19). The combine by token, its
+    gradients and the input's gradient are gathers by slot (:func:`_combine`, :func:`_combine_backward`,
+    :func:`_sum_rows`), compiled where the row count is fixed (no padding rows), in place of index_add. Each expert's
+    operands are views made by one split or unbind per tensor, the same views as indexing them one by one."""
 
     @staticmethod
     def forward(ctx, x_TD, idx_TK, gates_TK, num_classes, *weights):
@@ -147,19 +148,21 @@ class _ClassSwiGLU(torch.autograd.Function):
             n, H = w2.shape[0], w2.shape[2]
             r0 = lay.row0[first]
             cols = [(lay.row0[first + j] - r0, lay.row0[first + j + 1] - r0) for j in range(n)]
-            hT_2HR = x_TD.new_empty(2 * H, cols[-1][1])
+            sizes = [t - s for s, t in cols]
+            R = cols[-1][1]
+            hT_2HR, act_HR = x_TD.new_empty(2 * H, R), x_TD.new_empty(H, R)
+            h_j, xT_j = hT_2HR.split(sizes, dim=1), xs_PD[r0 : r0 + R].t().split(sizes, dim=1)
+            out_j, w1_j, w2T_j = out_PD[r0 : r0 + R].split(sizes), w1.unbind(0), w2.transpose(1, 2).unbind(0)
             for j0, j1 in _chunks(cols, H):
                 c0, c1 = cols[j0][0], cols[j1 - 1][1]
                 for j in range(j0, j1):
-                    s, t = cols[j]
-                    if s < t:
-                        torch.mm(w1[j], xs_PD[r0 + s : r0 + t].t(), out=hT_2HR[:, s:t])
-                act_HC = native.silu_mul(hT_2HR[:H, c0:c1], hT_2HR[H:, c0:c1])
-                for j in range(j0, j1):
-                    s, t = cols[j]
-                    if s < t:
-                        torch.mm(act_HC[:, s - c0 : t - c0].t(), w2[j].t(), out=out_PD[r0 + s : r0 + t])
-            saved.append((r0, cols, hT_2HR))
+                    if sizes[j]:
+                        torch.mm(w1_j[j], xT_j[j], out=h_j[j])
+                act_CH = native.silu_mul(hT_2HR[:H, c0:c1], hT_2HR[H:, c0:c1], out=act_HR[:, c0:c1]).t()
+                for j, act_ch in zip(range(j0, j1), act_CH.split(sizes[j0:j1]), strict=True):
+                    if sizes[j]:
+                        torch.mm(act_ch, w2T_j[j], out=out_j[j])
+            saved.append((r0, cols, hT_2HR, act_HR))
             first += n
         glue = compiled if lay.dest_A is None else (lambda fn: fn)
         ctx.num_classes, ctx.lay, ctx.classes, ctx.glue = num_classes, lay, saved, glue
@@ -173,29 +176,33 @@ class _ClassSwiGLU(torch.autograd.Function):
         dout_PD, dgates_TK = ctx.glue(_combine_backward)(dy_TD, out_PD, row_TK, ctx.lay.tok_P, gate_P)
         dxs_PD = torch.empty_like(xs_PD)
         dw1s, dw2s = [torch.empty_like(w) for w in w1s], [torch.empty_like(w) for w in w2s]
-        for w1, w2, dw1, dw2, (r0, cols, hT_2HR) in zip(w1s, w2s, dw1s, dw2s, ctx.classes, strict=True):
+        for w1, w2, dw1, dw2, (r0, cols, hT_2HR, act_HR) in zip(w1s, w2s, dw1s, dw2s, ctx.classes, strict=True):
             H = w2.shape[2]
+            sizes = [t - s for s, t in cols]
+            R = cols[-1][1]
+            doutT_j = dout_PD[r0 : r0 + R].t().split(sizes, dim=1)
+            xs_j, dxs_j = xs_PD[r0 : r0 + R].split(sizes), dxs_PD[r0 : r0 + R].split(sizes)
+            w1_j, w2T_j, dw1_j, dw2_j = w1.unbind(0), w2.transpose(1, 2).unbind(0), dw1.unbind(0), dw2.unbind(0)
             for j0, j1 in _chunks(cols, H):
                 c0, c1 = cols[j0][0], cols[j1 - 1][1]
                 a_HC, u_HC = hT_2HR[:H, c0:c1], hT_2HR[H:, c0:c1]
-                act_HC = native.silu_mul(a_HC, u_HC)
+                actT_j = act_HR[:, c0:c1].t().split(sizes[j0:j1])
                 dact_HC = a_HC.new_empty(a_HC.shape)
-                for j in range(j0, j1):
-                    s, t = cols[j]
-                    if s == t:  # an expert without a token: its weights get zero gradients
-                        dw1[j].zero_()
-                        dw2[j].zero_()
+                dact_j = dact_HC.split(sizes[j0:j1], dim=1)
+                for k, j in enumerate(range(j0, j1)):
+                    if not sizes[j]:  # an expert without a token: its weights get zero gradients
+                        dw1_j[j].zero_()
+                        dw2_j[j].zero_()
                         continue
-                    dout_CD = dout_PD[r0 + s : r0 + t]
-                    torch.mm(w2[j].t(), dout_CD.t(), out=dact_HC[:, s - c0 : t - c0])
-                    torch.mm(dout_CD.t(), act_HC[:, s - c0 : t - c0].t(), out=dw2[j])
+                    torch.mm(w2T_j[j], doutT_j[j], out=dact_j[k])
+                    torch.mm(doutT_j[j], actT_j[k], out=dw2_j[j])
                 dh_2HC = a_HC.new_empty(2 * H, c1 - c0)
                 native.silu_mul_backward(a_HC, u_HC, dact_HC, dh_2HC[:H], dh_2HC[H:])  # d/da, d/du of SiLU(a)*u
-                for j in range(j0, j1):
-                    s, t = cols[j]
-                    if s < t:
-                        torch.mm(dh_2HC[:, s - c0 : t - c0], xs_PD[r0 + s : r0 + t], out=dw1[j])
-                        torch.mm(dh_2HC[:, s - c0 : t - c0].t(), w1[j], out=dxs_PD[r0 + s : r0 + t])
+                dh_j, dhT_j = dh_2HC.split(sizes[j0:j1], dim=1), dh_2HC.t().split(sizes[j0:j1])
+                for k, j in enumerate(range(j0, j1)):
+                    if sizes[j]:
+                        torch.mm(dh_j[k], xs_j[j], out=dw1_j[j])
+                        torch.mm(dhT_j[k], w1_j[j], out=dxs_j[j])
         dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK)
         ctx.lay = ctx.classes = None
         return (dx_TD, None, dgates_TK, None, *dw1s, *dw2s)

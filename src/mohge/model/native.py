@@ -254,19 +254,22 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def silu_mul(a: Tensor, u: Tensor, g: Tensor | None = None) -> Tensor:
-    """``F.silu(a) * u`` (times ``g[:, None]``, one value a row, where given) as a new contiguous tensor: one pass of
-    the kernel (in float, one rounding to the dtype) for fp32 or bf16 blocks of contiguous rows (a and u of one row
-    stride, as the gate and up halves of one buffer; g contiguous, of their dtype), torch's ops for anything else."""
+def silu_mul(a: Tensor, u: Tensor, g: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+    """``F.silu(a) * u`` (times ``g[:, None]``, one value a row, where given) as a new contiguous tensor, or written
+    into ``out`` (a's shape and dtype) and returned: one pass of the kernel (in float, one rounding to the dtype) for
+    fp32 or bf16 blocks of contiguous rows (a and u of one row stride, as the gate and up halves of one buffer; out of
+    any row stride; g contiguous, of their dtype), torch's ops for anything else."""
     gs = () if g is None else (g,)
-    if not (_rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0) and _gates(a, *gs)):
+    fits = _rows(a, u) and a.shape == u.shape and a.stride(0) == u.stride(0) and _gates(a, *gs)
+    if not (fits and (out is None or (_rows(a, out) and out.shape == a.shape))):
         act = torch.nn.functional.silu(a) * u
-        return act if g is None else act * g[:, None]
+        act = act if g is None else act * g[:, None]
+        return act if out is None else out.copy_(act)
     H, C = a.shape
-    out = a.new_empty(H, C)
+    out = a.new_empty(H, C) if out is None else out
     if out.numel():
         kernel(f"mohge_silu_mul_{_SUFFIX[a.dtype]}", _P, _P, _I, _P, _P, _I, _I, _I)(
-            a.data_ptr(), u.data_ptr(), a.stride(0), _ptr(g), out.data_ptr(), C, H, C
+            a.data_ptr(), u.data_ptr(), a.stride(0), _ptr(g), out.data_ptr(), out.stride(0), H, C
         )
     return out
 
