@@ -11,12 +11,14 @@ LM head's cross-entropy, written and read again four times. The fused path runs:
   written as broadcast products and a masked softmax (:func:`short_causal_attention`) in place of
   ``F.scaled_dot_product_attention`` (:func:`mohge.model.transformer._attention_half`); longer windows, masks and
   MLA stay eager;
-- the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`, its
-  top-k through a kernel of our own on a CPU (:mod:`mohge.model.topk`);
+- the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`; on a CPU
+  in fp32 the router's steps after its GEMMs, forward and backward, are kernels of our own that the graph calls
+  (:mod:`mohge.model.route_kernel`), elsewhere its top-k (:mod:`mohge.model.topk`);
 - on a CPU, the routed experts with each width class's pre-activations transposed and their combine by token
   compiled: :func:`experts`;
 - the LM head and its mean cross-entropy in chunks of :data:`LOSS_CHUNK` tokens (:func:`linear_cross_entropy`): each
-  chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored; outside autocast.
+  chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored, the softmax and its
+  gradient one kernel pass a row in fp32 on a CPU (:func:`mohge.model.native.softmax_xent_`); outside autocast.
 
 Compiled graphs are built once per shape at the first steps and shared by every layer. Each piece computes the eager
 model's function in other roundings (the order of a sum, inductor's exponential), so a run on the fused path is a run
@@ -228,6 +230,19 @@ def class_swiglu(x_TD: Tensor, idx_TK: Tensor, gates_TK: Tensor, w1s, w2s) -> Te
     return _ClassSwiGLU.apply(x_TD, idx_TK, gates_TK, len(w1s), *w1s, *w2s)
 
 
+def _softmax_xent_(z_CV: Tensor, y_C1: Tensor, T: int, total: Tensor) -> Tensor:
+    """:func:`mohge.model.native.softmax_xent_` in torch's ops (any dtype and device): the rows' losses added to
+    ``total``, the gradient (softmax - one-hot) / T returned (``z_CV`` overwritten on the way)."""
+    z_CV -= z_CV.amax(-1, keepdim=True)
+    p_CV = z_CV.exp()
+    sum_C1 = p_CV.sum(-1, keepdim=True)
+    total += (sum_C1.log() - z_CV.gather(1, y_C1)).sum()  # -log softmax at the target
+    p_CV /= sum_C1
+    p_CV.scatter_add_(1, y_C1, p_CV.new_full(y_C1.shape, -1.0))  # d(loss sum)/dz = softmax - one-hot
+    p_CV *= 1.0 / T
+    return p_CV
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of the logits ``h W^T`` against ``y``, with its gradients computed chunk by chunk in the
     forward pass (softmax minus the one-hot, over T) and scaled by the incoming gradient in the backward."""
@@ -237,16 +252,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         T = h_TD.shape[0]
         dh_TD, dw_VD = torch.empty_like(h_TD), torch.zeros_like(w_VD)
         total = h_TD.new_zeros(())
+        native_rows = h_TD.dtype == w_VD.dtype == torch.float32 and h_TD.device.type == "cpu"
         for s in range(0, T, chunk):
-            h_CD, y_C1 = h_TD[s : s + chunk], y_T[s : s + chunk, None]
+            h_CD, y_C = h_TD[s : s + chunk], y_T[s : s + chunk]
             z_CV = h_CD @ w_VD.t()
-            z_CV -= z_CV.amax(-1, keepdim=True)
-            p_CV = z_CV.exp()
-            sum_C1 = p_CV.sum(-1, keepdim=True)
-            total += (sum_C1.log() - z_CV.gather(1, y_C1)).sum()  # -log softmax at the target
-            p_CV /= sum_C1
-            p_CV.scatter_add_(1, y_C1, p_CV.new_full(y_C1.shape, -1.0))  # d(loss sum)/dz = softmax - one-hot
-            p_CV *= 1.0 / T
+            if native_rows:  # -log softmax at the target summed, z_CV overwritten with (softmax - one-hot) / T
+                total += native.softmax_xent_(z_CV, y_C, 1.0 / T)
+                p_CV = z_CV
+            else:
+                p_CV = _softmax_xent_(z_CV, y_C[:, None], T, total)
             torch.mm(p_CV, w_VD, out=dh_TD[s : s + chunk])
             dw_VD.addmm_(p_CV.t(), h_CD)
         ctx.save_for_backward(dh_TD, dw_VD)

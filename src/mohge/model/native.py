@@ -1,6 +1,10 @@
-"""The fused path's kernels of our own on a CPU (``train.fused``), in C: the routers' top-k (:mod:`mohge.model.topk`)
-and the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, fp32 and bf16, used by
-:class:`mohge.model.fused._ClassSwiGLU` in fp32 and by the grouped path of :mod:`mohge.kernels.reference` in bf16).
+"""The fused path's kernels of our own on a CPU (``train.fused``), in C: the routers after their GEMMs, forward and
+backward (:mod:`mohge.model.route_kernel`), their top-k where a router runs outside those (:mod:`mohge.model.topk`),
+the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, fp32 and bf16, used by
+:class:`mohge.model.fused._ClassSwiGLU` in fp32 and by the grouped path of :mod:`mohge.kernels.reference` in bf16) and
+the head loss's softmax cross-entropy of a chunk's rows (:func:`softmax_xent_`, used by
+:func:`mohge.model.fused.linear_cross_entropy`). The routers' kernels and the top-k run tokens in the lanes of
+:data:`LANES_SOURCE`'s vector types, the loss along each row.
 
 They are built on first use with the C++ compiler the fused path already needs (``$CXX``, else ``g++``: the one
 torch.compile builds its CPU graphs with, :func:`mohge.config.preflight.cpp_compiler`), for this CPU
@@ -24,42 +28,87 @@ import torch
 
 Tensor = torch.Tensor
 
-TOPK_SOURCE = r"""
+LANES_SOURCE = r"""
+/* Rows in vector lanes: LANES rows (tokens) at a time, one per lane of GCC's vector types, LANES the CPU's widest
+   vector of floats (8 on AVX2: wider types are split into pieces that the compiler partly runs element by element,
+   14x the router kernel's time measured on an AMD EPYC with AVX2). */
+#if defined(__AVX512F__)
 #define LANES 16
+#else
+#define LANES 8
+#endif
 #define KMAX 8
+typedef float vf __attribute__((vector_size(4 * LANES)));
+typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+static inline vf splat(float a) { return vf{} + a; }
+static inline vi splati(int32_t a) { return vi{} + a; }
+/* exp_f32 (below) lane by lane */
+static inline vf vexp(vf x) {
+    x = x < -87.33654475f ? splat(-87.33654475f) : x;
+    x = x > 88.72283905f ? splat(88.72283905f) : x;
+    const vf t = x * 1.44269504088896341f;
+    const vi n = __builtin_convertvector(t + (t < 0.0f ? splat(-0.5f) : splat(0.5f)), vi);
+    const vf fx = __builtin_convertvector(n, vf);
+    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
+    const vf z = x * x;
+    vf y = splat(1.9875691500e-4f);
+    y = y * x + 1.3981999507e-3f;
+    y = y * x + 8.3334519073e-3f;
+    y = y * x + 4.1665795894e-2f;
+    y = y * x + 1.6666665459e-1f;
+    y = y * x + 5.0000001201e-1f;
+    y = y * z + x + 1.0f;
+    return y * (vf)((n + 127) << 23);
+}
+static inline vf vsigmoid(vf x) { return splat(1.0f) / (1.0f + vexp(-x)); }
+/* Top-k, lane by lane: the best k so far (b: keys, bv: values carried along, ix: their indices, -1 an empty slot),
+   largest first; an entry (key x, value y, index xi) is pushed down the list with selects. Equal keys: the entry
+   pushed first (the lower index) first; NaN below every number (read as -inf, then last among equals by index). */
+static inline void clear_best(vf *b, vf *bv, vi *ix) {
+    for (int j = 0; j < KMAX; ++j) {
+        b[j] = bv[j] = splat(-INFINITY);
+        ix[j] = splati(-1);
+    }
+}
+static inline void push_down(vf *b, vf *bv, vi *ix, int64_t k, vf x, vf y, vi xi) {
+    x = x == x ? x : splat(-INFINITY);
+    for (int64_t j = 0; j < k; ++j) {
+        const vi c = (x > b[j]) | (ix[j] < 0); /* an empty slot takes any entry */
+        const vf bj = b[j], vj = bv[j];
+        const vi ij = ix[j];
+        b[j] = c ? x : bj;
+        bv[j] = c ? y : vj;
+        ix[j] = c ? xi : ij;
+        x = c ? bj : x;
+        y = c ? vj : y;
+        xi = c ? ij : xi;
+    }
+}
+/* columns e0 .. e0 + cols of rows t0 .. t0 + m of v (row stride ld) as cols vectors of the rows' values, the lanes
+   past the m rows set to `fill` */
+static inline void load_block(const float *v, int64_t ld, int64_t t0, int64_t m, int64_t e0, int64_t cols, vf *out,
+                              float fill) {
+    for (int64_t e = 0; e < cols; ++e) out[e] = splat(fill);
+    for (int64_t l = 0; l < m; ++l)
+        for (int64_t e = 0; e < cols; ++e) out[e][l] = v[(t0 + l) * ld + e0 + e];
+}
+"""
+
+TOPK_SOURCE = r"""
 /* The indices [rows, k] of the k largest entries of each row of v ([rows, n] floats, row stride `stride`), largest
-   first; equal values: the lower index first; NaN below every number (read as -inf, then last among equals by
-   index). Rows go LANES at a time, one per lane; each lane keeps its row's best k so far (b, ix: value and index,
-   sorted) and pushes each new entry down the list with selects, so the loop over l vectorizes. */
+   first, as push_down ranks them; the columns read in tiles of TILE. */
+#define TILE 64
 extern "C" void mohge_topk_rows_f32(const float *v, int64_t rows, int64_t n, int64_t stride, int64_t k,
                                     int64_t *out) {
+    vf b[KMAX], bv[KMAX], x[TILE];
+    vi ix[KMAX];
     for (int64_t t0 = 0; t0 < rows; t0 += LANES) {
         const int64_t m = rows - t0 < LANES ? rows - t0 : LANES;
-        float b[KMAX][LANES];
-        int32_t ix[KMAX][LANES];
-        for (int j = 0; j < KMAX; ++j)
-            for (int l = 0; l < LANES; ++l) {
-                b[j][l] = -INFINITY;
-                ix[j][l] = -1;
-            }
-        for (int64_t e = 0; e < n; ++e) {
-            float x[LANES];
-            int32_t xi[LANES];
-            for (int l = 0; l < LANES; ++l) {
-                const float y = l < m ? v[(t0 + l) * stride + e] : -INFINITY;
-                x[l] = y == y ? y : -INFINITY;
-                xi[l] = (int32_t)e;
-            }
-            for (int64_t j = 0; j < k; ++j)
-                for (int l = 0; l < LANES; ++l) {
-                    const bool c = (x[l] > b[j][l]) | (ix[j][l] < 0);  /* an empty slot takes any entry */
-                    const float bj = b[j][l];
-                    const int32_t ij = ix[j][l];
-                    b[j][l] = c ? x[l] : bj;
-                    ix[j][l] = c ? xi[l] : ij;
-                    x[l] = c ? bj : x[l];
-                    xi[l] = c ? ij : xi[l];
-                }
+        clear_best(b, bv, ix);
+        for (int64_t e0 = 0; e0 < n; e0 += TILE) {
+            const int64_t cols = n - e0 < TILE ? n - e0 : TILE;
+            load_block(v, stride, t0, m, e0, cols, x, -INFINITY);
+            for (int64_t e = 0; e < cols; ++e) push_down(b, bv, ix, k, x[e], x[e], splati((int32_t)(e0 + e)));
         }
         for (int64_t l = 0; l < m; ++l)
             for (int64_t j = 0; j < k; ++j) out[(t0 + l) * k + j] = ix[j][l];
@@ -165,7 +214,303 @@ SILU_ENTRY(f32, F32)
 SILU_ENTRY(bf16, BF16)
 """
 
-SOURCE = "#include <cmath>\n#include <cstdint>\n" + TOPK_SOURCE + SILU_SOURCE
+XENT_SOURCE = r"""
+/* Softmax cross-entropy of rows of logits, in place: for each of the rows of z [rows, V] (row stride ldz) with target
+   y, the row's loss log(sum(exp(z - max))) - (z[y] - max) is added to the returned sum (in double, row order), and
+   the row is overwritten with its loss's gradient times `scale`: (softmax(z) - onehot(y)) * scale. Vectors of LANES
+   floats along the row, its tail element by element. */
+static inline vf vload(const float *p) {
+    vf v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vstore(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+extern "C" double mohge_softmax_xent_f32(float *z, int64_t rows, int64_t V, int64_t ldz, const int64_t *y,
+                                         float scale) {
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+        float *r = z + i * ldz;
+        const int64_t body = V - V % LANES;
+        vf vm = splat(-INFINITY);
+        for (int64_t j = 0; j < body; j += LANES) {
+            const vf v = vload(r + j);
+            vm = v > vm ? v : vm;
+        }
+        float m = -INFINITY;
+        for (int l = 0; l < LANES; ++l) m = vm[l] > m ? vm[l] : m;
+        for (int64_t j = body; j < V; ++j) m = r[j] > m ? r[j] : m;
+        const float zy = r[y[i]] - m;
+        vf vs = {};
+        for (int64_t j = 0; j < body; j += LANES) {
+            const vf e = vexp(vload(r + j) - m);
+            vstore(r + j, e);
+            vs += e;
+        }
+        float s = 0.0f;
+        for (int l = 0; l < LANES; ++l) s += vs[l];
+        for (int64_t j = body; j < V; ++j) {
+            r[j] = exp_f32(r[j] - m);
+            s += r[j];
+        }
+        total += (double)(logf(s) - zy);
+        const float k = scale / s;
+        for (int64_t j = 0; j < body; j += LANES) vstore(r + j, vload(r + j) * k);
+        for (int64_t j = body; j < V; ++j) r[j] *= k;
+        r[y[i]] -= scale;
+    }
+    return total;
+}
+"""
+
+ROUTE_SOURCE = r"""
+/* MoHGE's router after its two GEMMs (docs/method.md §2, G2-E6), LANES tokens at a time: the group logits lg [T, G]
+   (row stride ldg) and the expert logits le [T, E = G n] (row stride lde) in, the selected experts idx [T, K] (largest
+   first), their gates [T, K] and the selected-group map gmap [T, G] out. Group scores: sigmoid (normalised over the
+   selected groups where Kg > 1) or a softmax over the selected groups; the combined scores c = softmax within each
+   group x its group's weight, renormalised; the experts' top-K among the selected groups (with eb: of c + eb; the
+   gates read c), ranked by push_down; gates: a softmax of the top-K values, or the values renormalised. */
+#define RGMAX 64
+#define REMAX 256
+#define RNMAX 64
+struct RouteShape {
+    int64_t T, G, n, Kg, K, ldg, lde;
+    int32_t softmax_groups, renorm_gates;
+};
+/* a block's selection masks m [G] and group weights p [G] (0 off the selected groups) from its group logits lg and
+   the selected groups gi [Kg] */
+static inline void group_weights(const RouteShape &s, const vf *lg, const vi *gi, vi *m, vf *p) {
+    vf top = splat(-INFINITY), den = {};
+    for (int64_t g = 0; g < s.G; ++g) {
+        vi sel = {};
+        for (int64_t j = 0; j < s.Kg; ++j) sel |= gi[j] == (int32_t)g;
+        m[g] = sel;
+        top = (sel & (lg[g] > top)) ? lg[g] : top;
+    }
+    for (int64_t g = 0; g < s.G; ++g) {
+        const vf w = s.softmax_groups ? vexp(lg[g] - top) : vsigmoid(lg[g]);
+        p[g] = m[g] ? w : splat(0.0f);
+        den += p[g];
+    }
+    if (s.softmax_groups || s.Kg > 1) {
+        den += s.softmax_groups ? 0.0f : 1e-20f;
+        for (int64_t g = 0; g < s.G; ++g) p[g] = p[g] / den;
+    }
+}
+/* q [E] = the softmax of le within each group, and the sum of u = q p */
+static inline vf combined(const RouteShape &s, const vf *le, const vf *p, vf *q) {
+    vf usum = {};
+    for (int64_t g = 0; g < s.G; ++g) {
+        const vf *lr = le + g * s.n;
+        vf *qr = q + g * s.n;
+        vf mx = splat(-INFINITY), sum = {};
+        for (int64_t j = 0; j < s.n; ++j) mx = lr[j] > mx ? lr[j] : mx;
+        for (int64_t j = 0; j < s.n; ++j) {
+            qr[j] = vexp(lr[j] - mx);
+            sum += qr[j];
+        }
+        for (int64_t j = 0; j < s.n; ++j) {
+            qr[j] = qr[j] / sum;
+            usum += qr[j] * p[g];
+        }
+    }
+    return usum;
+}
+extern "C" void mohge_grouped_route_f32(const RouteShape *sp, const float *lg_in, const float *le_in, const float *gb,
+                                        const float *eb, int64_t *idx, float *gates, uint8_t *gmap) {
+    const RouteShape s = *sp;
+    const int64_t E = s.G * s.n;
+    vf lg[RGMAX], p[RGMAX], le[REMAX], q[REMAX], b[KMAX], bv[KMAX];
+    vi m[RGMAX], ix[KMAX];
+    for (int64_t t0 = 0; t0 < s.T; t0 += LANES) {
+        const int64_t mlanes = s.T - t0 < LANES ? s.T - t0 : LANES;
+        load_block(lg_in, s.ldg, t0, mlanes, 0, s.G, lg, 0.0f);
+        load_block(le_in, s.lde, t0, mlanes, 0, E, le, 0.0f);
+        clear_best(b, bv, ix);
+        for (int64_t g = 0; g < s.G; ++g) {
+            const vf key = gb ? lg[g] + gb[g] : lg[g];
+            push_down(b, bv, ix, s.Kg, key, key, splati((int32_t)g));
+        }
+        group_weights(s, lg, ix, m, p);
+        const vf usum = combined(s, le, p, q);
+        clear_best(b, bv, ix);
+        for (int64_t e = 0; e < E; ++e) {
+            const int64_t g = e / s.n;
+            const vf c = q[e] * p[g] / usum;
+            const vf key = m[g] ? (eb ? c + eb[e] : c) : splat(-INFINITY);
+            push_down(b, bv, ix, s.K, key, c, splati((int32_t)e));
+        }
+        const vf top = bv[0];
+        vf den = {};
+        for (int64_t j = 0; j < s.K; ++j) {
+            bv[j] = s.renorm_gates ? bv[j] : vexp(bv[j] - top);
+            den += bv[j];
+        }
+        for (int64_t j = 0; j < s.K; ++j) bv[j] = bv[j] / den;
+        for (int64_t l = 0; l < mlanes; ++l) {
+            for (int64_t j = 0; j < s.K; ++j) {
+                idx[(t0 + l) * s.K + j] = ix[j][l];
+                gates[(t0 + l) * s.K + j] = bv[j][l];
+            }
+            for (int64_t g = 0; g < s.G; ++g) gmap[(t0 + l) * s.G + g] = m[g][l] != 0;
+        }
+    }
+}
+/* The gradients of the gates with respect to lg and le given dgates [T, K] (dlg, dle: [T, G], [T, E], contiguous),
+   from the forward's idx, gates and gmap, its quantities recomputed: d(gates)/d(top values) (softmax or
+   renormalisation), the top values' gradient scattered to their experts, through the renormalisation of c, the
+   product q p, the softmax within each group and the group weights. Unselected groups and experts get 0. */
+extern "C" void mohge_grouped_route_backward_f32(const RouteShape *sp, const float *lg_in, const float *le_in,
+                                                 const int64_t *idx, const float *gates, const uint8_t *gmap,
+                                                 const float *dgates, float *dlg, float *dle) {
+    const RouteShape s = *sp;
+    const int64_t E = s.G * s.n;
+    vf lg[RGMAX], p[RGMAX], dp[RGMAX], le[REMAX], q[REMAX], dc[REMAX], dq[RNMAX];
+    vi m[RGMAX], gi[KMAX];
+    for (int64_t t0 = 0; t0 < s.T; t0 += LANES) {
+        const int64_t mlanes = s.T - t0 < LANES ? s.T - t0 : LANES;
+        load_block(lg_in, s.ldg, t0, mlanes, 0, s.G, lg, 0.0f);
+        load_block(le_in, s.lde, t0, mlanes, 0, E, le, 0.0f);
+        for (int j = 0; j < KMAX; ++j) gi[j] = splati(-1);
+        for (int64_t l = 0; l < LANES; ++l) /* the selected groups, from the map (their order does not matter) */
+            for (int64_t g = 0, j = 0; g < s.G && j < s.Kg; ++g)
+                if (l < mlanes ? gmap[(t0 + l) * s.G + g] != 0 : g < s.Kg) gi[j++][l] = (int32_t)g;
+        group_weights(s, lg, gi, m, p);
+        const vf usum = combined(s, le, p, q);
+        /* the top values v = c[idx] and their gradient dv from the gates', scattered into dc */
+        for (int64_t e = 0; e < E; ++e) dc[e] = vf{};
+        vf cdot = {};
+        for (int64_t l = 0; l < mlanes; ++l) {
+            const int64_t *ir = idx + (t0 + l) * s.K;
+            const float *gr = gates + (t0 + l) * s.K, *dr = dgates + (t0 + l) * s.K;
+            float v[KMAX], vsum = 0.0f, gdot = 0.0f, vdot = 0.0f;
+            for (int64_t j = 0; j < s.K; ++j) {
+                v[j] = q[ir[j]][l] * p[ir[j] / s.n][l] / usum[l];
+                vsum += v[j];
+                gdot += dr[j] * gr[j];
+            }
+            for (int64_t j = 0; j < s.K; ++j) {
+                const float dv = s.renorm_gates ? (dr[j] - gdot) / vsum : gr[j] * (dr[j] - gdot);
+                dc[ir[j]][l] += dv;
+                vdot += dv * v[j];
+            }
+            cdot[l] = vdot;
+        }
+        /* c = u / sum(u), u = q p: du = (dc - sum(dc c)) / sum(u); dq = du p, dp_g = the sum over g of du q; then
+           through the softmax within each group */
+        for (int64_t g = 0; g < s.G; ++g) {
+            vf *qr = q + g * s.n, *dr = dc + g * s.n;
+            vf dpg = {}, qdot = {};
+            for (int64_t j = 0; j < s.n; ++j) {
+                const vf du = (dr[j] - cdot) / usum;
+                dpg += du * qr[j];
+                dq[j] = du * p[g];
+                qdot += dq[j] * qr[j];
+            }
+            dp[g] = dpg;
+            for (int64_t j = 0; j < s.n; ++j) dr[j] = qr[j] * (dq[j] - qdot);
+        }
+        /* the group weights: a softmax over the selected groups, or sigmoids (normalised where Kg > 1) */
+        vf pdot = {}, den = {};
+        for (int64_t g = 0; g < s.G; ++g) {
+            pdot += dp[g] * p[g];
+            if (!s.softmax_groups) den += m[g] ? vsigmoid(lg[g]) : splat(0.0f);
+        }
+        for (int64_t g = 0; g < s.G; ++g) {
+            vf d;
+            if (s.softmax_groups) {
+                d = p[g] * (dp[g] - pdot);
+            } else {
+                const vf sg = vsigmoid(lg[g]);
+                const vf ds = s.Kg > 1 ? (dp[g] - pdot) / (den + 1e-20f) : dp[g];
+                d = ds * sg * (1.0f - sg);
+            }
+            dp[g] = m[g] ? d : splat(0.0f);
+        }
+        for (int64_t l = 0; l < mlanes; ++l) {
+            for (int64_t g = 0; g < s.G; ++g) dlg[(t0 + l) * s.G + g] = dp[g][l];
+            for (int64_t e = 0; e < E; ++e) dle[(t0 + l) * E + e] = dc[e][l];
+        }
+    }
+}
+/* The flat router of the baselines (moe, hmoe, modse) after its GEMM, LANES tokens at a time: the logits le [T, E]
+   (row stride lde) in; the top-K experts idx [T, K] of the logits (ranked by push_down), the dense probabilities
+   probs [T, E] = softmax(le) and the gates [T, K] out: a softmax of the top-K logits, or (probs_gate) of their
+   probabilities. */
+extern "C" void mohge_flat_route_f32(const float *le_in, int64_t T, int64_t E, int64_t lde, int64_t K,
+                                     int32_t probs_gate, int64_t *idx, float *gates, float *probs) {
+    vf le[REMAX], b[KMAX], bv[KMAX];
+    vi ix[KMAX];
+    for (int64_t t0 = 0; t0 < T; t0 += LANES) {
+        const int64_t mlanes = T - t0 < LANES ? T - t0 : LANES;
+        load_block(le_in, lde, t0, mlanes, 0, E, le, 0.0f);
+        vf mx = splat(-INFINITY), sum = {};
+        for (int64_t e = 0; e < E; ++e) mx = le[e] > mx ? le[e] : mx;
+        clear_best(b, bv, ix);
+        for (int64_t e = 0; e < E; ++e) push_down(b, bv, ix, K, le[e], le[e], splati((int32_t)e));
+        for (int64_t e = 0; e < E; ++e) {
+            const vf q = vexp(le[e] - mx);
+            le[e] = q;
+            sum += q;
+        }
+        for (int64_t e = 0; e < E; ++e) le[e] = le[e] / sum;
+        if (probs_gate)
+            for (int64_t j = 0; j < K; ++j)
+                for (int64_t l = 0; l < mlanes; ++l) bv[j][l] = le[ix[j][l]][l];
+        const vf top = bv[0];
+        vf den = {};
+        for (int64_t j = 0; j < K; ++j) {
+            bv[j] = vexp(bv[j] - top);
+            den += bv[j];
+        }
+        for (int64_t l = 0; l < mlanes; ++l) {
+            for (int64_t j = 0; j < K; ++j) {
+                idx[(t0 + l) * K + j] = ix[j][l];
+                gates[(t0 + l) * K + j] = bv[j][l] / den[l];
+            }
+            for (int64_t e = 0; e < E; ++e) probs[(t0 + l) * E + e] = le[e][l];
+        }
+    }
+}
+/* Its gradient with respect to le given dgates [T, K] and dprobs [T, E] (or none: 0), from its outputs idx, gates and
+   probs: the gates' softmax backward to the top-K logits (or to their probabilities, added to dprobs), then the
+   probabilities' softmax backward; dle [T, E] contiguous. */
+extern "C" void mohge_flat_route_backward_f32(int64_t T, int64_t E, int64_t K, int32_t probs_gate, const int64_t *idx,
+                                              const float *gates, const float *probs, const float *dgates,
+                                              const float *dprobs, float *dle) {
+    vf p[REMAX], dp[REMAX], dl[REMAX];
+    for (int64_t t0 = 0; t0 < T; t0 += LANES) {
+        const int64_t mlanes = T - t0 < LANES ? T - t0 : LANES;
+        load_block(probs, E, t0, mlanes, 0, E, p, 0.0f);
+        if (dprobs)
+            load_block(dprobs, E, t0, mlanes, 0, E, dp, 0.0f);
+        else
+            for (int64_t e = 0; e < E; ++e) dp[e] = vf{};
+        for (int64_t e = 0; e < E; ++e) dl[e] = vf{};
+        for (int64_t l = 0; l < mlanes; ++l) {
+            const int64_t *ir = idx + (t0 + l) * K;
+            const float *gr = gates + (t0 + l) * K, *dr = dgates + (t0 + l) * K;
+            float gdot = 0.0f;
+            for (int64_t j = 0; j < K; ++j) gdot += dr[j] * gr[j];
+            for (int64_t j = 0; j < K; ++j) {
+                const float dv = gr[j] * (dr[j] - gdot);
+                if (probs_gate)
+                    dp[ir[j]][l] += dv;
+                else
+                    dl[ir[j]][l] += dv;
+            }
+        }
+        vf pdot = {};
+        for (int64_t e = 0; e < E; ++e) pdot += dp[e] * p[e];
+        for (int64_t e = 0; e < E; ++e) dl[e] += p[e] * (dp[e] - pdot);
+        for (int64_t l = 0; l < mlanes; ++l)
+            for (int64_t e = 0; e < E; ++e) dle[(t0 + l) * E + e] = dl[e][l];
+    }
+}
+"""
+
+SOURCE = "#include <cmath>\n#include <cstdint>\n" + "".join(
+    (LANES_SOURCE, TOPK_SOURCE, SILU_SOURCE, XENT_SOURCE, ROUTE_SOURCE)
+)
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-shared", "-fPIC", "-x", "c++")
 
 
@@ -221,12 +566,12 @@ def library() -> ctypes.CDLL:
 
 
 @functools.cache
-def kernel(name: str, *argtypes: type) -> ctypes._CFuncPtr:
-    """The function ``name`` of :func:`library`, with its argument types (it returns nothing); looked up and typed
-    once, as it is called per expert and step."""
+def kernel(name: str, *argtypes: type, restype: type | None = None) -> ctypes._CFuncPtr:
+    """The function ``name`` of :func:`library`, with its argument types and its result's (none by default); looked
+    up and typed once, as it is called per expert and step."""
     fn = getattr(library(), name)
     fn.argtypes = list(argtypes)
-    fn.restype = None
+    fn.restype = restype
     return fn
 
 
@@ -300,3 +645,17 @@ def silu_mul_backward(
         )  # fmt: skip
     elif dg is not None:
         dg.zero_()
+
+
+def softmax_xent_(z: Tensor, y: Tensor, scale: float) -> float:
+    """The summed softmax cross-entropy of the rows of the fp32 CPU logits ``z`` [rows, V] (contiguous rows) against
+    the targets ``y`` (int64 [rows]), as a float; ``z`` is overwritten with the losses' gradients times ``scale``,
+    (softmax(z) - onehot(y)) * scale: one kernel pass a row."""
+    rows, V = z.shape
+    if z.dtype != torch.float32 or z.device.type != "cpu" or z.stride(1) != 1 or y.shape != (rows,):
+        raise ValueError(f"softmax_xent_: fp32 CPU rows [rows, V] and int64 targets [rows]: {z.shape}, {y.shape}")
+    y = y.to(torch.int64).contiguous()
+    if rows and not 0 <= int(y.min()) <= int(y.max()) < V:
+        raise IndexError(f"softmax_xent_: a target outside [0, {V}): {int(y.min())} .. {int(y.max())}")
+    fn = kernel("mohge_softmax_xent_f32", _P, _I, _I, _I, _P, ctypes.c_float, restype=ctypes.c_double)
+    return fn(z.data_ptr(), rows, V, z.stride(0), y.data_ptr(), scale) if rows else 0.0

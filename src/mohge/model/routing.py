@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from mohge.config import FFNConfig, RouterConfig
 
+from . import route_kernel
 from .topk import top_k
 
 Tensor = torch.Tensor
@@ -61,7 +62,7 @@ class GroupedRouter(nn.Module):
     """Two-level router: sigmoid group router picks Kg groups, then a global top-k over the combined
     group x intra-group-softmax scores of the experts in those groups."""
 
-    fused = False  # the top-k's through mohge.model.topk's kernel (train.fused: mohge.model.fused.use_fused)
+    fused = False  # G2-E6 through mohge.model.route_kernel, else top-k's through mohge.model.topk (train.fused)
 
     def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
         super().__init__()
@@ -87,9 +88,12 @@ class GroupedRouter(nn.Module):
 
         c is a probability vector per token, non-zero only on the experts of the selected groups.
         """
-        T = x_TD.shape[0]
-        # G1-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
-        lG_TG = self.group_router(x_TD)
+        return self._scores(self.group_router(x_TD), self.expert_router(x_TD))
+
+    def _scores(self, lG_TG: Tensor, lE_TE: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`scores` from the group logits l^G [T,G] (G1) and the expert logits [T,E] (E1)."""
+        T = lG_TG.shape[0]
+        # G2-G4: group logits -> scores -> top-Kg -> normalized group weights p (dense, 0 off the top-Kg).
         if self.group_bias_rate:  # §5.7: the bias moves which groups are selected, never a weight
             gidx_TKg = top_k(lG_TG + self.group_bias_G.to(lG_TG.dtype), self.Kg, self.fused)[1]
         else:
@@ -102,9 +106,9 @@ class GroupedRouter(nn.Module):
             s_TKg = torch.softmax(lG_TG.gather(1, gidx_TKg), dim=-1)
         # s's dtype, not l^G's: under CUDA autocast the softmax is computed (and returned) in fp32.
         p_TG = s_TKg.new_zeros(T, self.G).scatter(1, gidx_TKg, s_TKg)
-        gmap_TG = torch.zeros(T, self.G, dtype=torch.bool, device=x_TD.device).scatter(1, gidx_TKg, True)
-        # E1-E3: intra-group softmax, scaled by the group weight (the mask is implied by p = 0).
-        q_TGn = torch.softmax(self.expert_router(x_TD).view(T, self.G, self.n), dim=-1)
+        gmap_TG = torch.zeros(T, self.G, dtype=torch.bool, device=lG_TG.device).scatter(1, gidx_TKg, True)
+        # E2-E3: intra-group softmax, scaled by the group weight (the mask is implied by p = 0).
+        q_TGn = torch.softmax(lE_TE.view(T, self.G, self.n), dim=-1)
         c_TE = (q_TGn * p_TG[:, :, None]).reshape(T, self.E)
         # E4: renormalize (a no-op up to rounding unless Kg == 1, where p is the raw sigmoid).
         return lG_TG, gmap_TG, c_TE / c_TE.sum(-1, keepdim=True)
@@ -126,7 +130,21 @@ class GroupedRouter(nn.Module):
             self.group_bias_G += self.group_bias_rate * torch.sign(slots_G.mean() - slots_G).to(self.group_bias_G)
 
     def forward(self, x_TD: Tensor) -> Routing:
-        lG_TG, gmap_TG, c_TE = self.scores(x_TD)
+        lG_TG, lE_TE = self.group_router(x_TD), self.expert_router(x_TD)  # G1, E1
+        if self.fused and route_kernel.fits(lG_TG, lE_TE, self.n, self.Kg, self.K):  # G2-E6 in one kernel
+            idx_TK, gates_TK, gmap_TG = route_kernel.grouped_route(
+                lG_TG,
+                lE_TE,
+                self.group_bias_G if self.group_bias_rate else None,
+                self.expert_bias_E if self.bias_rate else None,
+                self.n,
+                self.Kg,
+                self.K,
+                self.group_score == "softmax",
+                self.gate_mode == "product_renorm",
+            )
+            return Routing(idx_TK=idx_TK, gates_TK=gates_TK, group_logits_TG=lG_TG, group_map_TG=gmap_TG)
+        lG_TG, gmap_TG, c_TE = self._scores(lG_TG, lE_TE)
         # E5: global top-k among the experts of the selected groups; unselected experts are masked to
         # -inf rather than trusting their zeros (docs/method.md §2 E5: candidates can underflow to 0 in bf16).
         emap_TE = gmap_TG.repeat_interleave(self.n, dim=1)
@@ -149,7 +167,7 @@ class TopKRouter(nn.Module):
     """Flat router over all E experts (homogeneous MoE, HMoE, MoDSE): top-k of the logits, softmax over
     the selected logits (Megatron's default, equal to renormalizing the full softmax over the top-k)."""
 
-    fused = False  # the top-k through mohge.model.topk's kernel (train.fused: mohge.model.fused.use_fused)
+    fused = False  # route through mohge.model.route_kernel, else the top-k through mohge.model.topk (train.fused)
 
     def __init__(self, d_model: int, ffn: FFNConfig, router: RouterConfig) -> None:
         super().__init__()
@@ -158,6 +176,9 @@ class TopKRouter(nn.Module):
 
     def forward(self, x_TD: Tensor) -> Routing:
         logits_TE = self.router(x_TD)
+        if self.fused and route_kernel.fits_flat(logits_TE, self.K):  # top-k, softmax and gates in one kernel
+            idx_TK, gates_TK, probs_TE = route_kernel.flat_route(logits_TE, self.K, self.flat_gate == "probs")
+            return Routing(idx_TK=idx_TK, gates_TK=gates_TK, probs_TE=probs_TE)
         topv_TK, idx_TK = top_k(logits_TE, self.K, self.fused)
         probs_TE = F.softmax(logits_TE, dim=-1, dtype=torch.float32)
         if self.flat_gate == "probs":  # docs/method.md §2.4: MoHGE's softmax_topk_probs form

@@ -1,0 +1,159 @@
+"""The routers' kernels of the fused path (mohge.model.route_kernel) and the head loss's row kernel
+(mohge.model.native.softmax_xent_): the eager routers' selections, and their gates and gradients up to rounding, for
+every router option; held by a compiled graph as single calls; anything outside the kernels routed eagerly; bad
+input refused before a kernel reads it."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mohge.config import FFNConfig, RouterConfig, preflight
+from mohge.model import native, route_kernel
+from mohge.model.losses import group_aux_loss, switch_aux_loss
+from mohge.model.routing import GroupedRouter, TopKRouter
+
+needs_cxx = pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for the kernels here")
+
+# (G, n, Kg, K, T): the capacity study's router, the release's shape class, Kg 1, the kernels' widest lanes with a
+# tail block, one expert a group
+GROUPED = [(8, 4, 4, 4, 1000), (4, 4, 2, 4, 333), (8, 4, 1, 2, 77), (16, 8, 3, 8, 50), (2, 1, 2, 2, 17)]
+
+
+def _routes(router, x, w, aux) -> dict[bool, tuple[torch.Tensor, ...]]:
+    """(idx, gates, group map or probs, d x, d each router weight) of the eager router and of the fused one, on the
+    loss sum(gates * w) + aux(routing)."""
+    out = {}
+    for fused in (False, True):
+        router.fused = fused
+        x.grad = None
+        router.zero_grad()
+        r = router(x)
+        ((r.gates_TK * w).sum() + aux(r)).backward()
+        third = r.group_map_TG if r.group_map_TG is not None else r.probs_TE.detach()
+        grads = [p.grad.clone() for p in router.parameters()]
+        out[fused] = (r.idx_TK, r.gates_TK.detach(), third, x.grad.clone(), *grads)
+    return out
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, scale: float) -> None:
+    """Equal up to fp32 rounding of terms of size ``scale`` (a gradient made of rounding alone, as the group router's
+    where Kg = 1 under sigmoid scores, is within it too)."""
+    assert (got - want).abs().max().item() <= 2e-6 * scale, ((got - want).abs().max().item(), scale)
+
+
+OPTIONS = list(itertools.product(["sigmoid", "softmax"], ["softmax_topk_probs", "product_renorm"]))
+
+
+@pytest.mark.parametrize("score, gate", OPTIONS)
+@pytest.mark.parametrize("shape", GROUPED)
+@needs_cxx
+def test_the_grouped_route_kernel_selects_the_eager_routers_experts_and_differs_only_by_rounding(shape, score, gate):
+    G, n, Kg, K, T = shape
+    torch.manual_seed(G * 100 + K * 10 + T)
+    for group_bias, expert_bias in [(0.0, 0.0), (1e-2, 1e-2)]:
+        ffn = FFNConfig(kind="mohge", num_experts=G * n, expert_widths=tuple(range(4, 4 + G)))
+        rc = RouterConfig(
+            topk=K, group_topk=Kg, group_score=score, gate_mode=gate, expert_bias_rate=expert_bias,
+            group_bias_rate=group_bias, init_std=0.5,
+        )  # fmt: skip
+        router = GroupedRouter(16, ffn, rc)
+        if expert_bias:
+            router.expert_bias_E.normal_(0, 0.05)
+            router.group_bias_G.normal_(0, 0.5)
+        x = torch.randn(T, 16, dtype=torch.float64).float().requires_grad_()
+        omega = torch.linspace(1, 2, G)
+
+        def aux(r, omega=omega):
+            return group_aux_loss(r.group_logits_TG, r.group_map_TG, omega, Kg)
+
+        out = _routes(router, x, torch.randn(T, K), aux)
+        want, got = out[False], out[True]
+        assert torch.equal(got[0], want[0]) and torch.equal(got[2], want[2])  # the same experts and groups
+        _close(got[1], want[1], 1.0)
+        scale = max(t.abs().max().item() for t in want[3:])
+        for g, w in zip(got[3:], want[3:], strict=True):
+            _close(g, w, scale)
+
+
+@pytest.mark.parametrize("gate", ["logits", "probs"])
+@pytest.mark.parametrize("E, K, T", [(32, 4, 1000), (15, 2, 37), (64, 8, 100), (3, 1, 10)])
+@needs_cxx
+def test_the_flat_route_kernel_selects_the_eager_routers_experts_and_differs_only_by_rounding(E, K, T, gate):
+    torch.manual_seed(E * 10 + K + T)
+    ffn = FFNConfig(kind="moe", num_experts=E, expert_widths=(8,), placement="contiguous")
+    router = TopKRouter(16, ffn, RouterConfig(topk=K, flat_gate=gate, init_std=0.5))
+    x = torch.randn(T, 16, dtype=torch.float64).float().requires_grad_()
+    out = _routes(router, x, torch.randn(T, K), lambda r: 3.0 * switch_aux_loss(r.probs_TE, r.counts(E), K))
+    want, got = out[False], out[True]
+    assert torch.equal(got[0], want[0])
+    _close(got[1], want[1], 1.0)
+    _close(got[2], want[2], 1.0)
+    scale = max(t.abs().max().item() for t in want[3:])
+    for g, w in zip(got[3:], want[3:], strict=True):
+        _close(g, w, scale)
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_a_compiled_graph_holds_each_route_kernel_as_one_call_and_computes_what_it_computes_eagerly():
+    ffn = FFNConfig(kind="mohge", num_experts=32, expert_widths=tuple(range(5, 13)))
+    router = GroupedRouter(16, ffn, RouterConfig(topk=4, group_topk=4))
+    router.fused = True
+    x = torch.randn(300, 16, requires_grad=True)
+
+    def run(fn):
+        x.grad = None
+        r = fn(x)
+        r.gates_TK.pow(2).sum().backward()
+        return r.idx_TK, r.gates_TK.detach(), r.group_map_TG, x.grad.clone()
+
+    eager, compiled = run(router), run(torch.compile(router, dynamic=False))
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)  # the same kernel calls on the same GEMMs' outputs
+    assert len(torch._dynamo.utils.counters["graph_break"]) == 0
+
+
+@needs_cxx
+def test_routers_outside_the_kernels_route_eagerly_on_the_fused_path():
+    x = torch.randn(40, 16)
+    ffn = FFNConfig(kind="mohge", num_experts=32, expert_widths=tuple(range(5, 13)))
+    wide = GroupedRouter(16, ffn, RouterConfig(topk=9, group_topk=4))  # k beyond the kernel's 8
+    flat = TopKRouter(16, FFNConfig(kind="moe", num_experts=300, expert_widths=(8,), placement="contiguous"),
+                      RouterConfig(topk=2))  # fmt: skip
+    for router in (wide, flat):
+        eager = router(x)
+        router.fused = True
+        fused = router(x)
+        assert torch.equal(fused.idx_TK, eager.idx_TK) and torch.equal(fused.gates_TK, eager.gates_TK)
+    assert not route_kernel.fits(torch.zeros(4, 8, dtype=torch.bfloat16), torch.zeros(4, 32), 4, 4, 4)
+    assert not route_kernel.fits_flat(torch.zeros(4, 32, dtype=torch.float64), 4)
+
+
+@needs_cxx
+def test_the_route_kernels_refuse_input_beyond_their_buffers_naming_it():
+    with pytest.raises(ValueError, match=r"grouped_route: .*n=4, kg=4, k=9"):
+        route_kernel.grouped_route(torch.zeros(4, 8), torch.zeros(4, 32), None, None, 4, 4, 9, False, True)
+    with pytest.raises(ValueError, match=r"grouped_route: .*\(4, 8\), \(4, 30\)"):
+        route_kernel.grouped_route(torch.zeros(4, 8), torch.zeros(4, 30), None, None, 4, 4, 4, False, True)
+    with pytest.raises(ValueError, match=r"flat_route: .*\(4, 300\)"):
+        route_kernel.flat_route(torch.zeros(4, 300), 2, False)
+
+
+@needs_cxx
+@pytest.mark.parametrize("V", [514, 7, 64])
+def test_the_row_loss_kernel_differs_from_torchs_cross_entropy_only_by_rounding(V):
+    torch.manual_seed(V)
+    z = (3 * torch.randn(100, V, dtype=torch.float64)).float().requires_grad_()
+    y = torch.randint(0, V, (100,))
+    want = F.cross_entropy(z, y, reduction="sum")
+    want.backward()
+    rows = z.detach().clone()
+    got = native.softmax_xent_(rows, y, 0.5)
+    assert abs(got - want.item()) <= 1e-6 * abs(want.item())
+    assert (rows - 0.5 * z.grad).abs().max().item() <= 1e-7
+    with pytest.raises(IndexError, match=rf"softmax_xent_: a target outside \[0, {V}\)"):
+        native.softmax_xent_(z.detach().clone(), torch.full((100,), V), 1.0)
