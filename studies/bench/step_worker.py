@@ -107,7 +107,13 @@ def main() -> int:
         from mohge.train.step import use_fused_path
 
         use_fused_path(model, tc)
-    opt = build_optimizer(model, tc, fused=getattr(tc, "adamw", "auto") == "fused")  # a tree without the knob: foreach
+    try:  # the trainer's choice of update; a tree without it: fused only when asked for
+        from mohge.train.step import fused_adamw
+
+        fused = fused_adamw(tc, torch.device("cpu"))
+    except ImportError:
+        fused = getattr(tc, "adamw", "auto") == "fused"  # a tree without the knob: foreach
+    opt = build_optimizer(model, tc, fused=fused)
     model.train()
     biased = bias_balanced(model)
     S, V = cfg.data_config.seq_len, cfg.model.vocab_size

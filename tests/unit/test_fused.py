@@ -25,7 +25,7 @@ from mohge.model import fused, native, topk
 from mohge.model.fused import SHORT_WINDOW, linear_cross_entropy, short_causal_attention
 from mohge.train.checkpoint import list_checkpoints
 from mohge.train.runtime import Runtime
-from mohge.train.step import build_optimizer, use_fused_path
+from mohge.train.step import build_optimizer, fused_adamw, use_fused_path
 from mohge.train.trainer import parallelism, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -260,6 +260,18 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
     calls = {"attention": 0, "route": 0, "head loss": 0, "combine": 0, "combine backward": 0, "input grad": 0}
     piece = {fused._routed: "route", fused._combine: "combine", fused._combine_backward: "combine backward"}
     piece[fused._sum_rows] = "input grad"
+    native_combine, native_backward = native.combine, native.combine_backward
+
+    def counted_combine(out, row, gates):
+        calls["combine" if gates is not None else "input grad"] += 1
+        return native_combine(out, row, gates)
+
+    def counted_backward(*a):
+        calls["combine backward"] += 1
+        return native_backward(*a)
+
+    monkeypatch.setattr(native, "combine", counted_combine)
+    monkeypatch.setattr(native, "combine_backward", counted_backward)
 
     original = fused.compiled
 
@@ -292,7 +304,7 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
     losses, weights = train_steps(cfg, 4, fused_optimizer)
     assert calls["attention"] == 4 * cfg.model.n_layers  # every layer of every step, forward
     moe_layers = cfg.model.n_layers - cfg.model.ffn.dense_layers
-    for name in ("route", "combine", "combine backward", "input grad"):  # the experts' glue: fp32 has no padding rows
+    for name in ("route", "combine", "combine backward", "input grad"):  # the experts' glue: its kernels in fp32
         assert calls[name] == 4 * moe_layers, name
     assert calls["head loss"] == 4
     assert counters["stats"]["unique_graphs"] > graphs0  # inductor compiled them (a cached graph counts too)
@@ -451,6 +463,16 @@ def test_the_fused_path_on_a_cpu_without_a_cpp_compiler_is_refused_before_any_wo
     preflight.check_run(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, fused=False)), inputs=False)
     monkeypatch.setenv("CXX", sys.executable)  # a program on the PATH passes (inductor checks it runs later)
     preflight.check_run(cfg, inputs=False)
+
+
+def test_the_fused_path_updates_with_torchs_fused_adamw_unless_told_otherwise():
+    cfg = tiny_fused("mohge")
+    cpu = torch.device("cpu")
+    for fused_path, adamw, want in [(True, "auto", True), (False, "auto", False), (True, "foreach", False)]:
+        tc = dataclasses.replace(cfg.train, fused=fused_path, adamw=adamw)
+        assert fused_adamw(tc, cpu) is want, (fused_path, adamw)
+        opt = build_optimizer(torch.nn.Linear(2, 2), tc, fused=fused_adamw(tc, cpu))
+        assert opt.defaults["fused"] is (want or None)
 
 
 def test_the_fused_path_is_refused_on_a_sharded_layout(tmp_path):

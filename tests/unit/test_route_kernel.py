@@ -1,6 +1,7 @@
-"""The routers' kernels of the fused path (mohge.model.route_kernel) and the head loss's row kernel
-(mohge.model.native.softmax_xent_): the eager routers' selections, and their gates and gradients up to rounding, for
-every router option; held by a compiled graph as single calls; anything outside the kernels routed eagerly; bad
+"""The routers' kernels of the fused path (mohge.model.route_kernel), the head loss's row kernel
+(mohge.model.native.softmax_xent_) and the experts' combine kernels (mohge.model.native.combine, combine_backward):
+the eager routers' selections, and their gates and gradients up to rounding, for every router option; held by a
+compiled graph as single calls; anything outside the kernels routed eagerly; torch's functions up to rounding; bad
 input refused before a kernel reads it."""
 
 from __future__ import annotations
@@ -157,3 +158,27 @@ def test_the_row_loss_kernel_differs_from_torchs_cross_entropy_only_by_rounding(
     assert (rows - 0.5 * z.grad).abs().max().item() <= 1e-7
     with pytest.raises(IndexError, match=rf"softmax_xent_: a target outside \[0, {V}\)"):
         native.softmax_xent_(z.detach().clone(), torch.full((100,), V), 1.0)
+
+
+@needs_cxx
+@pytest.mark.parametrize("T, K, D, padded", [(1000, 4, 32, False), (37, 3, 13, True), (5, 1, 64, True), (0, 2, 8, 0)])
+def test_the_combine_kernels_compute_the_gathers_by_slot_up_to_rounding(T, K, D, padded):
+    torch.manual_seed(T + K + D)
+    P = T * K + (5 if padded else 0)
+    out = torch.randn(P, D, dtype=torch.float64).float()
+    row = torch.randperm(P)[: T * K].view(T, K)
+    gates, dy = torch.rand(T, K), torch.randn(T, D)
+    tok = torch.full((P,), T, dtype=torch.int64)  # a padding row: token T
+    tok[row.reshape(-1)] = torch.arange(T).repeat_interleave(K)
+    gate = torch.zeros(P)
+    gate[row.reshape(-1)] = gates.reshape(-1)
+    want = (out.double()[row] * gates.double()[..., None]).sum(1)
+    assert (native.combine(out, row, gates).double() - want).abs().max().item() <= 1e-6 if T else True
+    assert torch.equal(native.combine(out, row, None), out[row].sum(1))  # adds in slot order
+    dout, dgates = native.combine_backward(dy, out, row, tok, gate)
+    dy_ext = torch.cat([dy, dy.new_zeros(1, D)])
+    assert torch.equal(dout, dy_ext[tok] * gate[:, None])
+    torch.testing.assert_close(dgates, (out[row] * dy[:, None]).sum(-1), rtol=1e-5, atol=1e-6)
+    assert native.combine_backward(dy, out, row.int(), tok, gate) is None  # not the kernels' input: the caller's ops
+    if T:
+        assert native.combine(out.t().contiguous().t(), row, gates) is None

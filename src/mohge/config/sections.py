@@ -337,8 +337,8 @@ class TrainConfig(_Section):
         "auto",
         "AdamW's implementation: foreach (torch's per-op loops over all tensors), fused (torch's one-pass kernel, on a "
         "CPU about 3x faster at 26 M parameters: docs/speed.md; its rounding is not foreach's, so a CPU run's numbers "
-        "differ from a foreach run's in the last bits and grow apart as chaotic training does), auto (fused on CUDA, "
-        "foreach on a CPU: the committed CPU runs' arithmetic)",
+        "differ from a foreach run's in the last bits and grow apart as chaotic training does), auto (fused on CUDA "
+        "and on the fused path, train.fused; foreach on a CPU otherwise: the committed CPU runs' arithmetic)",
         choices=ADAMW_IMPLS,
     )
     fused: bool = knob(

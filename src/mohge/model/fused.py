@@ -169,13 +169,17 @@ class _ClassSwiGLU(torch.autograd.Function):
         glue = compiled if lay.dest_A is None else (lambda fn: fn)
         ctx.num_classes, ctx.lay, ctx.classes, ctx.glue = num_classes, lay, saved, glue
         ctx.save_for_backward(xs_PD, out_PD, row_TK, gate_P, *weights)
-        return glue(_combine)(out_PD, row_TK, gates_TK)
+        y_TD = native.combine(out_PD, row_TK, gates_TK)  # fp32 on a CPU: one kernel pass, else the graph
+        return glue(_combine)(out_PD, row_TK, gates_TK) if y_TD is None else y_TD
 
     @staticmethod
     def backward(ctx, dy_TD):
         xs_PD, out_PD, row_TK, gate_P, *weights = ctx.saved_tensors
         w1s, w2s = weights[: ctx.num_classes], weights[ctx.num_classes :]
-        dout_PD, dgates_TK = ctx.glue(_combine_backward)(dy_TD, out_PD, row_TK, ctx.lay.tok_P, gate_P)
+        grads = native.combine_backward(dy_TD.contiguous(), out_PD, row_TK, ctx.lay.tok_P, gate_P)
+        if grads is None:
+            grads = ctx.glue(_combine_backward)(dy_TD, out_PD, row_TK, ctx.lay.tok_P, gate_P)
+        dout_PD, dgates_TK = grads
         dxs_PD = torch.empty_like(xs_PD)
         dw1s, dw2s = [torch.empty_like(w) for w in w1s], [torch.empty_like(w) for w in w2s]
         for w1, w2, dw1, dw2, (r0, cols, hT_2HR, act_HR) in zip(w1s, w2s, dw1s, dw2s, ctx.classes, strict=True):
@@ -205,7 +209,8 @@ class _ClassSwiGLU(torch.autograd.Function):
                     if sizes[j]:
                         torch.mm(dh_j[k], xs_j[j], out=dw1_j[j])
                         torch.mm(dhT_j[k], w1_j[j], out=dxs_j[j])
-        dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK)
+        dx_TD = native.combine(dxs_PD, row_TK, None)
+        dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK) if dx_TD is None else dx_TD
         ctx.lay = ctx.classes = None
         return (dx_TD, None, dgates_TK, None, *dw1s, *dw2s)
 

@@ -40,6 +40,7 @@ LANES_SOURCE = r"""
 #define KMAX 8
 typedef float vf __attribute__((vector_size(4 * LANES)));
 typedef int32_t vi __attribute__((vector_size(4 * LANES)));
+typedef float lane_f __attribute__((may_alias)); /* a lane of a vf in memory: (lane_f *)x + i * LANES + l */
 static inline vf splat(float a) { return vf{} + a; }
 static inline vi splati(int32_t a) { return vi{} + a; }
 /* exp_f32 (below) lane by lane */
@@ -84,13 +85,81 @@ static inline void push_down(vf *b, vf *bv, vi *ix, int64_t k, vf x, vf y, vi xi
         xi = c ? ij : xi;
     }
 }
+static inline vf vload(const float *p) {
+    vf v;
+    __builtin_memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void vstore(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
+#if LANES == 8
+/* r[i][j] <- r[j][i]: an 8 x 8 block transposed in registers (unpacks within 128-bit halves, then across) */
+static inline void transpose8(vf *r) {
+    const vi lo32 = {0, 8, 1, 9, 4, 12, 5, 13}, hi32 = {2, 10, 3, 11, 6, 14, 7, 15};
+    const vi lo64 = {0, 1, 8, 9, 4, 5, 12, 13}, hi64 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const vi lo128 = {0, 1, 2, 3, 8, 9, 10, 11}, hi128 = {4, 5, 6, 7, 12, 13, 14, 15};
+    vf t[8], u[8];
+    for (int i = 0; i < 8; i += 2) {
+        t[i] = __builtin_shuffle(r[i], r[i + 1], lo32);
+        t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi32);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        u[i] = __builtin_shuffle(t[i], t[i + 2], lo64);
+        u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi64);
+        u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo64);
+        u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi64);
+    }
+    for (int i = 0; i < 4; ++i) {
+        r[i] = __builtin_shuffle(u[i], u[i + 4], lo128);
+        r[i + 4] = __builtin_shuffle(u[i], u[i + 4], hi128);
+    }
+}
+#endif
+/* lane l of out[c] = rows[l][c] (c < cols, l < m; the other lanes `fill`): LANES rows of floats made columns, 8
+   columns at a time through a transpose in registers where LANES is 8, element by element otherwise */
+static inline void gather_rows(const float *const *rows, int64_t m, int64_t cols, vf *out, float fill) {
+    int64_t c = 0;
+#if LANES == 8
+    for (; c + 8 <= cols; c += 8) {
+        vf r[8];
+        for (int l = 0; l < 8; ++l) r[l] = l < m ? vload(rows[l] + c) : splat(fill);
+        transpose8(r);
+        for (int j = 0; j < 8; ++j) out[c + j] = r[j];
+    }
+#endif
+    lane_f *o = (lane_f *)out;
+    for (; c < cols; ++c) {
+        out[c] = splat(fill);
+        for (int64_t l = 0; l < m; ++l) o[c * LANES + l] = rows[l][c];
+    }
+}
+/* rows[l][c] = lane l of in[c] (c < cols, l < m): gather_rows' inverse */
+static inline void scatter_rows(float *const *rows, int64_t m, int64_t cols, const vf *in) {
+    int64_t c = 0;
+#if LANES == 8
+    for (; c + 8 <= cols; c += 8) {
+        vf r[8];
+        for (int j = 0; j < 8; ++j) r[j] = in[c + j];
+        transpose8(r);
+        for (int64_t l = 0; l < m; ++l) vstore(rows[l] + c, r[l]);
+    }
+#endif
+    const lane_f *v = (const lane_f *)in;
+    for (; c < cols; ++c)
+        for (int64_t l = 0; l < m; ++l) rows[l][c] = v[c * LANES + l];
+}
 /* columns e0 .. e0 + cols of rows t0 .. t0 + m of v (row stride ld) as cols vectors of the rows' values, the lanes
    past the m rows set to `fill` */
 static inline void load_block(const float *v, int64_t ld, int64_t t0, int64_t m, int64_t e0, int64_t cols, vf *out,
                               float fill) {
-    for (int64_t e = 0; e < cols; ++e) out[e] = splat(fill);
-    for (int64_t l = 0; l < m; ++l)
-        for (int64_t e = 0; e < cols; ++e) out[e][l] = v[(t0 + l) * ld + e0 + e];
+    const float *rows[LANES];
+    for (int64_t l = 0; l < m; ++l) rows[l] = v + (t0 + l) * ld + e0;
+    gather_rows(rows, m, cols, out, fill);
+}
+/* vectors in[c] (c < cols) into rows t0 .. t0 + m of x (row stride ld), lane l to row t0 + l */
+static inline void store_block(float *x, int64_t ld, int64_t t0, int64_t m, int64_t cols, const vf *in) {
+    float *rows[LANES];
+    for (int64_t l = 0; l < m; ++l) rows[l] = x + (t0 + l) * ld;
+    scatter_rows(rows, m, cols, in);
 }
 """
 
@@ -219,12 +288,6 @@ XENT_SOURCE = r"""
    y, the row's loss log(sum(exp(z - max))) - (z[y] - max) is added to the returned sum (in double, row order), and
    the row is overwritten with its loss's gradient times `scale`: (softmax(z) - onehot(y)) * scale. Vectors of LANES
    floats along the row, its tail element by element. */
-static inline vf vload(const float *p) {
-    vf v;
-    __builtin_memcpy(&v, p, sizeof v);
-    return v;
-}
-static inline void vstore(float *p, vf v) { __builtin_memcpy(p, &v, sizeof v); }
 extern "C" double mohge_softmax_xent_f32(float *z, int64_t rows, int64_t V, int64_t ldz, const int64_t *y,
                                          float scale) {
     double total = 0.0;
@@ -259,6 +322,56 @@ extern "C" double mohge_softmax_xent_f32(float *z, int64_t rows, int64_t V, int6
         r[y[i]] -= scale;
     }
     return total;
+}
+"""
+
+COMBINE_SOURCE = r"""
+/* The experts' combine by token and its gradients over rows of D floats (row-major, contiguous), along the row in
+   vectors of LANES, the tail element by element; a token's K slots in slot order. */
+static inline void axpy_row(float *__restrict y, const float *__restrict x, float a, int64_t D, bool first) {
+    int64_t d = 0;
+    const vf va = splat(a);
+    for (; d + LANES <= D; d += LANES) vstore(y + d, first ? va * vload(x + d) : vload(y + d) + va * vload(x + d));
+    for (; d < D; ++d) y[d] = first ? a * x[d] : y[d] + a * x[d];
+}
+/* y[t] = sum over k of g[t, k] out[row[t, k]]; with g none, the rows summed */
+extern "C" void mohge_combine_f32(const float *out, const int64_t *row, const float *g, int64_t T, int64_t K,
+                                  int64_t D, float *y) {
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < K; ++k) {
+            const float *o = out + row[t * K + k] * D;
+            if (g)
+                axpy_row(y + t * D, o, g[t * K + k], D, k == 0);
+            else {
+                int64_t d = 0;
+                float *yr = y + t * D;
+                for (; d + LANES <= D; d += LANES) vstore(yr + d, k == 0 ? vload(o + d) : vload(yr + d) + vload(o + d));
+                for (; d < D; ++d) yr[d] = k == 0 ? o[d] : yr[d] + o[d];
+            }
+        }
+}
+/* dout[p] = gate[p] dy[tok[p]] (0 where tok[p] >= T: a padding row), and dg[t, k] = out[row[t, k]] . dy[t] */
+extern "C" void mohge_combine_backward_f32(const float *dy, const float *out, const int64_t *row, const int64_t *tok,
+                                           const float *gate, int64_t T, int64_t K, int64_t P, int64_t D,
+                                           float *dout, float *dg) {
+    for (int64_t p = 0; p < P; ++p) {
+        float *r = dout + p * D;
+        if (tok[p] >= T)
+            for (int64_t d = 0; d < D; ++d) r[d] = 0.0f;
+        else
+            axpy_row(r, dy + tok[p] * D, gate[p], D, true);
+    }
+    for (int64_t t = 0; t < T; ++t)
+        for (int64_t k = 0; k < K; ++k) {
+            const float *o = out + row[t * K + k] * D, *g = dy + t * D;
+            vf acc = {};
+            int64_t d = 0;
+            for (; d + LANES <= D; d += LANES) acc += vload(o + d) * vload(g + d);
+            float s = 0.0f;
+            for (int l = 0; l < LANES; ++l) s += acc[l];
+            for (; d < D; ++d) s += o[d] * g[d];
+            dg[t * K + k] = s;
+        }
 }
 """
 
@@ -426,10 +539,8 @@ extern "C" void mohge_grouped_route_backward_f32(const RouteShape *sp, const flo
             }
             dp[g] = m[g] ? d : splat(0.0f);
         }
-        for (int64_t l = 0; l < mlanes; ++l) {
-            for (int64_t g = 0; g < s.G; ++g) dlg[(t0 + l) * s.G + g] = dp[g][l];
-            for (int64_t e = 0; e < E; ++e) dle[(t0 + l) * E + e] = dc[e][l];
-        }
+        store_block(dlg, s.G, t0, mlanes, s.G, dp);
+        store_block(dle, E, t0, mlanes, E, dc);
     }
 }
 /* The flat router of the baselines (moe, hmoe, modse) after its GEMM, LANES tokens at a time: the logits le [T, E]
@@ -462,13 +573,12 @@ extern "C" void mohge_flat_route_f32(const float *le_in, int64_t T, int64_t E, i
             bv[j] = vexp(bv[j] - top);
             den += bv[j];
         }
-        for (int64_t l = 0; l < mlanes; ++l) {
+        for (int64_t l = 0; l < mlanes; ++l)
             for (int64_t j = 0; j < K; ++j) {
                 idx[(t0 + l) * K + j] = ix[j][l];
                 gates[(t0 + l) * K + j] = bv[j][l] / den[l];
             }
-            for (int64_t e = 0; e < E; ++e) probs[(t0 + l) * E + e] = le[e][l];
-        }
+        store_block(probs, E, t0, mlanes, E, le);
     }
 }
 /* Its gradient with respect to le given dgates [T, K] and dprobs [T, E] (or none: 0), from its outputs idx, gates and
@@ -502,14 +612,13 @@ extern "C" void mohge_flat_route_backward_f32(int64_t T, int64_t E, int64_t K, i
         vf pdot = {};
         for (int64_t e = 0; e < E; ++e) pdot += dp[e] * p[e];
         for (int64_t e = 0; e < E; ++e) dl[e] += p[e] * (dp[e] - pdot);
-        for (int64_t l = 0; l < mlanes; ++l)
-            for (int64_t e = 0; e < E; ++e) dle[(t0 + l) * E + e] = dl[e][l];
+        store_block(dle, E, t0, mlanes, E, dl);
     }
 }
 """
 
 SOURCE = "#include <cmath>\n#include <cstdint>\n" + "".join(
-    (LANES_SOURCE, TOPK_SOURCE, SILU_SOURCE, XENT_SOURCE, ROUTE_SOURCE)
+    (LANES_SOURCE, TOPK_SOURCE, SILU_SOURCE, XENT_SOURCE, COMBINE_SOURCE, ROUTE_SOURCE)
 )
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-shared", "-fPIC", "-x", "c++")
 
@@ -659,3 +768,42 @@ def softmax_xent_(z: Tensor, y: Tensor, scale: float) -> float:
         raise IndexError(f"softmax_xent_: a target outside [0, {V}): {int(y.min())} .. {int(y.max())}")
     fn = kernel("mohge_softmax_xent_f32", _P, _I, _I, _I, _P, ctypes.c_float, restype=ctypes.c_double)
     return fn(z.data_ptr(), rows, V, z.stride(0), y.data_ptr(), scale) if rows else 0.0
+
+
+def _fp32_rows(*ts: Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous() for t in ts)
+
+
+def combine(out_PD: Tensor, row_TK: Tensor, gates_TK: Tensor | None) -> Tensor | None:
+    """[T, D]: y[t] = the sum over a token's slots k, in slot order, of gates[t, k] out[row[t, k]] (gates None: the rows
+    summed), one kernel pass; None where the tensors are not contiguous fp32 CPU rows with int64 slots (the caller
+    computes it otherwise)."""
+    gs = () if gates_TK is None else (gates_TK,)
+    if not (_fp32_rows(out_PD, *gs) and row_TK.dtype == torch.int64 and row_TK.is_contiguous()):
+        return None
+    (T, K), D = row_TK.shape, out_PD.shape[1]
+    y = out_PD.new_empty(T, D)
+    if T:
+        kernel("mohge_combine_f32", _P, _P, _P, _I, _I, _I, _P)(
+            out_PD.data_ptr(), row_TK.data_ptr(), _ptr(gates_TK if gs else None), T, K, D, y.data_ptr()
+        )
+    return y
+
+
+def combine_backward(
+    dy_TD: Tensor, out_PD: Tensor, row_TK: Tensor, tok_P: Tensor, gate_P: Tensor
+) -> tuple[Tensor, Tensor] | None:
+    """The gradients of :func:`combine`: (dout [P, D]: gate[p] dy[tok[p]], 0 on a padding row, tok[p] = T; dgates
+    [T, K]: out[row[t, k]] . dy[t]), one kernel pass each; None where the tensors are not contiguous fp32 CPU rows with
+    int64 indices."""
+    ints = all(t.dtype == torch.int64 and t.is_contiguous() for t in (row_TK, tok_P))
+    if not (_fp32_rows(dy_TD, out_PD, gate_P) and ints):
+        return None
+    (T, K), (P, D) = row_TK.shape, out_PD.shape
+    dout, dgates = out_PD.new_empty(P, D), out_PD.new_empty(T, K)
+    if P or T:
+        kernel("mohge_combine_backward_f32", _P, _P, _P, _P, _P, _I, _I, _I, _I, _P, _P)(
+            dy_TD.data_ptr(), out_PD.data_ptr(), row_TK.data_ptr(), tok_P.data_ptr(), gate_P.data_ptr(), T, K, P, D,
+            dout.data_ptr(), dgates.data_ptr(),
+        )  # fmt: skip
+    return dout, dgates

@@ -98,8 +98,9 @@ class AdamW(torch.optim.AdamW):
 
 
 def fused_adamw(tc: TrainConfig, device: torch.device) -> bool:
-    """Whether ``train.adamw`` asks for torch's fused AdamW on ``device`` (``auto``: on CUDA only)."""
-    return tc.adamw == "fused" or (tc.adamw == "auto" and device.type == "cuda")
+    """Whether ``train.adamw`` asks for torch's fused AdamW on ``device`` (``auto``: on CUDA, and on the fused path,
+    ``train.fused``, whose runs have arithmetic of their own)."""
+    return tc.adamw == "fused" or (tc.adamw == "auto" and (device.type == "cuda" or tc.fused))
 
 
 def use_fused_path(model: torch.nn.Module, tc: TrainConfig) -> int:
