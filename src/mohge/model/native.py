@@ -38,6 +38,7 @@ LANES_SOURCE = r"""
 #define LANES 8
 #endif
 #define KMAX 8
+extern "C" int64_t mohge_lanes() { return LANES; }
 typedef float vf __attribute__((vector_size(4 * LANES)));
 typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 typedef float lane_f __attribute__((may_alias)); /* a lane of a vf in memory: (lane_f *)x + i * LANES + l */
@@ -375,6 +376,126 @@ extern "C" void mohge_combine_backward_f32(const float *dy, const float *out, co
 }
 """
 
+ATTENTION_SOURCE = r"""
+/* Causal softmax attention over short windows (S <= AMAX_S tokens, head width Dh <= AMAX_D), scale 1/sqrt(Dh), LANES
+   (window, head) problems at a time, one per lane (their rows moved in and out by gather_rows, scatter_rows): q, k, v
+   [B, H, S, Dh] with the strides (b, h, s) of each, Dh contiguous; y [B, S, H, Dh] contiguous (the rows the output
+   projection reads). Problem p = b H + h. */
+#define AMAX_S 16
+#define AMAX_D 32
+struct AttnShape {
+    int64_t B, H, S, D;
+    int64_t q[3], k[3], v[3]; /* strides of b, h, s */
+};
+/* rows [S][D] of LANES problems p0.. of x (strides st), lanes past the last problem 0 */
+static inline void load_heads(const float *x, const int64_t *st, const AttnShape &a, int64_t p0, int64_t m, vf *out) {
+    const float *rows[LANES];
+    for (int64_t s = 0; s < a.S; ++s) {
+        for (int64_t l = 0; l < m; ++l) rows[l] = x + (p0 + l) / a.H * st[0] + (p0 + l) % a.H * st[1] + s * st[2];
+        gather_rows(rows, m, a.D, out + s * a.D, 0.0f);
+    }
+}
+/* probabilities P [S][S] (row i over keys j <= i; 0 above the diagonal) of the block's problems */
+static inline void probabilities(const AttnShape &a, const vf *Q, const vf *K, float scale, vf *P) {
+    for (int64_t i = 0; i < a.S; ++i) {
+        vf mx = splat(-INFINITY), sum = {};
+        for (int64_t j = 0; j <= i; ++j) {
+            vf s = {};
+            for (int64_t d = 0; d < a.D; ++d) s += Q[i * a.D + d] * K[j * a.D + d];
+            P[i * AMAX_S + j] = s * scale;
+            mx = P[i * AMAX_S + j] > mx ? P[i * AMAX_S + j] : mx;
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+            P[i * AMAX_S + j] = vexp(P[i * AMAX_S + j] - mx);
+            sum += P[i * AMAX_S + j];
+        }
+        const vf r = splat(1.0f) / sum;
+        for (int64_t j = 0; j <= i; ++j) P[i * AMAX_S + j] *= r;
+    }
+}
+extern "C" void mohge_short_attention_f32(const AttnShape *ap, const float *q, const float *k, const float *v,
+                                          float *y) {
+    const AttnShape a = *ap;
+    const float scale = 1.0f / sqrtf((float)a.D);
+    vf Q[AMAX_S * AMAX_D], K[AMAX_S * AMAX_D], V[AMAX_S * AMAX_D], P[AMAX_S * AMAX_S];
+    const int64_t problems = a.B * a.H;
+    for (int64_t p0 = 0; p0 < problems; p0 += LANES) {
+        const int64_t m = problems - p0 < LANES ? problems - p0 : LANES;
+        load_heads(q, a.q, a, p0, m, Q);
+        load_heads(k, a.k, a, p0, m, K);
+        load_heads(v, a.v, a, p0, m, V);
+        probabilities(a, Q, K, scale, P);
+        for (int64_t i = 0; i < a.S; ++i) /* y_i = sum_j P_ij v_j, into Q's rows (read no more) */
+            for (int64_t d = 0; d < a.D; ++d) {
+                vf acc = {};
+                for (int64_t j = 0; j <= i; ++j) acc += P[i * AMAX_S + j] * V[j * a.D + d];
+                Q[i * a.D + d] = acc;
+            }
+        float *rows[LANES];
+        for (int64_t i = 0; i < a.S; ++i) {
+            for (int64_t l = 0; l < m; ++l) rows[l] = y + (((p0 + l) / a.H * a.S + i) * a.H + (p0 + l) % a.H) * a.D;
+            scatter_rows(rows, m, a.D, Q + i * a.D);
+        }
+    }
+}
+/* Its gradients dq, dk, dv [B, H, S, Dh] (contiguous) given dy [B, S, H, Dh] (contiguous), P recomputed:
+   dv_j = sum_i P_ij dy_i; dP_ij = dy_i . v_j; dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') scale; dq_i = sum_j dS_ij k_j;
+   dk_j = sum_i dS_ij q_i. */
+static inline void store_heads(float *x, const AttnShape &a, int64_t p0, int64_t m, const vf *in) {
+    store_block(x, a.S * a.D, p0, m, a.S * a.D, in);
+}
+extern "C" void mohge_short_attention_backward_f32(const AttnShape *ap, const float *q, const float *k, const float *v,
+                                                   const float *dy, float *dq, float *dk, float *dv) {
+    const AttnShape a = *ap;
+    const int64_t S = a.S, D = a.D;
+    const float scale = 1.0f / sqrtf((float)D);
+    vf Q[AMAX_S * AMAX_D], K[AMAX_S * AMAX_D], V[AMAX_S * AMAX_D], G[AMAX_S * AMAX_D], P[AMAX_S * AMAX_S];
+    vf dP[AMAX_S * AMAX_S], O[AMAX_S * AMAX_D];
+    const int64_t problems = a.B * a.H;
+    const int64_t gst[3] = {S * a.H * D, D, a.H * D};
+    for (int64_t p0 = 0; p0 < problems; p0 += LANES) {
+        const int64_t m = problems - p0 < LANES ? problems - p0 : LANES;
+        load_heads(q, a.q, a, p0, m, Q);
+        load_heads(k, a.k, a, p0, m, K);
+        load_heads(v, a.v, a, p0, m, V);
+        load_heads(dy, gst, a, p0, m, G);
+        probabilities(a, Q, K, scale, P);
+        for (int64_t i = 0; i < S; ++i) {
+            vf dot = {};
+            for (int64_t j = 0; j <= i; ++j) {
+                vf acc = {};
+                for (int64_t d = 0; d < D; ++d) acc += G[i * D + d] * V[j * D + d];
+                dP[i * AMAX_S + j] = acc;
+                dot += P[i * AMAX_S + j] * acc;
+            }
+            for (int64_t j = 0; j <= i; ++j)
+                dP[i * AMAX_S + j] = P[i * AMAX_S + j] * (dP[i * AMAX_S + j] - dot) * scale;
+        }
+        for (int64_t j = 0; j < S; ++j) /* dv */
+            for (int64_t d = 0; d < D; ++d) {
+                vf acc = {};
+                for (int64_t i = j; i < S; ++i) acc += P[i * AMAX_S + j] * G[i * D + d];
+                O[j * D + d] = acc;
+            }
+        store_heads(dv, a, p0, m, O);
+        for (int64_t i = 0; i < S; ++i) /* dq */
+            for (int64_t d = 0; d < D; ++d) {
+                vf acc = {};
+                for (int64_t j = 0; j <= i; ++j) acc += dP[i * AMAX_S + j] * K[j * D + d];
+                O[i * D + d] = acc;
+            }
+        store_heads(dq, a, p0, m, O);
+        for (int64_t j = 0; j < S; ++j) /* dk */
+            for (int64_t d = 0; d < D; ++d) {
+                vf acc = {};
+                for (int64_t i = j; i < S; ++i) acc += dP[i * AMAX_S + j] * Q[i * D + d];
+                O[j * D + d] = acc;
+            }
+        store_heads(dk, a, p0, m, O);
+    }
+}
+"""
+
 ROUTE_SOURCE = r"""
 /* MoHGE's router after its two GEMMs (docs/method.md §2, G2-E6), LANES tokens at a time: the group logits lg [T, G]
    (row stride ldg) and the expert logits le [T, E = G n] (row stride lde) in, the selected experts idx [T, K] (largest
@@ -618,7 +739,7 @@ extern "C" void mohge_flat_route_backward_f32(int64_t T, int64_t E, int64_t K, i
 """
 
 SOURCE = "#include <cmath>\n#include <cstdint>\n" + "".join(
-    (LANES_SOURCE, TOPK_SOURCE, SILU_SOURCE, XENT_SOURCE, COMBINE_SOURCE, ROUTE_SOURCE)
+    (LANES_SOURCE, TOPK_SOURCE, SILU_SOURCE, XENT_SOURCE, COMBINE_SOURCE, ATTENTION_SOURCE, ROUTE_SOURCE)
 )
 FLAGS = ("-O3", "-march=native", "-fno-trapping-math", "-shared", "-fPIC", "-x", "c++")
 
@@ -807,3 +928,9 @@ def combine_backward(
             dout.data_ptr(), dgates.data_ptr(),
         )  # fmt: skip
     return dout, dgates
+
+
+@functools.cache
+def lanes() -> int:
+    """The floats in the vectors the kernels were built with (``LANES``: 8 with AVX2, 16 with AVX-512)."""
+    return int(kernel("mohge_lanes", restype=ctypes.c_int64)())

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from mohge.config import LossConfig, ModelConfig
 
+from . import attention_kernel
 from . import fused as _fused
 from .experts import SwiGLU
 from .moe import LayerStats, MoELayer
@@ -186,13 +187,17 @@ def _attention_half(
     x_BSD: Tensor, norm: nn.RMSNorm, attn: Attention, ffn_norm: nn.RMSNorm, cos_SF: Tensor, sin_SF: Tensor
 ) -> tuple[Tensor, Tensor]:
     """``x + attn(norm(x))`` over causal windows at positions 0..S-1, the attention as
-    :func:`~mohge.model.fused.short_causal_attention`, and ``ffn_norm`` of it: what ``train.fused`` compiles as one
+    :func:`~mohge.model.fused.short_causal_attention` (or, where it was measured faster, the kernel of
+    :mod:`mohge.model.attention_kernel`), and ``ffn_norm`` of it: what ``train.fused`` compiles as one
     graph (norms, QKV, RoPE, attention, output projection and residual fused where inductor can)."""
     B, S, D = x_BSD.shape
     q, k, v = attn.qkv(norm(x_BSD)).view(B, S, 3, attn.H, attn.Dh).permute(2, 0, 3, 1, 4)
     q, k = apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF)
-    y_BHSd = _fused.short_causal_attention(q, k, v)
-    x_BSD = x_BSD + attn.out(y_BHSd.transpose(1, 2).reshape(B, S, D))
+    if attention_kernel.preferred(q, k, v):  # a kernel of our own where it was measured faster
+        y_BSHd = attention_kernel.short_attention(q, k, v)
+    else:
+        y_BSHd = _fused.short_causal_attention(q, k, v).transpose(1, 2)
+    x_BSD = x_BSD + attn.out(y_BSHd.reshape(B, S, D))
     return x_BSD, ffn_norm(x_BSD)
 
 

@@ -1,8 +1,9 @@
-"""The routers' kernels of the fused path (mohge.model.route_kernel), the head loss's row kernel
-(mohge.model.native.softmax_xent_) and the experts' combine kernels (mohge.model.native.combine, combine_backward):
-the eager routers' selections, and their gates and gradients up to rounding, for every router option; held by a
-compiled graph as single calls; anything outside the kernels routed eagerly; torch's functions up to rounding; bad
-input refused before a kernel reads it."""
+"""The fused path's kernels of our own: the routers' (mohge.model.route_kernel), the short-window attention's
+(mohge.model.attention_kernel), the head loss's row kernel (mohge.model.native.softmax_xent_) and the experts' combine
+kernels (mohge.model.native.combine, combine_backward): the eager routers' selections, and their gates and gradients
+up to rounding, for every router option; SDPA's attention and torch's functions up to rounding; held by a compiled
+graph as single calls; anything outside the kernels computed as before; bad input refused before a kernel reads
+it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from mohge.config import FFNConfig, RouterConfig, preflight
-from mohge.model import native, route_kernel
+from mohge.model import attention_kernel, native, route_kernel
 from mohge.model.losses import group_aux_loss, switch_aux_loss
 from mohge.model.routing import GroupedRouter, TopKRouter
 
@@ -182,3 +183,35 @@ def test_the_combine_kernels_compute_the_gathers_by_slot_up_to_rounding(T, K, D,
     assert native.combine_backward(dy, out, row.int(), tok, gate) is None  # not the kernels' input: the caller's ops
     if T:
         assert native.combine(out.t().contiguous().t(), row, gates) is None
+
+
+@needs_cxx
+@pytest.mark.parametrize("B, H, S, D", [(3, 2, 5, 8), (300, 4, 5, 8), (64, 4, 5, 16), (7, 3, 16, 32), (5, 2, 1, 4)])
+def test_the_attention_kernel_differs_from_sdpa_only_by_rounding(B, H, S, D):
+    torch.manual_seed(B + H + S + D)
+    qkv = torch.randn(B, S, 3, H, D, dtype=torch.float64)
+    want = [t.clone().requires_grad_() for t in qkv.permute(2, 0, 3, 1, 4)]
+    y = F.scaled_dot_product_attention(*want, is_causal=True)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    got = [t.float().requires_grad_() for t in qkv.float().permute(2, 0, 3, 1, 4)]  # strided views of one projection
+    y_BSHd = attention_kernel.short_attention(*got)
+    y_BSHd.transpose(1, 2).backward(dy.float())
+    assert y_BSHd.shape == (B, S, H, D) and y_BSHd.is_contiguous()
+    assert (y_BSHd.transpose(1, 2).double() - y).abs().max().item() <= 2e-6
+    for g, w in zip(got, want, strict=True):
+        assert (g.grad.double() - w.grad).abs().max().item() <= 1e-5 * max(1.0, w.grad.abs().max().item())
+
+
+@needs_cxx
+def test_the_fused_path_takes_the_attention_kernel_only_where_it_was_measured_faster():
+    q = torch.zeros(2, 4, 5, 8)
+    eight_lanes = native.lanes() == attention_kernel.FASTER_LANES
+    assert attention_kernel.preferred(q, q, q) is eight_lanes
+    wide = torch.zeros(2, 4, 5, 16)
+    assert attention_kernel.fits(wide, wide, wide) and not attention_kernel.preferred(wide, wide, wide)
+    assert not attention_kernel.fits(q.bfloat16(), q.bfloat16(), q.bfloat16())
+    long = torch.zeros(2, 4, attention_kernel.MAX_WINDOW + 1, 8)
+    assert not attention_kernel.fits(long, long, long)
+    with pytest.raises(ValueError, match=r"short_attention: .*S <= 16.*\(2, 4, 17, 8\)"):
+        attention_kernel.short_attention(long, long, long)
