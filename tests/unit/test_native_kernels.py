@@ -205,11 +205,12 @@ def test_the_attention_kernel_differs_from_sdpa_only_by_rounding(B, H, S, D):
 
 @needs_cxx
 def test_the_fused_path_takes_the_attention_kernel_only_where_it_was_measured_faster():
-    q = torch.zeros(2, 4, 5, 8)
+    q, x = torch.zeros(2, 4, 5, 8), torch.zeros(2, 5, 32)
     eight_lanes = native.lanes() == attention_kernel.FASTER_LANES
-    assert attention_kernel.preferred(q, q, q) is eight_lanes
+    assert attention_kernel.preferred(x, 8) is eight_lanes
     wide = torch.zeros(2, 4, 5, 16)
-    assert attention_kernel.fits(wide, wide, wide) and not attention_kernel.preferred(wide, wide, wide)
+    assert attention_kernel.fits(wide, wide, wide) and not attention_kernel.preferred(x, 16)
+    assert not attention_kernel.preferred(x.bfloat16(), 8)
     assert not attention_kernel.fits(q.bfloat16(), q.bfloat16(), q.bfloat16())
     long = torch.zeros(2, 4, attention_kernel.MAX_WINDOW + 1, 8)
     assert not attention_kernel.fits(long, long, long)

@@ -45,10 +45,12 @@ def fits(q: Tensor, k: Tensor, v: Tensor) -> bool:
     )
 
 
-def preferred(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """Whether the fused path computes this attention with the kernel: it :func:`fits`, on the host kind and head
-    widths where it was measured faster (:data:`FASTER_HEAD_DIM`, :data:`FASTER_LANES`)."""
-    return fits(q, k, v) and q.shape[3] <= FASTER_HEAD_DIM and native.lanes() == FASTER_LANES
+def preferred(x: Tensor, head_dim: int) -> bool:
+    """Whether the fused path computes the attention of the activations ``x`` (fp32 on a CPU), heads of ``head_dim``
+    channels, with the kernel: on the host kind and head widths where it was measured faster
+    (:data:`FASTER_HEAD_DIM`, :data:`FASTER_LANES`). Asked outside the compiled graph (it may build the kernels)."""
+    cpu32 = x.device.type == "cpu" and x.dtype == torch.float32
+    return cpu32 and head_dim <= FASTER_HEAD_DIM and native.lanes() == FASTER_LANES
 
 
 def _shape(q: Tensor, k: Tensor, v: Tensor) -> _Shape:

@@ -48,8 +48,10 @@ class Routing:
         return w_TE.scatter(1, self.idx_TK, self.gates_TK)
 
     def counts(self, num_experts: int) -> Tensor:
-        """Tokens routed to each expert, f_e (int64 [E])."""
-        return torch.bincount(self.idx_TK.reshape(-1), minlength=num_experts)
+        """Tokens routed to each expert, f_e (int64 [E]): a sum of ones by expert, whose shape does not depend on the
+        ids (a compiled graph holds it whole)."""
+        idx = self.idx_TK.reshape(-1)
+        return idx.new_zeros(num_experts).scatter_add_(0, idx, torch.ones_like(idx))
 
 
 def _linear_router(d_model: int, rows: int, std: float) -> nn.Linear:

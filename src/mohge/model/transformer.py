@@ -184,16 +184,22 @@ class LatentAttention(nn.Module):
 
 
 def _attention_half(
-    x_BSD: Tensor, norm: nn.RMSNorm, attn: Attention, ffn_norm: nn.RMSNorm, cos_SF: Tensor, sin_SF: Tensor
+    x_BSD: Tensor,
+    norm: nn.RMSNorm,
+    attn: Attention,
+    ffn_norm: nn.RMSNorm,
+    cos_SF: Tensor,
+    sin_SF: Tensor,
+    kernel: bool = False,
 ) -> tuple[Tensor, Tensor]:
     """``x + attn(norm(x))`` over causal windows at positions 0..S-1, the attention as
-    :func:`~mohge.model.fused.short_causal_attention` (or, where it was measured faster, the kernel of
+    :func:`~mohge.model.fused.short_causal_attention` (with ``kernel``, where it was measured faster, the kernel of
     :mod:`mohge.model.attention_kernel`), and ``ffn_norm`` of it: what ``train.fused`` compiles as one
     graph (norms, QKV, RoPE, attention, output projection and residual fused where inductor can)."""
     B, S, D = x_BSD.shape
     q, k, v = attn.qkv(norm(x_BSD)).view(B, S, 3, attn.H, attn.Dh).permute(2, 0, 3, 1, 4)
     q, k = apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF)
-    if attention_kernel.preferred(q, k, v):  # a kernel of our own where it was measured faster
+    if kernel and attention_kernel.fits(q, k, v):
         y_BSHd = attention_kernel.short_attention(q, k, v)
     else:
         y_BSHd = _fused.short_causal_attention(q, k, v).transpose(1, 2)
@@ -225,7 +231,10 @@ class Block(nn.Module):
         S = x.shape[1]
         short = mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW
         if self.fused and short and isinstance(self.attn, Attention):
-            x, h = _fused.compiled(_attention_half)(x, self.attn_norm, self.attn, self.ffn_norm, cos[:S], sin[:S])
+            kernel = attention_kernel.preferred(x, self.attn.Dh)  # decided here: the graph holds one branch
+            x, h = _fused.compiled(_attention_half)(
+                x, self.attn_norm, self.attn, self.ffn_norm, cos[:S], sin[:S], kernel
+            )
         else:
             x = x + self.attn(self.attn_norm(x), cos, sin, mask_BSS)
             h = self.ffn_norm(x)
