@@ -431,16 +431,20 @@ def test_bench_topk_times_both_and_records_that_the_kernel_returned_atens_top_k(
     assert "4:8 needs 1 <= k <= n" in capsys.readouterr().err
 
 
-def test_speed_doc_quotes_the_top_k_record():
-    rec = json.loads((ROOT / "results" / "bench" / "topk_amx.json").read_text())
+def test_speed_doc_quotes_the_top_k_records():
     text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
-    r32, r8 = rec["results"]
-    assert r32["identical"] and r8["identical"] and (r32["n"], r8["n"], r32["rows"]) == (32, 8, 10_240)
-    assert (
-        f"`mohge bench topk` (`results/bench/topk_amx.json`, one thread, 10 240 rows, the two interleaved): "
-        f"{r32['ratio']:.2f}× ATen's time for the top {r32['k']} of 32, {r8['ratio']:.2f}× for the top {r8['k']} of 8;"
-    ) in text
-    assert rec["host"]["cpu_capability"] == "AVX512" and "amx_bf16" in rec["host"]["matrix_units"]
+    said = []
+    for name, host in (("avx2", "an AMD EPYC with AVX2 only"), ("amx", "an Intel Xeon with AMX")):
+        rec = json.loads((ROOT / "results" / "bench" / f"topk_{name}.json").read_text())
+        r32, r8 = rec["results"]
+        assert r32["identical"] and r8["identical"] and (r32["n"], r8["n"], r32["rows"]) == (32, 8, 10_240)
+        said.append(
+            f"{r32['ratio']:.2f}× ATen's time for the top {r32['k']} of 32, {r8['ratio']:.2f}× for the top "
+            f"{r8['k']} of 8 on {host} (`results/bench/topk_{name}.json`"
+        )
+        units, isa = rec["host"]["matrix_units"], rec["host"]["cpu_capability"]
+        assert ("amx_bf16" in units) if name == "amx" else (isa == "AVX2" and units == ["avx2"])
+    assert "`mohge bench topk`, one thread, 10 240 rows, the two interleaved: " + "); ".join(said) in text
 
 
 def test_a_failed_build_of_the_native_top_k_names_the_compiler_and_its_error(tmp_path, monkeypatch):
@@ -538,7 +542,8 @@ def listed(r: dict, at32: str, sep: str, bold: bool = False) -> str:
 
 
 def test_speed_doc_quotes_the_avx2_hosts_fused_path_record():
-    """The same protocol on a host with AVX2 only: its ratios as the record holds them, said to miss 2x."""
+    """The same protocol on a host with AVX2 only: its ratios as the record holds them, the verdict at each size as
+    they decide it (met where every model's pooled ratio is at least 2, its single repeats shown)."""
     rec = json.loads(FUSED_RECORD_AVX2.read_text())
     text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
     ratios = {(r["family"], r["d_model"]): r["ratio"] for r in rec["runs"]}
@@ -546,19 +551,26 @@ def test_speed_doc_quotes_the_avx2_hosts_fused_path_record():
     host = rec["host"]
     assert host["cpu_capability"] == "AVX2" and host["matrix_units"] == ["avx2"] and rec["new"]["clean"]
     assert rec["baseline"] == json.loads(FUSED_RECORD.read_text())["baseline"]
+    at = {d: [v for (_, dm), v in ratios.items() if dm == d] for d in (32, 64)}
+    single32 = [v for r in rec["runs"] if r["d_model"] == 32 for v in r["ratio_per_repeat"]]
+    assert min(at[32]) >= 2 > max(at[64]), "the verdicts below say met at 32, missed at 64"
     assert (
         f"at {rec['new']['commit'][:12]} against the same baseline, same protocol, the fused path reaches "
         f"{listed(ratios, 'at d_model 32', ';')}, each repeat {min(per_repeat):.2f}-{max(per_repeat):.2f}× "
-        "(`results/bench/train_small_fused_avx2.json`): the target is missed on that host kind"
+        "(`results/bench/train_small_fused_avx2.json`): the target is met at d_model 32, pooled (single repeats "
+        f"{min(single32):.2f}-{max(single32):.2f}×), and missed at 64 on that host kind"
     ) in text
-    assert max(ratios.values()) < 2, "the sentence says missed"
-    pooled = f"{min(ratios.values()):.2f}-{max(ratios.values()):.2f}× pooled"
-    assert f"AVX2 host: missed, {pooled} on the fused path (`results/bench/train_small_fused_avx2.json`) |" in text
+    assert (
+        f"AVX2 host: met at d_model 32, {min(at[32]):.2f}-{max(at[32]):.2f}× pooled (single repeats "
+        f"{min(single32):.2f}-{max(single32):.2f}×), missed at 64, {min(at[64]):.2f}-{max(at[64]):.2f}× pooled, on the "
+        "fused path (`results/bench/train_small_fused_avx2.json`) |"
+    ) in text
 
 
 def test_speed_doc_says_where_the_avx2_hosts_fused_step_goes_as_its_record_holds():
     """The AVX2 record's profiles, summed by kind (GEMMs, compiled kernels, ...), as docs/speed.md's table shows them,
-    and the share of the 2x target its GEMMs leave to the rest: what the sentence after the table says."""
+    and the share of the 2x target its GEMMs leave to the rest where the target is missed: what the sentence after the
+    table says."""
     rec = json.loads(FUSED_RECORD_AVX2.read_text())
     doc = (ROOT / "docs" / "speed.md").read_text()
     text = " ".join(doc.split())
@@ -576,14 +588,15 @@ def test_speed_doc_says_where_the_avx2_hosts_fused_step_goes_as_its_record_holds
         rest = sum(g.values()) - g["GEMMs"]
         needs[run["family"], run["d_model"]] = (target_ms, g["GEMMs"], rest, rest / (target_ms - g["GEMMs"]))
     target_ms, gemms, rest, factor = needs["mohge", 64]
+    at32 = max(needs[f, 32][3] for f in ("mohge", "moe", "moe_equal"))
     assert (
         f"is a MoHGE step of {target_ms:.0f} ms; the fused step's GEMMs alone take {gemms:.0f} ms a step under the "
         f"profiler, which leaves {target_ms - gemms:.0f} ms for the rest, {rest:.0f} ms there: on this host the target "
         f"needs everything but the GEMMs {factor:.1f}× faster than the fused path runs it (MoE-15: "
-        f"{needs['moe', 64][3]:.1f}×; at d_model 32, MoHGE {needs['mohge', 32][3]:.1f}×, MoE-15 "
-        f"{needs['moe', 32][3]:.1f}×, MoE-12 {needs['moe_equal', 32][3]:.1f}×)"
+        f"{needs['moe', 64][3]:.1f}×). At d_model 32, where the timed steps meet the target, the profiled ones (the "
+        f"profiler's own cost in them) need the rest at most {at32:.2f}× faster."
     ) in text
-    assert all(f > 1 for *_, f in needs.values()), "the sentence says the target needs the rest faster"
+    assert factor > 1 and needs["moe", 64][3] > 1, "the sentence says the target needs the rest faster at 64"
 
 
 def test_speed_doc_quotes_the_fused_path_record():
