@@ -44,24 +44,36 @@ typedef int32_t vi __attribute__((vector_size(4 * LANES)));
 typedef float lane_f __attribute__((may_alias)); /* a lane of a vf in memory: (lane_f *)x + i * LANES + l */
 static inline vf splat(float a) { return vf{} + a; }
 static inline vi splati(int32_t a) { return vi{} + a; }
-/* exp_f32 (below) lane by lane */
-static inline vf vexp(vf x) {
-    x = x < -87.33654475f ? splat(-87.33654475f) : x;
-    x = x > 88.72283905f ? splat(88.72283905f) : x;
-    const vf t = x * 1.44269504088896341f;
-    const vi n = __builtin_convertvector(t + (t < 0.0f ? splat(-0.5f) : splat(0.5f)), vi);
-    const vf fx = __builtin_convertvector(n, vf);
+/* exp(x) in float: Cephes' polynomial after a reduction by ln 2, in arithmetic and selects only, so that the loops
+   calling it vectorize (within 2 ulp of expf; arguments clamped to [-87.3, 88.7], where expf stays finite); F a float
+   (exp_f32) or a vector of them (vexp) */
+static inline int32_t to_int(float t) { return (int32_t)t; }
+static inline vi to_int(vf t) { return __builtin_convertvector(t, vi); }
+static inline float to_float(int32_t n) { return (float)n; }
+static inline vf to_float(vi n) { return __builtin_convertvector(n, vf); }
+static inline float as_float(int32_t n) { return __builtin_bit_cast(float, n); }
+static inline vf as_float(vi n) { return (vf)n; }
+template <class F>
+static inline F exp_poly(F x) {
+    const F lo = F{} + -87.33654475f, hi = F{} + 88.72283905f, half = F{} + 0.5f;
+    x = x < lo ? lo : x;
+    x = x > hi ? hi : x;
+    const F t = x * 1.44269504088896341f;
+    const auto n = to_int(t + (t < 0.0f ? -half : half));
+    const F fx = to_float(n);
     x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-    const vf z = x * x;
-    vf y = splat(1.9875691500e-4f);
+    const F z = x * x;
+    F y = F{} + 1.9875691500e-4f;
     y = y * x + 1.3981999507e-3f;
     y = y * x + 8.3334519073e-3f;
     y = y * x + 4.1665795894e-2f;
     y = y * x + 1.6666665459e-1f;
     y = y * x + 5.0000001201e-1f;
     y = y * z + x + 1.0f;
-    return y * (vf)((n + 127) << 23);
+    return y * as_float((n + 127) << 23);
 }
+static inline float exp_f32(float x) { return exp_poly(x); }
+static inline vf vexp(vf x) { return exp_poly(x); }
 static inline vf vsigmoid(vf x) { return splat(1.0f) / (1.0f + vexp(-x)); }
 /* Top-k, lane by lane: the best k so far (b: keys, bv: values carried along, ix: their indices, -1 an empty slot),
    largest first; an entry (key x, value y, index xi) is pushed down the list with selects. Equal keys: the entry
@@ -187,24 +199,6 @@ extern "C" void mohge_topk_rows_f32(const float *v, int64_t rows, int64_t n, int
 """
 
 SILU_SOURCE = r"""
-/* exp(x) in float: Cephes' polynomial after a reduction by ln 2, in arithmetic and selects only, so that the loops
-   calling it vectorize (within 2 ulp of expf; arguments clamped to [-87.3, 88.7], where expf stays finite) */
-static inline float exp_f32(float x) {
-    x = x < -87.33654475f ? -87.33654475f : (x > 88.72283905f ? 88.72283905f : x);
-    const float t = x * 1.44269504088896341f;
-    const int32_t n = (int32_t)(t + (t < 0.0f ? -0.5f : 0.5f));
-    const float fx = (float)n;
-    x = x - fx * 0.693359375f + fx * 2.12194440e-4f;
-    const float z = x * x;
-    float y = 1.9875691500e-4f;
-    y = y * x + 1.3981999507e-3f;
-    y = y * x + 8.3334519073e-3f;
-    y = y * x + 4.1665795894e-2f;
-    y = y * x + 1.6666665459e-1f;
-    y = y * x + 5.0000001201e-1f;
-    y = y * z + x + 1.0f;
-    return y * __builtin_bit_cast(float, (n + 127) << 23);
-}
 /* storage: float as is; bf16 (its 16 high bits) widened exactly, rounded to nearest even, NaN kept a NaN */
 struct F32 {
     typedef float T;
@@ -413,6 +407,19 @@ static inline void probabilities(const AttnShape &a, const vf *Q, const vf *K, f
         for (int64_t j = 0; j <= i; ++j) P[i * AMAX_S + j] *= r;
     }
 }
+/* O's rows [S][D] from the lower-triangular W [S][AMAX_S] and rows X [S][D]: O_i = sum over j <= i of W_ij X_j, or
+   (transposed) O_j = sum over i >= j of W_ij X_i; each sum in its index's order */
+static inline void causal_product(const AttnShape &a, const vf *W, const vf *X, vf *O, bool transposed) {
+    for (int64_t r = 0; r < a.S; ++r)
+        for (int64_t d = 0; d < a.D; ++d) {
+            vf acc = {};
+            if (transposed)
+                for (int64_t i = r; i < a.S; ++i) acc += W[i * AMAX_S + r] * X[i * a.D + d];
+            else
+                for (int64_t j = 0; j <= r; ++j) acc += W[r * AMAX_S + j] * X[j * a.D + d];
+            O[r * a.D + d] = acc;
+        }
+}
 extern "C" void mohge_short_attention_f32(const AttnShape *ap, const float *q, const float *k, const float *v,
                                           float *y) {
     const AttnShape a = *ap;
@@ -425,12 +432,7 @@ extern "C" void mohge_short_attention_f32(const AttnShape *ap, const float *q, c
         load_heads(k, a.k, a, p0, m, K);
         load_heads(v, a.v, a, p0, m, V);
         probabilities(a, Q, K, scale, P);
-        for (int64_t i = 0; i < a.S; ++i) /* y_i = sum_j P_ij v_j, into Q's rows (read no more) */
-            for (int64_t d = 0; d < a.D; ++d) {
-                vf acc = {};
-                for (int64_t j = 0; j <= i; ++j) acc += P[i * AMAX_S + j] * V[j * a.D + d];
-                Q[i * a.D + d] = acc;
-            }
+        causal_product(a, P, V, Q, false); /* y_i = sum_j P_ij v_j, into Q's rows (read no more) */
         float *rows[LANES];
         for (int64_t i = 0; i < a.S; ++i) {
             for (int64_t l = 0; l < m; ++l) rows[l] = y + (((p0 + l) / a.H * a.S + i) * a.H + (p0 + l) % a.H) * a.D;
@@ -471,26 +473,11 @@ extern "C" void mohge_short_attention_backward_f32(const AttnShape *ap, const fl
             for (int64_t j = 0; j <= i; ++j)
                 dP[i * AMAX_S + j] = P[i * AMAX_S + j] * (dP[i * AMAX_S + j] - dot) * scale;
         }
-        for (int64_t j = 0; j < S; ++j) /* dv */
-            for (int64_t d = 0; d < D; ++d) {
-                vf acc = {};
-                for (int64_t i = j; i < S; ++i) acc += P[i * AMAX_S + j] * G[i * D + d];
-                O[j * D + d] = acc;
-            }
+        causal_product(a, P, G, O, true); /* dv */
         store_heads(dv, a, p0, m, O);
-        for (int64_t i = 0; i < S; ++i) /* dq */
-            for (int64_t d = 0; d < D; ++d) {
-                vf acc = {};
-                for (int64_t j = 0; j <= i; ++j) acc += dP[i * AMAX_S + j] * K[j * D + d];
-                O[i * D + d] = acc;
-            }
+        causal_product(a, dP, K, O, false); /* dq */
         store_heads(dq, a, p0, m, O);
-        for (int64_t j = 0; j < S; ++j) /* dk */
-            for (int64_t d = 0; d < D; ++d) {
-                vf acc = {};
-                for (int64_t i = j; i < S; ++i) acc += dP[i * AMAX_S + j] * Q[i * D + d];
-                O[j * D + d] = acc;
-            }
+        causal_product(a, dP, Q, O, true); /* dk */
         store_heads(dk, a, p0, m, O);
     }
 }
