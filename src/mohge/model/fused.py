@@ -14,8 +14,8 @@ LM head's cross-entropy, written and read again four times. The fused path runs:
 - the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`; on a CPU
   in fp32 the router's steps after its GEMMs, forward and backward, are kernels of our own that the graph calls
   (:mod:`mohge.model.route_kernel`), elsewhere its top-k (:mod:`mohge.model.topk`);
-- on a CPU, the routed experts with each width class's pre-activations transposed and their combine by token
-  compiled: :func:`experts`;
+- on a CPU, the routed experts with each width class's pre-activations transposed and their combine by token as
+  kernels of our own in fp32 (:func:`mohge.model.native.combine`), compiled otherwise: :func:`experts`;
 - the LM head and its mean cross-entropy in chunks of :data:`LOSS_CHUNK` tokens (:func:`linear_cross_entropy`): each
   chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored, the softmax and its
   gradient one kernel pass a row in fp32 on a CPU (:func:`mohge.model.native.softmax_xent_`); outside autocast.
@@ -132,9 +132,10 @@ class _ClassSwiGLU(torch.autograd.Function):
     halves are row-major blocks whose rows are an expert's tokens, so SiLU and the products run over rows hundreds of
     elements long, on runs of experts (:func:`_chunks`), instead of per expert over half-rows of H elements (the
     grouped path: element by element in each row's tail, 5-6x the time at widths 5-19). The combine by token, its
-    gradients and the input's gradient are gathers by slot (:func:`_combine`, :func:`_combine_backward`,
-    :func:`_sum_rows`), compiled where the row count is fixed (no padding rows), in place of index_add. Each expert's
-    operands are views made by one split or unbind per tensor, the same views as indexing them one by one."""
+    gradients and the input's gradient are gathers by slot in place of index_add: kernels of our own on fp32 CPU rows
+    (:func:`mohge.model.native.combine`, :func:`~mohge.model.native.combine_backward`), else :func:`_combine`,
+    :func:`_combine_backward`, :func:`_sum_rows`, compiled where the row count is fixed (no padding rows). Each
+    expert's operands are views made by one split or unbind per tensor, the same views as indexing them one by one."""
 
     @staticmethod
     def forward(ctx, x_TD, idx_TK, gates_TK, num_classes, *weights):
