@@ -2,8 +2,10 @@
 
 A router picks the top k of a few entries per token (4 of 8 groups and 4 of 32 experts at the capacity study's
 sizes). ATen's top-k sorts each row partially, about 300 ns a row on one thread: a fifth of a d_model 32 step's
-forward. :func:`top_k` on the fused path runs a C kernel instead, which keeps the best k of 16 rows at a time in
-vector lanes, without a branch per element (its time against ATen's: ``mohge bench topk``, docs/speed.md).
+forward. :func:`top_k` on the fused path runs a C kernel instead, which keeps the best k of as many rows at a time
+as the CPU's widest vector holds floats (8 with AVX2, 16 with AVX-512), one a lane, without a branch per element
+(its time against ATen's: ``mohge bench topk``, docs/speed.md). The routers' own kernels
+(:mod:`mohge.model.route_kernel`) take its place where a router fits them.
 
 It is built on first use with the fused path's other kernels (:mod:`mohge.model.native`, its source
 :data:`~mohge.model.native.TOPK_SOURCE`) and called through ctypes as the custom op ``mohge::topk_indices``: a graph
