@@ -58,12 +58,7 @@ def _shape(q: Tensor, k: Tensor, v: Tensor) -> _Shape:
     return _Shape(B, H, S, D, *((ctypes.c_int64 * 3)(*t.stride()[:3]) for t in (q, k, v)))
 
 
-def _channels(t: Tensor) -> Tensor:
-    """``t`` with contiguous channels (the kernel reads each head's row as one run)."""
-    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
-
-
-_P = ctypes.c_void_p
+_P, _channels = native._P, native.unit_stride  # the kernel reads each head's row as one run
 
 
 @torch.library.custom_op("mohge::short_attention", mutates_args=())

@@ -816,6 +816,11 @@ def _ptr(t: Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def unit_stride(t: Tensor) -> Tensor:
+    """``t`` with its last dim contiguous (a copy only where it is not): what the kernels read as runs of floats."""
+    return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
+
+
 def silu_mul(a: Tensor, u: Tensor, g: Tensor | None = None, out: Tensor | None = None) -> Tensor:
     """``F.silu(a) * u`` (times ``g[:, None]``, one value a row, where given) as a new contiguous tensor, or written
     into ``out`` (a's shape and dtype) and returned: one pass of the kernel (in float, one rounding to the dtype) for

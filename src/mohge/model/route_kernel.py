@@ -62,15 +62,7 @@ def _shape(lg: Tensor, le: Tensor, n: int, kg: int, k: int, softmax_groups: bool
     return _Shape(T, G, n, kg, k, lg.stride(0), le.stride(0), int(softmax_groups), int(renorm_gates))
 
 
-def _rows(t: Tensor) -> Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _ptr(t: Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-_P = ctypes.c_void_p
+_P, _ptr, _rows = native._P, native._ptr, native.unit_stride
 
 
 @torch.library.custom_op("mohge::grouped_route", mutates_args=())
