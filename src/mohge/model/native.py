@@ -202,11 +202,13 @@ SILU_SOURCE = r"""
 /* storage: float as is; bf16 (its 16 high bits) widened exactly, rounded to nearest even, NaN kept a NaN */
 struct F32 {
     typedef float T;
+    static constexpr bool vectors = true; /* rows run in vf vectors, their tails element by element */
     static inline float load(float v) { return v; }
     static inline float store(float f) { return f; }
 };
 struct BF16 {
     typedef uint16_t T;
+    static constexpr bool vectors = false;
     static inline float load(uint16_t v) { return __builtin_bit_cast(float, (uint32_t)v << 16); }
     static inline uint16_t store(float f) {
         const uint32_t u = __builtin_bit_cast(uint32_t, f);
@@ -224,7 +226,13 @@ static void silu_mul(const typename S::T *__restrict a, const typename S::T *__r
         const typename S::T *__restrict ar = a + i * lda, *__restrict ur = u + i * lda;
         typename S::T *__restrict o = act + i * ldo;
         const float gi = g ? S::load(g[i]) : 1.0f;
-        for (int64_t j = 0; j < cols; ++j) {
+        int64_t j = 0;
+        if constexpr (S::vectors)
+            for (; j + LANES <= cols; j += LANES) {
+                const vf x = vload(ar + j), s = splat(1.0f) / (1.0f + vexp(-x));
+                vstore(o + j, x * s * vload(ur + j) * gi);
+            }
+        for (; j < cols; ++j) {
             const float x = S::load(ar[j]), s = 1.0f / (1.0f + exp_f32(-x));
             o[j] = S::store(x * s * S::load(ur[j]) * gi);
         }
@@ -254,6 +262,19 @@ static void silu_mul_backward(const typename S::T *__restrict a, const typename 
         const float gi = g ? S::load(g[i]) : 1.0f;
         float acc[DOT_LANES] = {0.0f};
         int64_t j = 0;
+        if constexpr (S::vectors) { /* lane l of the accumulators: the row's elements j = l mod DOT_LANES, in order */
+            vf accv[DOT_LANES / LANES] = {};
+            for (; j + DOT_LANES <= cols; j += DOT_LANES)
+                for (int c = 0; c < DOT_LANES / LANES; ++c) {
+                    const int64_t jc = j + c * LANES;
+                    const vf x = vload(ar + jc), s = splat(1.0f) / (1.0f + vexp(-x)), d = vload(dr + jc);
+                    const vf y = vload(ur + jc);
+                    accv[c] += x * s * y * d;
+                    vstore(gu + jc, gi * d * x * s);
+                    vstore(ga + jc, gi * d * y * s * (1.0f + x * (1.0f - s)));
+                }
+            __builtin_memcpy(acc, accv, sizeof acc);
+        }
         for (; j + DOT_LANES <= cols; j += DOT_LANES)
             for (int l = 0; l < DOT_LANES; ++l) silu_mul_grad<S>(ar, ur, dr, ga, gu, gi, acc, j + l, l);
         for (int l = 0; j < cols; ++j, ++l) silu_mul_grad<S>(ar, ur, dr, ga, gu, gi, acc, j, l);
