@@ -4,7 +4,7 @@ the experts' SiLU products (:func:`silu_mul`, :func:`silu_mul_backward`, fp32 an
 :class:`mohge.model.fused._ClassSwiGLU` in fp32 and by the grouped path of :mod:`mohge.kernels.reference` in bf16) and
 the head loss's softmax cross-entropy of a chunk's rows (:func:`softmax_xent_`, used by
 :func:`mohge.model.fused.linear_cross_entropy`). The routers' kernels and the top-k run tokens in the lanes of
-:data:`LANES_SOURCE`'s vector types, the loss along each row.
+:data:`LANES_SOURCE`'s vector types, the loss and the fp32 SiLU products along each row.
 
 They are built on first use with the C++ compiler the fused path already needs (``$CXX``, else ``g++``: the one
 torch.compile builds its CPU graphs with, :func:`mohge.config.preflight.cpp_compiler`), for this CPU
