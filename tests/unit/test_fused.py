@@ -59,6 +59,43 @@ def test_the_chunked_head_loss_differs_from_linear_then_cross_entropy_only_by_ro
         linear_cross_entropy(h, w, y[:-1] if T > 1 else y[:0])
 
 
+@pytest.mark.parametrize("T, chunk", [(700, 256), (1024, 512)])
+def test_the_chunked_head_loss_under_bf16_autocast_differs_from_autocasts_linear_then_cross_entropy_only_by_rounding(
+    T, chunk
+):
+    """Under bf16 autocast the chunks' GEMMs run in bf16 and the softmax in fp32 (the native kernel on a CPU), as
+    autocast's F.linear then F.cross_entropy compute it; fp32 weights get fp32 gradients."""
+    torch.manual_seed(0)
+    h = torch.randn(T, 64, requires_grad=True)
+    w = (0.1 * torch.randn(300, 64)).requires_grad_()
+    y = torch.randint(0, 300, (T,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.cross_entropy(F.linear(h, w), y)
+        got = linear_cross_entropy(h, w, y, chunk)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=0)
+    grads = torch.autograd.grad(want, (h, w)), torch.autograd.grad(got, (h, w))
+    for a, b in zip(*grads, strict=True):
+        assert b.dtype == torch.float32
+        assert (b - a).norm() <= 1e-2 * a.norm()  # bf16 rounds the logits' gradient and a chunk's weight gradient
+
+
+def test_the_models_fused_head_returns_the_loss_under_bf16_autocast_as_well():
+    from mohge.model.transformer import LanguageModel
+
+    cfg = tiny_fused("mohge")
+    torch.manual_seed(0)
+    model = LanguageModel(cfg.model, cfg.loss)
+    x = torch.randint(0, cfg.model.vocab_size, (4, 8))
+    y = torch.randint(0, cfg.model.vocab_size, (4, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten())
+        model.fused = True  # the head's loss only: the blocks and routers stay eager
+        out = model(x, y)
+    assert out.logits is None
+    torch.testing.assert_close(out.lm_loss, want, rtol=1e-5, atol=0)
+
+
 # torch.compile builds CPU graphs with a C++ compiler; the path is refused without one (tested below)
 needs_cxx = pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for torch.compile here")
 

@@ -18,7 +18,8 @@ LM head's cross-entropy, written and read again four times. The fused path runs:
   kernels of our own in fp32 (:func:`mohge.model.native.combine`), compiled otherwise: :func:`experts`;
 - the LM head and its mean cross-entropy in chunks of :data:`LOSS_CHUNK` tokens (:func:`linear_cross_entropy`): each
   chunk's logits, softmax and gradients stay in cache and the [T, V] logits are never stored, the softmax and its
-  gradient one kernel pass a row in fp32 on a CPU (:func:`mohge.model.native.softmax_xent_`); outside autocast.
+  gradient one kernel pass a row in fp32 on a CPU (:func:`mohge.model.native.softmax_xent_`); under bf16 autocast
+  the chunk's GEMMs in bf16 and the softmax in fp32.
 
 Compiled graphs are built once per shape at the first steps and shared by every layer. Each piece computes the eager
 model's function in other roundings (the order of a sum, inductor's exponential), so a run on the fused path is a run
@@ -255,39 +256,51 @@ def _softmax_xent_(z_CV: Tensor, y_C1: Tensor, T: int, total: Tensor) -> Tensor:
 
 class _LinearCrossEntropy(torch.autograd.Function):
     """Mean cross-entropy of the logits ``h W^T`` against ``y``, with its gradients computed chunk by chunk in the
-    forward pass (softmax minus the one-hot, over T) and scaled by the incoming gradient in the backward."""
+    forward pass (softmax minus the one-hot, over T) and scaled by the incoming gradient in the backward. ``dt``: the
+    dtype the head's GEMMs compute in (autocast's; None: the operands' own), the softmax always in fp32."""
 
     @staticmethod
-    def forward(ctx, h_TD: Tensor, w_VD: Tensor, y_T: Tensor, chunk: int) -> Tensor:
+    def forward(ctx, h_TD: Tensor, w_VD: Tensor, y_T: Tensor, chunk: int, dt: torch.dtype | None) -> Tensor:
         T = h_TD.shape[0]
         dh_TD, dw_VD = torch.empty_like(h_TD), torch.zeros_like(w_VD)
-        total = h_TD.new_zeros(())
-        native_rows = h_TD.dtype == w_VD.dtype == torch.float32 and h_TD.device.type == "cpu"
-        for s in range(0, T, chunk):
-            h_CD, y_C = h_TD[s : s + chunk], y_T[s : s + chunk]
-            z_CV = h_CD @ w_VD.t()
-            if native_rows:  # -log softmax at the target summed, z_CV overwritten with (softmax - one-hot) / T
-                total += native.softmax_xent_(z_CV, y_C, 1.0 / T)
-                p_CV = z_CV
-            else:
-                p_CV = _softmax_xent_(z_CV, y_C[:, None], T, total)
-            torch.mm(p_CV, w_VD, out=dh_TD[s : s + chunk])
-            dw_VD.addmm_(p_CV.t(), h_CD)
+        total = h_TD.new_zeros((), dtype=torch.float32 if dt else h_TD.dtype)
+        hc_TD, wc_VD = (h_TD, w_VD) if dt is None else (h_TD.to(dt), w_VD.to(dt))
+        with torch.autocast(h_TD.device.type, enabled=False):
+            for s in range(0, T, chunk):
+                h_CD, y_C = hc_TD[s : s + chunk], y_T[s : s + chunk]
+                z_CV = h_CD @ wc_VD.t()
+                if dt is not None:  # the logits rounded to dt, as autocast's F.linear gives them, then fp32
+                    z_CV = z_CV.float()
+                if z_CV.dtype == torch.float32 and z_CV.device.type == "cpu":  # one kernel pass a row:
+                    total += native.softmax_xent_(z_CV, y_C, 1.0 / T)  # z_CV overwritten with (softmax - onehot) / T
+                    p_CV = z_CV
+                else:
+                    p_CV = _softmax_xent_(z_CV, y_C[:, None], T, total)
+                if dt is None:
+                    torch.mm(p_CV, wc_VD, out=dh_TD[s : s + chunk])
+                    dw_VD.addmm_(p_CV.t(), h_CD)
+                else:  # the logits' gradient rounded to dt, as autocast's F.linear takes it back
+                    p_CV = p_CV.to(dt)
+                    dh_TD[s : s + chunk] = p_CV @ wc_VD
+                    dw_VD += p_CV.t() @ h_CD
         ctx.save_for_backward(dh_TD, dw_VD)
         return total / T
 
     @staticmethod
-    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, None, None]:
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor, None, None, None]:
         dh_TD, dw_VD = ctx.saved_tensors
-        return dh_TD * g, dw_VD * g, None, None
+        return dh_TD * g, dw_VD * g, None, None, None
 
 
 def linear_cross_entropy(h_TD: Tensor, w_VD: Tensor, y_T: Tensor, chunk: int = LOSS_CHUNK) -> Tensor:
     """``F.cross_entropy(F.linear(h, w), y)`` (the mean over T tokens) in chunks of ``chunk`` tokens, the logits never
-    stored whole: the same function in other roundings (a chunk's sums, the mean as a sum of chunk sums)."""
+    stored whole: the same function in other roundings (a chunk's sums, the mean as a sum of chunk sums). Under
+    autocast the head's GEMMs compute in its dtype, as autocast's ``F.linear`` does, and the softmax in fp32."""
     if h_TD.dim() != 2 or y_T.shape != h_TD.shape[:1] or w_VD.shape[1] != h_TD.shape[1]:
         raise ValueError(f"linear_cross_entropy: h {tuple(h_TD.shape)}, w {tuple(w_VD.shape)}, y {tuple(y_T.shape)}")
-    return _LinearCrossEntropy.apply(h_TD, w_VD, y_T, chunk)
+    device = h_TD.device.type
+    dt = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else None
+    return _LinearCrossEntropy.apply(h_TD, w_VD, y_T, chunk, dt)
 
 
 def use_fused(model: nn.Module) -> int:

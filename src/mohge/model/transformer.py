@@ -304,10 +304,10 @@ class LanguageModel(nn.Module):
 
     def forward(self, tokens_BS: Tensor, targets_BS: Tensor | None = None) -> LMOutput:
         """The logits and the MoE layers' stats. On the fused path (``fused`` set: :func:`mohge.model.fused.use_fused`)
-        with ``targets_BS`` given and autocast off, the mean cross-entropy against them instead of the logits
+        with ``targets_BS`` given, the mean cross-entropy against them instead of the logits
         (:func:`mohge.model.fused.linear_cross_entropy`); anywhere else the targets are not read."""
         x, layers = self.hidden(tokens_BS)
-        if self.fused and targets_BS is not None and not torch.is_autocast_enabled(x.device.type):
+        if self.fused and targets_BS is not None:
             w_VD = self.embed.weight if self.head is None else self.head.weight
             lm = _fused.linear_cross_entropy(x.flatten(0, 1), w_VD, targets_BS.flatten())
             return LMOutput(logits=None, layers=layers, lm_loss=lm)
