@@ -1,6 +1,6 @@
 """Where a training step's time goes, by aten op, in CPU time: fp32 against bf16 autocast, in one run.
 
-    mohge bench profile [--adamw fused] [--steps 3] [--json results/bench/profile_train_amx.json]
+    mohge bench profile [--adamw fused] [--fused] [--steps 3] [--json results/bench/profile_train_amx.json]
 
 A ``TorchDispatchMode`` times every aten op with the thread's CPU clock (``time.thread_time_ns``), so other
 processes on a shared machine do not show up in the figures, as they do in ``torch.profiler``'s wall times. On a
@@ -8,7 +8,9 @@ CPU the backward runs on the calling thread, so the backward's ops are included.
 expert`` (the routed experts' ragged GEMMs) and ``mm dense`` (attention, router, LM head: a dimension equal to
 the step's token count). One thread; the model and batch are ``mohge bench train``'s. Each round takes one step of
 each precision without the timer, then one with it (the order flips every round): the record holds both medians, so
-what the timer itself adds is measured beside what it attributes. Every op falls in one of :data:`PHASES`.
+what the timer itself adds is measured beside what it attributes. Every op falls in one of :data:`PHASES`. With
+``--fused`` both trainers take the fused path (``train.fused``): the kernels inductor generates run outside the
+dispatcher, so their time is in the step but in no op's row.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mohge.kernels.cpu_gemm import clock, cpu_bf16_support
 from mohge_studies.bench.step import host
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mohge.config import ADAMW_IMPLS, BACKENDS
+from mohge.config import ADAMW_IMPLS, BACKENDS, preflight
 from mohge.core.atomic import write_json_atomic
 
 GEMMS = ("mm", "addmm", "bmm", "_grouped_mm")
@@ -69,13 +71,15 @@ class OpTimer(TorchDispatchMode):
         return out
 
 
-def profile(cfg, batch: int, seq: int, adamw: str = "auto", steps: int = 3, warmup: int = 5) -> dict:
+def profile(
+    cfg, batch: int, seq: int, adamw: str = "auto", steps: int = 3, warmup: int = 5, fused: bool = False
+) -> dict:
     """Per precision: the median step without and with the timer (ms), and per op and per phase the mean ms of a
     timed step (calls per step beside), from ``steps`` rounds after ``warmup`` steps of each (bf16 GEMM kernels are
     built per shape: the rounds see warm ones)."""
     from mohge_studies.bench.train import Trainer
 
-    trainers = {p: Trainer(cfg, batch, seq, bf16=p == "bf16", adamw=adamw) for p in PRECISIONS}
+    trainers = {p: Trainer(cfg, batch, seq, bf16=p == "bf16", adamw=adamw, fused=fused) for p in PRECISIONS}
     for _ in range(warmup):
         for t in trainers.values():
             t.step()
@@ -114,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default="auto", choices=BACKENDS, help="expert backend of both trainers")
     ap.add_argument("--adamw", default="auto", choices=ADAMW_IMPLS, help="train.adamw of both trainers")
     ap.add_argument(
+        "--fused", action="store_true", help="both trainers on the fused path (train.fused: needs a C++ compiler)"
+    )
+    ap.add_argument(
         "--steps", type=int, default=3, help="rounds: a step of each precision without, then with the timer"
     )
     ap.add_argument("--warmup", type=int, default=5, help="steps of each precision before the rounds")
@@ -122,15 +129,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be at least 1 and --warmup at least 0")
+    if args.fused and preflight.cpp_compiler() is None:
+        ap.error("--fused: the fused path needs a C++ compiler on a CPU ($CXX, else g++), and none was found")
     torch.set_num_threads(1)
     cfg = bench_config()
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))
     batch, seq = 8, 256
-    res = profile(cfg, batch, seq, args.adamw, args.steps, args.warmup)
+    res = profile(cfg, batch, seq, args.adamw, args.steps, args.warmup, args.fused)
     if args.json:  # written before the printing, which a closed pipe may stop
         res.update(
             backend=args.backend,
             adamw=args.adamw,
+            fused=args.fused,
             steps=args.steps,
             warmup=args.warmup,
             batch=batch,
