@@ -11,8 +11,11 @@ from conftest import tiny_model_config
 from mohge_studies.bench.front_door import host_kind
 from mohge_studies.bench.profile import PHASES, PRECISIONS, phase_of, profile
 
+from mohge.config import preflight
+
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "results" / "bench" / "profile_train_amx.json"
+FUSED_RECORD = ROOT / "results" / "bench" / "profile_train_fused_avx512.json"
 GEMM_PHASES = [name for name, _ in PHASES[:2]]
 
 
@@ -47,6 +50,18 @@ def test_the_phases_of_a_step_add_up_to_its_ops_and_the_ops_fit_in_the_timed_ste
     assert any(k.endswith("bfloat16") for k in res["bf16"]["ops_ms"])
 
 
+@pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for torch.compile here")
+@pytest.mark.xdist_group("fused_path")
+def test_on_the_fused_path_the_timed_ops_hold_its_own_kernels_and_fit_in_the_timed_step():
+    res = profile(tiny_model_config(vocab_size=300), batch=3, seq=7, adamw="fused", steps=1, warmup=1, fused=True)
+    for p in PRECISIONS:
+        rec = res[p]
+        assert sum(rec["ops_ms"].values()) <= rec["timed_step_ms"] * 1.001
+        assert all(rec["phases_ms"][g] > 0 for g in GEMM_PHASES)
+    assert "softmax_xent" not in " ".join(res["fp32"]["ops_ms"])  # a ctypes call, not an op: in the step only
+    assert "_log_softmax" not in res["bf16"]["ops_ms"]  # the head's chunked loss, under autocast as well
+
+
 def speed_doc_profile(rec: dict) -> list[str]:
     """docs/speed.md's account of the record: its table of phases (ms of a step, share of the timed ops), the step
     with and without the timer, and the largest ops outside the GEMMs in bf16."""
@@ -57,9 +72,10 @@ def speed_doc_profile(rec: dict) -> list[str]:
         rows.append(f"| {name} | {f:.0f} | {100 * f / ops['fp32']:.0f} % | {b:.0f} | {100 * b / ops['bf16']:.0f} % |")
     rows.append(f"| the timed ops, summed | {ops['fp32']:.0f} | | {ops['bf16']:.0f} | |")
     gemm = {p: sum(rec[p]["phases_ms"][g] for g in GEMM_PHASES) for p in PRECISIONS}
+    path = "`train.fused: true`, " if rec.get("fused") else ""
     steps = (
         f"on {host_kind(rec['machine'])} (ATen {rec['machine']['cpu_capability']}, torch {rec['machine']['torch']}), "
-        f"{rec['steps']} rounds after {rec['warmup']} warm-up steps, `train.adamw: {rec['adamw']}`: a step takes "
+        f"{rec['steps']} rounds after {rec['warmup']} warm-up steps, {path}`train.adamw: {rec['adamw']}`: a step takes "
         f"**{rec['fp32']['step_ms']:.0f} ms** in fp32 and **{rec['bf16']['step_ms']:.0f} ms** in bf16 without the "
         f"timer ({rec['fp32']['timed_step_ms']:.0f} / {rec['bf16']['timed_step_ms']:.0f} ms with it). Outside the "
         f"GEMMs: {ops['fp32'] - gemm['fp32']:.0f} ms against {gemm['fp32']:.0f} ms of GEMMs in fp32, "
@@ -81,5 +97,20 @@ def test_speed_doc_quotes_the_profile_record_with_its_host():
         assert " ".join(sentence.split()) in flat, sentence
 
 
+def test_speed_doc_quotes_the_fused_paths_profile_record_with_its_host():
+    rec = json.loads(FUSED_RECORD.read_text())
+    assert rec["fused"] and rec["adamw"] == "fused" and rec["threads"] == 1
+    assert "avx512_bf16" in rec["machine"]["matrix_units"] and "amx_bf16" not in rec["machine"]["matrix_units"]
+    attention = "attention's kernel"
+    assert rec["bf16"]["phases_ms"][attention] > rec["fp32"]["phases_ms"][attention]  # "slower in bf16 than in fp32"
+    doc = (ROOT / "docs" / "speed.md").read_text()
+    flat = " ".join(doc.split())
+    table, *sentences = speed_doc_profile(rec)
+    assert table in doc, table
+    for sentence in sentences:
+        assert " ".join(sentence.split()) in flat, sentence
+
+
 if __name__ == "__main__":  # prints what docs/speed.md quotes
-    print("\n\n".join(speed_doc_profile(json.loads(RECORD.read_text()))))
+    for record in (RECORD, FUSED_RECORD):
+        print("\n\n".join(speed_doc_profile(json.loads(record.read_text()))), end="\n\n")
