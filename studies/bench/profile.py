@@ -49,7 +49,13 @@ def phase_of(op: str) -> str:
 
 
 class OpTimer(TorchDispatchMode):
-    """CPU milliseconds and call counts per aten op (GEMMs keyed by kind and dtype)."""
+    """CPU milliseconds and call counts per aten op (GEMMs keyed by kind and dtype). Graphs compiled by
+    ``torch.compile`` run compiled under it (``ignore_compile_internals``): without it, torch.compile skips every
+    function it meets under the mode, and goes on running them eagerly after the mode has ended."""
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
 
     def __init__(self, tokens: int) -> None:
         super().__init__()
