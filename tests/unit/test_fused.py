@@ -125,12 +125,15 @@ def _experts_and_grads(fn, x, idx, gates, w1s, w2s, dy):
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
 @pytest.mark.parametrize("chunk", [fused.ELEMENTWISE_CHUNK, 500, 1])  # whole classes, runs of experts, one each
-def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_rounding(chunk, monkeypatch):
+@pytest.mark.parametrize("direct_width", [fused.DW2_DIRECT_WIDTH, 6, 1])  # dW2 of no class, the width-7 one, every one
+def test_the_class_buffered_experts_differ_from_the_per_expert_loop_only_by_rounding(chunk, direct_width, monkeypatch):
     """fp64: the rows of the fused path's expert block and its compiled combine; ids 6-8 (the last class) and 5 get no
-    token, so a class without rows and an expert without rows inside a class are both run."""
+    token, so a class without rows and an expert without rows inside a class are both run; each class's dW2 computed
+    transposed then copied, or in place."""
     from mohge.kernels.reference import swiglu_loop
 
     monkeypatch.setattr(fused, "ELEMENTWISE_CHUNK", chunk)
+    monkeypatch.setattr(fused, "DW2_DIRECT_WIDTH", direct_width)
     runs = fused._chunks([(0, 100), (100, 180), (180, 180), (180, 300)], 5)
     assert (
         runs
