@@ -96,14 +96,17 @@ def speed_doc_profile(rec: dict) -> list[str]:
     return ["\n".join(rows), steps, f"The largest ops outside the GEMMs in bf16: {named}."]
 
 
-def test_speed_doc_quotes_the_profile_record_with_its_host():
-    rec = json.loads(RECORD.read_text())
+def assert_speed_doc_quotes(rec: dict) -> None:
     doc = (ROOT / "docs" / "speed.md").read_text()
     flat = " ".join(doc.split())
     table, *sentences = speed_doc_profile(rec)
     assert table in doc, table
     for sentence in sentences:
         assert " ".join(sentence.split()) in flat, sentence
+
+
+def test_speed_doc_quotes_the_profile_record_with_its_host():
+    assert_speed_doc_quotes(json.loads(RECORD.read_text()))
 
 
 def test_speed_doc_quotes_the_fused_paths_profile_record_with_its_host():
@@ -112,12 +115,7 @@ def test_speed_doc_quotes_the_fused_paths_profile_record_with_its_host():
     assert "avx512_bf16" in rec["machine"]["matrix_units"] and "amx_bf16" not in rec["machine"]["matrix_units"]
     attention = "attention's kernel"
     assert rec["bf16"]["phases_ms"][attention] > rec["fp32"]["phases_ms"][attention]  # "slower in bf16 than in fp32"
-    doc = (ROOT / "docs" / "speed.md").read_text()
-    flat = " ".join(doc.split())
-    table, *sentences = speed_doc_profile(rec)
-    assert table in doc, table
-    for sentence in sentences:
-        assert " ".join(sentence.split()) in flat, sentence
+    assert_speed_doc_quotes(rec)
 
 
 if __name__ == "__main__":  # prints what docs/speed.md quotes

@@ -91,17 +91,25 @@ def test_fused_without_a_cpp_compiler_is_refused_before_any_trainer(monkeypatch,
     assert "--fused: the fused path needs a C++ compiler" in capsys.readouterr().err
 
 
-def test_speed_doc_quotes_the_fused_path_record_with_its_host():
-    rec = json.loads((ROOT / "results" / "bench" / "train_fused_amx.json").read_text())
+def fused_mfu_quote(rec: dict, name: str) -> str:
+    """How the MFU row quotes a fused-path record: MoHGE's fp32 / bf16 MFU with each update, MoE's, the GEMM rates."""
     m, g = rec["mfu"], rec["gemm_rate_flops"]
-    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
-    assert (
-        "on the fused path as well (`train.fused`, `mohge bench train --adamw foreach,fused --fused`): MoHGE "
-        f"**{m['mohge_fp32_fused']:.2f}** / **{m['mohge_bf16_fused']:.2f}** with the fused update, "
+    return (
+        f"MoHGE **{m['mohge_fp32_fused']:.2f}** / **{m['mohge_bf16_fused']:.2f}** with the fused update, "
         f"{m['mohge_fp32']:.2f} / {m['mohge_bf16']:.2f} with foreach (MoE: {m['moe_fp32_fused']:.2f} / "
         f"{m['moe_bf16_fused']:.2f} and {m['moe_fp32']:.2f} / {m['moe_bf16']:.2f}), "
-        f"{g['fp32'] / 1e9:.0f} / {g['bf16'] / 1e9:.0f} GFLOP/s in that run (`results/bench/train_fused_amx.json`)"
-    ) in text
+        f"{g['fp32'] / 1e9:.0f} / {g['bf16'] / 1e9:.0f} GFLOP/s in that run (`results/bench/{name}`)"
+    )
+
+
+def test_speed_doc_quotes_the_fused_path_record_with_its_host():
+    rec = json.loads((ROOT / "results" / "bench" / "train_fused_amx.json").read_text())
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        "on the fused path as well (`train.fused`, `mohge bench train --adamw foreach,fused --fused`): "
+        + (fused_mfu_quote(rec, "train_fused_amx.json"))
+        in text
+    )
     assert rec["setup"]["fused"] is True and rec["setup"]["adamw"] == ["foreach", "fused"]
     assert rec["cpu_bf16"]["amx_bf16"] and rec["cpu_bf16"]["aten_capability"] == "AVX512" and rec["threads"] == 1
 
@@ -110,15 +118,13 @@ def test_speed_doc_quotes_the_avx512_hosts_fused_path_record_and_its_verdict():
     """An AMD EPYC with avx512_bf16 and no AMX: the MFU row's numbers are the record's, and its verdict holds there:
     fp32 at 0.5 or above with either update, MoHGE's bf16 with the fused update above it by what runs move."""
     rec = json.loads((ROOT / "results" / "bench" / "train_fused_avx512.json").read_text())
-    m, g = rec["mfu"], rec["gemm_rate_flops"]
+    m = rec["mfu"]
     text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
     assert (
-        "On an AMD EPYC with avx512_bf16 (no AMX, ATen AVX512), on the fused path: MoHGE "
-        f"**{m['mohge_fp32_fused']:.2f}** / **{m['mohge_bf16_fused']:.2f}** with the fused update, "
-        f"{m['mohge_fp32']:.2f} / {m['mohge_bf16']:.2f} with foreach (MoE: {m['moe_fp32_fused']:.2f} / "
-        f"{m['moe_bf16_fused']:.2f} and {m['moe_fp32']:.2f} / {m['moe_bf16']:.2f}), "
-        f"{g['fp32'] / 1e9:.0f} / {g['bf16'] / 1e9:.0f} GFLOP/s in that run (`results/bench/train_fused_avx512.json`)"
-    ) in text
+        "On an AMD EPYC with avx512_bf16 (no AMX, ATen AVX512), on the fused path: "
+        + (fused_mfu_quote(rec, "train_fused_avx512.json"))
+        in text
+    )
     assert (
         "AVX-512 host (AMD EPYC, avx512_bf16): fp32 met on the fused path with either update; bf16 reached by MoHGE "
         f"with the fused update, by {m['mohge_bf16_fused'] - 0.5:.2f} in this run, about what runs of this bench on a "
