@@ -356,6 +356,31 @@ def test_the_fused_path_trains_the_eager_losses_up_to_rounding(family, monkeypat
 
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
+def test_on_windows_longer_than_the_short_ones_the_compiled_attention_half_trains_the_eager_losses(monkeypatch):
+    """Windows of 24 tokens: each block's attention half runs compiled, SDPA inside the graph, and the run's losses
+    and weights are the eager run's up to rounding."""
+    data = {**DATA8, "seq_len": SHORT_WINDOW + 8}
+    cfg = RunConfig.from_dict(
+        tiny_run(model={"max_seq_len": 32}, train={"steps": 8, "batch_size": 4, "warmup_steps": 2}, data=data)
+    )
+    eager_losses, eager_weights = train_steps(cfg, 3, build_optimizer)
+    halves = []
+    original = fused.compiled
+    monkeypatch.setattr(fused, "compiled", lambda fn: (halves.append(fn.__name__), original(fn))[1])
+
+    def fused_optimizer(model, tc):
+        use_fused_path(model, dataclasses.replace(tc, fused=True))
+        return build_optimizer(model, dataclasses.replace(tc, fused=True))
+
+    losses, weights = train_steps(cfg, 3, fused_optimizer)
+    assert halves.count("_attention_half") == 3 * cfg.model.n_layers
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=1e-5, atol=0)
+    for name, w in eager_weights.items():
+        torch.testing.assert_close(weights[name], w, rtol=1e-3, atol=1e-5)
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
 def test_a_fused_run_of_the_trainer_resumes_bit_for_bit_and_is_not_the_eager_run(tmp_path, caplog):
     """``mohge train`` with ``train.fused: true`` on windows of 8 tokens: the run resumed from its checkpoint before
     the last ends with the weights and losses of the run trained straight (the compiled pieces are deterministic and

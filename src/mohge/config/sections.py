@@ -343,7 +343,7 @@ class TrainConfig(_Section):
     )
     fused: bool = knob(
         False,
-        "the fused path for small models (mohge.model.fused): attention halves over windows of at most 16 tokens and "
+        "the fused path for small models (mohge.model.fused): attention halves over causal windows and "
         "the MoE routers compiled by torch.compile, the CPU expert block with a transposed SiLU and its "
         "combine compiled, the LM head's loss in chunks; about 2x the tokens/s at d_model 32 and 64 (docs/speed.md), "
         "in other roundings than eager, so such a run's numbers differ from an eager run's; one process or DDP only",

@@ -7,10 +7,10 @@ LM head's cross-entropy, written and read again four times. The fused path runs:
 
 - a block's attention half, ``x + attn(norm(x))`` (norm, QKV, RoPE, attention, output projection, residual) and the
   feed-forward norm of its output, as one graph compiled by ``torch.compile`` (inductor: loops over whole rows,
-  fused) when it is multi-head attention over causal windows of at most :data:`SHORT_WINDOW` tokens, the attention
-  written as broadcast products and a masked softmax (:func:`short_causal_attention`) in place of
-  ``F.scaled_dot_product_attention`` (:func:`mohge.model.transformer._attention_half`); longer windows, masks and
-  MLA stay eager;
+  fused) when it is multi-head attention over causal windows, the attention written as broadcast products and a
+  masked softmax (:func:`short_causal_attention`) in place of ``F.scaled_dot_product_attention`` up to
+  :data:`SHORT_WINDOW` tokens, SDPA inside the graph beyond (:func:`mohge.model.transformer._attention_half`); masks
+  and MLA stay eager;
 - the MoE router's forward (scores, selection, gates) and the layer's aux losses, compiled: :func:`route`; on a CPU
   in fp32 the router's steps after its GEMMs, forward and backward, are kernels of our own that the graph calls
   (:mod:`mohge.model.route_kernel`), elsewhere its top-k (:mod:`mohge.model.topk`);

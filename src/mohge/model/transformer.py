@@ -192,14 +192,17 @@ def _attention_half(
     sin_SF: Tensor,
     kernel: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """``x + attn(norm(x))`` over causal windows at positions 0..S-1, the attention as
-    :func:`~mohge.model.fused.short_causal_attention` (with ``kernel``, where it was measured faster, the kernel of
-    :mod:`mohge.model.attention_kernel`), and ``ffn_norm`` of it: what ``train.fused`` compiles as one
-    graph (norms, QKV, RoPE, attention, output projection and residual fused where inductor can)."""
+    """``x + attn(norm(x))`` over causal windows at positions 0..S-1, and ``ffn_norm`` of it: what ``train.fused``
+    compiles as one graph (norms, QKV, RoPE, attention, output projection and residual fused where inductor can). The
+    attention: up to :data:`~mohge.model.fused.SHORT_WINDOW` tokens :func:`~mohge.model.fused.short_causal_attention`
+    (with ``kernel``, where it was measured faster, the kernel of :mod:`mohge.model.attention_kernel`); longer windows
+    ``F.scaled_dot_product_attention``, as the eager block computes it."""
     B, S, D = x_BSD.shape
     q, k, v = attn.qkv(norm(x_BSD)).view(B, S, 3, attn.H, attn.Dh).permute(2, 0, 3, 1, 4)
     q, k = apply_rope(q, cos_SF, sin_SF), apply_rope(k, cos_SF, sin_SF)
-    if kernel and attention_kernel.fits(q, k, v):
+    if S > _fused.SHORT_WINDOW:
+        y_BSHd = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
+    elif kernel and attention_kernel.fits(q, k, v):
         y_BSHd = attention_kernel.short_attention(q, k, v)
     else:
         y_BSHd = _fused.short_causal_attention(q, k, v).transpose(1, 2)
@@ -209,9 +212,8 @@ def _attention_half(
 
 class Block(nn.Module):
     """Pre-norm block: ``x + attn(attn_norm(x))``, then ``+ ffn(ffn_norm(x))``. With ``fused`` set
-    (:func:`mohge.model.fused.use_fused`), the attention half of a multi-head block over causal windows of at
-    most :data:`~mohge.model.fused.SHORT_WINDOW` tokens and its feed-forward norm run as one compiled graph
-    (:func:`_attention_half`)."""
+    (:func:`mohge.model.fused.use_fused`), the attention half of a multi-head block over causal windows (positions
+    0..S-1, no mask) and its feed-forward norm run as one compiled graph (:func:`_attention_half`)."""
 
     fused = False
 
@@ -229,8 +231,8 @@ class Block(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, mask_BSS: Tensor | None = None
     ) -> tuple[Tensor, LayerStats | None]:
         S = x.shape[1]
-        short = mask_BSS is None and cos.dim() == 2 and S <= _fused.SHORT_WINDOW
-        if self.fused and short and isinstance(self.attn, Attention):
+        causal = mask_BSS is None and cos.dim() == 2
+        if self.fused and causal and isinstance(self.attn, Attention):
             kernel = attention_kernel.preferred(x, self.attn.Dh)  # decided here: the graph holds one branch
             x, h = _fused.compiled(_attention_half)(
                 x, self.attn_norm, self.attn, self.ffn_norm, cos[:S], sin[:S], kernel
