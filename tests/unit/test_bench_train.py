@@ -116,9 +116,8 @@ def test_speed_doc_quotes_the_fused_path_record_with_its_host():
 
 def test_speed_doc_quotes_the_avx512_hosts_fused_path_record_and_its_verdict():
     """An AMD EPYC with avx512_bf16 and no AMX: the MFU row's numbers are the record's, and its verdict holds there:
-    fp32 at 0.5 or above with either update, MoHGE's bf16 with the fused update above it by what runs move."""
+    every model, precision and update on the fused path at 0.5 or above."""
     rec = json.loads((ROOT / "results" / "bench" / "train_fused_avx512.json").read_text())
-    m = rec["mfu"]
     text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
     assert (
         "On an AMD EPYC with avx512_bf16 (no AMX, ATen AVX512), on the fused path: "
@@ -126,12 +125,10 @@ def test_speed_doc_quotes_the_avx512_hosts_fused_path_record_and_its_verdict():
         in text
     )
     assert (
-        "AVX-512 host (AMD EPYC, avx512_bf16): fp32 met on the fused path with either update; bf16 reached by MoHGE "
-        f"with the fused update, by {m['mohge_bf16_fused'] - 0.5:.2f} in this run, about what runs of this bench on a "
-        f"host move (MoE: {m['moe_bf16_fused']:.2f})."
+        "AVX-512 host (AMD EPYC, avx512_bf16): met in both precisions on the fused path, with either update, in the "
+        "recorded run; runs of this bench on this host move by several hundredths (CHANGELOG)."
     ) in text
-    assert min(m["mohge_fp32"], m["mohge_fp32_fused"], m["moe_fp32"], m["moe_fp32_fused"]) >= 0.5
-    assert 0.5 <= m["mohge_bf16_fused"] < 0.53 and m["moe_bf16_fused"] >= 0.5  # "about what runs move": 0.02
+    assert min(rec["mfu"].values()) >= 0.5
     host = rec["cpu_bf16"]
     assert host["avx512_bf16"] and not host["amx_bf16"] and host["aten_capability"] == "AVX512"
     assert rec["setup"]["fused"] is True and rec["setup"]["adamw"] == ["foreach", "fused"] and rec["threads"] == 1
