@@ -492,6 +492,26 @@ def test_speed_bounds_rows_quote_the_fresh_clone_records_of_the_slowest_host_kin
     assert not missing, missing
 
 
+def test_speed_bounds_row_quotes_the_avx512_hosts_make_test_record():
+    """The `make test` row's AMD EPYC with avx512_bf16: its fresh-clone record's times and counts, and the verdict
+    its wall time gives against the 10-minute bound."""
+    from mohge_studies.bench.front_door import host_kind
+
+    rec = json.loads((ROOT / "results" / "bench" / "front_door_avx512_test.json").read_text())
+    t = rec["make_test"]
+    assert host_kind(rec["machine"]) == "an AMD EPYC with avx512_bf16" and t["exit_status"] == 0
+    assert t["pytest_summary"].startswith(f"{t['passed']} passed") and t["failed"] == 0
+    passed = f"{t['passed']:,}".replace(",", " ")
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        f"on an AMD EPYC with avx512_bf16 **{t['wall_s'] / 60:.1f} min** wall: the suite {t['pytest_wall_s'] / 60:.1f} "
+        f"min ({passed} passed, {t['failed']} failed), set-up {t['setup_and_startup_s'] / 60:.1f} min (fresh clone of "
+        f"{rec['commit']}; `results/bench/front_door_avx512_test.json`)"
+    ) in text
+    verdict = "met" if t["wall_s"] <= 10 * 60 else "missed"
+    assert f"met on an Intel Xeon with AMX; {verdict} on the AMD EPYC with avx512_bf16." in text
+
+
 def test_contributing_loop_times_are_the_recorded_measurements():
     """CONTRIBUTING's fast loop and distributed-tests rows: their commands and times are the ones
     results/bench/front_door.json recorded (pytest's own summary line)."""
