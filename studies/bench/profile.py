@@ -27,7 +27,7 @@ from mohge.kernels.cpu_gemm import clock, cpu_bf16_support
 from mohge_studies.bench.step import host
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mohge.config import ADAMW_IMPLS, BACKENDS, preflight
+from mohge.config import ADAMW_IMPLS, BACKENDS
 from mohge.core.atomic import write_json_atomic
 
 GEMMS = ("mm", "addmm", "bmm", "_grouped_mm")
@@ -118,7 +118,7 @@ def profile(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mohge_studies.bench.train import bench_config
+    from mohge_studies.bench.train import bench_config, refuse_fused_without_compiler
 
     ap = argparse.ArgumentParser(prog="mohge bench profile", description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", default="auto", choices=BACKENDS, help="expert backend of both trainers")
@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         ap.error("--steps must be at least 1 and --warmup at least 0")
-    if args.fused and preflight.cpp_compiler() is None:
-        ap.error("--fused: the fused path needs a C++ compiler on a CPU ($CXX, else g++), and none was found")
+    refuse_fused_without_compiler(ap, args.fused)
     torch.set_num_threads(1)
     cfg = bench_config()
     cfg = dataclasses.replace(cfg, ffn=dataclasses.replace(cfg.ffn, backend=args.backend))

@@ -225,6 +225,12 @@ def measure(
     }
 
 
+def refuse_fused_without_compiler(ap: argparse.ArgumentParser, fused: bool) -> None:
+    """``--fused`` refused before any trainer is built where no C++ compiler is found (the fused path needs one)."""
+    if fused and preflight.cpp_compiler() is None:
+        ap.error("--fused: the fused path needs a C++ compiler on a CPU ($CXX, else g++), and none was found")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="mohge bench train",
@@ -252,8 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="also write the result here")
     args = ap.parse_args(argv)
-    if args.fused and preflight.cpp_compiler() is None:
-        ap.error("--fused: the fused path needs a C++ compiler on a CPU ($CXX, else g++), and none was found")
+    refuse_fused_without_compiler(ap, args.fused)
     impls = args.adamw.split(",")
     if any(i not in ADAMW_IMPLS for i in impls) or len(set(impls)) != len(impls):
         ap.error(f"--adamw {args.adamw}: expected distinct values, comma-separated, of {', '.join(ADAMW_IMPLS)}")
