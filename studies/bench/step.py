@@ -385,7 +385,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="timed steps per process and repeat, taken in turn")
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per run config, their steps pooled")
     ap.add_argument("--warmup", type=int, default=3, help="untimed first steps per process")
-    ap.add_argument("--parts", type=int, default=7, help="steps of the per-part profile after the timed ones (0: none)")
+    ap.add_argument(
+        "--parts",
+        type=int,
+        default=7,
+        help="steps of the per-part profile after the timed ones (0: none; on the fused path its compiled graphs and "
+        "native kernels are in no part: --kernels names them)",
+    )
     ap.add_argument(
         "--kernels",
         type=int,

@@ -170,17 +170,31 @@ def main() -> int:
     return 0
 
 
+def dispatch_timer() -> type:
+    """The base of this worker's op timers: a ``TorchDispatchMode`` under which the graphs ``torch.compile`` made (the
+    fused path's) run compiled, as a whole, unseen op by op (``ignore_compile_internals``). Without it torch.compile
+    skips every function it meets under the mode and runs them eagerly for the rest of the process: the fused path's
+    profiles, and its kernels profiled after them, would be of its eager ops."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CompiledStaysCompiled(TorchDispatchMode):
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+    return CompiledStaysCompiled
+
+
 def op_times(step, *args) -> dict:
     """The thread CPU milliseconds and calls of each aten op in one call of ``step(*args)`` (a training step; on a
-    CPU the backward runs on this thread), and the step's own milliseconds with the timer on."""
+    CPU the backward runs on this thread), and the step's own milliseconds with the timer on. A compiled graph's ops
+    are not among them (:func:`dispatch_timer`): its time is in the step's."""
     import collections
-
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     ms: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
 
-    class Timer(TorchDispatchMode):
+    class Timer(dispatch_timer()):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             t0 = time.thread_time_ns()
             out = func(*args, **(kwargs or {}))
@@ -232,12 +246,14 @@ def part_times(model, opt, par, meter, step, reps: int) -> dict[str, float]:
     aux losses and counts); ``experts`` (sort, gather, GEMMs, SwiGLU, combine); ``head and loss`` (final norm, LM head,
     cross-entropy and the sums of the loss, the step's glue); ``optimizer`` (clipping, AdamW, zeroing); ``other``
     (residual adds, gradient accumulation into the leaves, the log window). ``aten`` is their sum, ``step`` the step's
-    own milliseconds with the timer on (the difference is Python and the timer)."""
+    own milliseconds with the timer on (the difference is Python and the timer). On the fused path (``train.fused``) the
+    difference also holds its compiled graphs, which run compiled (:func:`dispatch_timer`: the attention half of a
+    short window, the routers) and its ctypes kernels, and the experts' ops are charged to ``router`` (the fused path
+    calls no experts module): ``--kernels`` names them."""
     import collections
     import statistics
 
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from mohge.model.moe import MoELayer
 
@@ -279,7 +295,7 @@ def part_times(model, opt, par, meter, step, reps: int) -> dict[str, float]:
                                                   m.register_forward_hook(leave(part)))]  # fmt: skip
     ms: dict[str, float] = collections.defaultdict(float)
 
-    class Timer(TorchDispatchMode):
+    class Timer(dispatch_timer()):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             t0 = time.thread_time_ns()
             out = func(*args, **(kwargs or {}))

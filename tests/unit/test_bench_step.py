@@ -18,7 +18,7 @@ from mohge_studies.bench import main
 from mohge_studies.bench import step as bench_step
 from mohge_studies.bench.step_worker import PARTS
 
-from mohge.config import load_run_config
+from mohge.config import load_run_config, preflight
 from mohge.model import transformer
 from mohge.model.transformer import apply_rope, rope_qkv, rope_tables
 from mohge.train import trainer
@@ -141,6 +141,41 @@ def test_the_command_times_two_checkouts_and_writes_its_record(tmp_path):
     assert set(k["groups"]) == set(bench_step.KERNEL_GROUPS) and k["self_ms"]["aten::mm"] > 0
     assert k["groups"]["GEMMs"] == pytest.approx(sum(k["self_ms"].get(g, 0.0) for g in bench_step.GEMMS))
     assert k["groups"]["compiled kernels"] == 0 and k["calls"]["aten::mm"] >= 1  # the eager path compiles nothing
+
+
+@pytest.mark.skipif(preflight.cpp_compiler() is None, reason="no C++ compiler for torch.compile here")
+@pytest.mark.xdist_group("fused_path")
+def test_under_the_workers_part_and_op_timers_the_fused_path_runs_compiled_and_goes_on_compiling():
+    """The fused path's step timed part by part and op by op, as the worker times it before its kernels: its compiled
+    graphs run compiled (the short windows' softmax, inside the compiled attention half, is no op of the timers), and
+    torch.compile goes on compiling after them: a new batch size gets its own graphs."""
+    from mohge_studies.bench.step_worker import op_times, part_times
+    from torch._dynamo.utils import counters
+
+    from mohge.train.step import use_fused_path
+
+    cfg = load_run_config(RUNS / "facts-mohge-best_renorm_lr5e3-s10" / "config.json")
+    rt = Runtime(0, 1, torch.device("cpu"), None)
+
+    def fused_step(batch: int):
+        c = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, batch_size=batch, fused=True))
+        par = Replicated(c, rt, Path("/nonexistent"))
+        model = par.build().train()
+        use_fused_path(model, c.train)
+        opt, meter = build_optimizer(model, c.train), WindowMeter()
+        b = torch.randint(0, c.model.vocab_size, (batch, c.data_config.seq_len + 1))
+        args = (0, par, opt, (b[:, :-1], b[:, 1:]), meter, bias_balanced(model), None)
+        return model, opt, par, meter, args
+
+    model, opt, par, meter, args = fused_step(24)
+    trainer._step(*args)  # compiles
+    parts = part_times(model, opt, par, meter, lambda: trainer._step(*args), 1)
+    ops = op_times(trainer._step, *args)
+    assert ops["ops_ms"]["mm"] > 0 and "_softmax" not in ops["ops_ms"]
+    assert 0 < parts["aten"] < parts["step"] and parts["attention"] == 0  # the attention half: one compiled graph
+    graphs = counters["stats"]["unique_graphs"]
+    trainer._step(*fused_step(40)[-1])
+    assert counters["stats"]["unique_graphs"] > graphs
 
 
 def test_profiler_keys_fall_in_the_group_of_what_they_compute():
