@@ -247,9 +247,9 @@ def part_times(model, opt, par, meter, step, reps: int) -> dict[str, float]:
     cross-entropy and the sums of the loss, the step's glue); ``optimizer`` (clipping, AdamW, zeroing); ``other``
     (residual adds, gradient accumulation into the leaves, the log window). ``aten`` is their sum, ``step`` the step's
     own milliseconds with the timer on (the difference is Python and the timer). On the fused path (``train.fused``) the
-    difference also holds its compiled graphs, which run compiled (:func:`dispatch_timer`: the attention half of a
-    short window, the routers) and its ctypes kernels, and the experts' ops are charged to ``router`` (the fused path
-    calls no experts module): ``--kernels`` names them."""
+    difference also holds its compiled graphs, which run compiled (:func:`dispatch_timer`: the blocks' attention halves,
+    the routers) and its ctypes kernels, and the experts' ops are charged to ``router`` (the fused path calls no experts
+    module): ``--kernels`` names them."""
     import collections
     import statistics
 
