@@ -20,10 +20,12 @@ run: $(STAMP)
 	$(PYC)
 	PATH="$(abspath $(VENV))/bin:$$PATH" $(VENV)/bin/snakemake --rerun-incomplete $(SNAKEMAKE_ARGS)
 
-# loadgroup: tests marked with one xdist_group (one fresh clone, one trained model) run on one worker
+# loadgroup: tests marked with one xdist_group (one fresh clone, one trained model) run on one worker; PYTEST_ARGS: more
+# of pytest's arguments, e.g. PYTEST_ARGS='-m "not slow and not multiprocess"' (CONTRIBUTING.md: the loops by marker)
+PYTEST_ARGS ?=
 test: $(STAMP)
 	$(PYC)
-	$(VENV)/bin/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder
+	$(VENV)/bin/python -m pytest -n auto --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 setup: $(STAMP)
 

@@ -1,6 +1,7 @@
 """The README's two commands in a fresh clone, timed as a user meets them, with the host they ran on.
 
     mohge bench front-door --json results/bench/front_door_avx2.json [--targets test run] [--repo .]
+        [--pytest-args '-m "not slow"']
 
 Clones the repository's committed HEAD (``git clone``: what a user gets; uncommitted changes are not measured, and the
 command says so) into a temporary folder and runs each of ``--targets`` there in order (``make test``, then ``make
@@ -11,7 +12,8 @@ those of the ``make`` process and every process it waited for (``os.wait4``). Th
 * the host: the CPU, its vector and matrix units as ATen and /proc/cpuinfo see them (``avx2``, ``avx512_bf16``,
   ``amx_bf16``: the host kinds the project's budgets name), cores, memory, and the load average before each target
   (the budgets are for an otherwise idle machine: a load above 0.5 is recorded, not refused);
-* for ``make test``: pytest's own summary line, its counts and the suite's wall time, and what setup took;
+* for ``make test``: pytest's own summary line, its counts and the suite's wall time, and what setup took; with
+  ``--pytest-args``, ``make test PYTEST_ARGS=...`` times that selection of the suite (the record's ``command``);
 * for ``make run``: the Snakemake jobs of each kind this run made (the study's benchmark files written during it:
   ``results/<study>/benchmarks/<rule>/``), with their count and summed seconds;
 * with ``--processes``: where the target's CPU time went, Python process by Python process (:func:`processes`). A
@@ -31,6 +33,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -184,9 +187,11 @@ def processes(log: Path, top: int = TOP) -> dict:
     }
 
 
-def run_target(clone: Path, target: str, log: Path, hook: Path | None = None) -> dict:
+def run_target(clone: Path, target: str, log: Path, hook: Path | None = None, pytest_args: str = "") -> dict:
     """``make <target>`` in ``clone``, in its own session, no terminal: wall, user and system seconds, exit status;
-    with ``hook`` (a folder holding :data:`HOOK` as sitecustomize.py), its Python processes (:func:`processes`)."""
+    with ``hook`` (a folder holding :data:`HOOK` as sitecustomize.py), its Python processes (:func:`processes`);
+    ``pytest_args``: the Makefile's ``PYTEST_ARGS`` of ``make test`` (a selection of the suite)."""
+    make_vars = [f"PYTEST_ARGS={pytest_args}"] if target == "test" and pytest_args else []
     load = list(os.getloadavg())
     env = dict(os.environ)
     if hook is not None:
@@ -197,14 +202,14 @@ def run_target(clone: Path, target: str, log: Path, hook: Path | None = None) ->
     before, start = benchmark_files(clone), time.perf_counter()
     with log.open("w") as out:
         proc = subprocess.Popen(
-            ["make", target], cwd=clone, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            ["make", target, *make_vars], cwd=clone, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True, env=env,
         )  # fmt: skip
         _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)  # reaped by wait4: Popen must not wait again
     rec = {
-        "command": f"make {target}",
+        "command": shlex.join(["make", target, *make_vars]),
         "exit_status": proc.returncode,
         "loadavg_before": load,
         "wall_s": round(wall, 2),
@@ -235,6 +240,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--processes",
         action="store_true",
         help="also record the CPU time of each Python process the targets start, by command and by test file",
+    )
+    ap.add_argument(
+        "--pytest-args",
+        default="",
+        help="make test's PYTEST_ARGS, a selection of the suite, e.g. '-m \"not slow and not multiprocess\"' (default: "
+        "the whole suite)",
     )
     args = ap.parse_args(argv)
     repo = args.repo.resolve()
@@ -267,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for target in args.targets:
             log = args.json.with_name(f"{args.json.stem}.{target}.log")
             print(f"make {target} in {clone} (output: {log}) ...", flush=True)
-            rec = run_target(clone, target, log, hook)
+            rec = run_target(clone, target, log, hook, args.pytest_args)
             record[f"make_{target}"] = rec
             cpu = (rec["user_s"] + rec["system_s"]) / 60
             print(f"  make {target}: exit {rec['exit_status']}, {rec['wall_s'] / 60:.1f} min wall, {cpu:.1f} min CPU")

@@ -15,6 +15,7 @@ from pathlib import Path
 MAKEFILE = """\
 test:
 \t@{py} -c "sum(range(3 * 10**7))"
+\t@printf 'arg[%s] ' $(PYTEST_ARGS) && echo
 \t@echo "========== 3 passed, 1 skipped, 2 warnings in 0.42s =========="
 run:
 \t@mkdir -p results/toy/benchmarks/train results/toy/benchmarks/eval
@@ -57,6 +58,16 @@ def test_the_record_holds_both_targets_the_host_the_suite_summary_and_the_jobs_t
     assert run["job_seconds"] == {"train": {"jobs": 2, "wall_s": 4.0}, "evaluate": {"jobs": 1, "wall_s": 9.0}}
     assert run["jobs"] == 3  # the committed inference file is older than the run
     assert rec["commit"] and (out.parent / "front_door.test.log").is_file()
+
+
+def test_a_selection_of_the_suite_reaches_make_test_as_its_pytest_args_and_the_record_names_it(tmp_path):
+    repo = _repo(tmp_path, MAKEFILE)
+    out = tmp_path / "rec" / "front_door.json"
+    r = _front_door("--json", str(out), "--repo", str(repo), "--targets", "test", "--pytest-args", '-m "not slow"')
+    assert r.returncode == 0, r.stderr[-2000:]
+    test = json.loads(out.read_text())["make_test"]
+    assert test["command"] == """make test 'PYTEST_ARGS=-m "not slow"'""" and test["passed"] == 3
+    assert "arg[-m] arg[not slow]" in (out.parent / "front_door.test.log").read_text()  # the arguments pytest gets
 
 
 def test_a_failing_target_is_recorded_with_its_status_and_the_command_fails(tmp_path):
