@@ -512,6 +512,28 @@ def test_speed_bounds_row_quotes_the_avx512_hosts_make_test_record():
     assert f"met on an Intel Xeon with AMX; {verdict} on the AMD EPYC with avx512_bf16." in text
 
 
+def test_speed_doc_quotes_the_avx512_hosts_record_of_the_suite_without_its_slow_and_multiprocess_tests():
+    """docs/speed.md's sentence on the suite by marker: the selection, times and counts of its fresh-clone record."""
+    from mohge_studies.bench.front_door import host_kind
+
+    rec = json.loads((ROOT / "results" / "bench" / "front_door_avx512_test_fast.json").read_text())
+    t = rec["make_test"]
+    assert host_kind(rec["machine"]) == "an AMD EPYC with avx512_bf16" and t["exit_status"] == 0 and t["failed"] == 0
+    assert t["command"] == """make test 'PYTEST_ARGS=-m "not slow and not multiprocess"'"""
+    assert t["pytest_summary"].startswith(f"{t['passed']} passed")
+    passed = f"{t['passed']:,}".replace(",", " ")
+    text = " ".join((ROOT / "docs" / "speed.md").read_text().split())
+    assert (
+        f"""on an AMD EPYC with avx512_bf16: `make test PYTEST_ARGS='-m "not slow and not multiprocess"'`, the suite """
+        f"without its end-to-end workflow runs (`slow`) and its torchrun and gloo worlds (`multiprocess`), took "
+        f"**{t['wall_s'] / 60:.1f} min** wall: the suite {t['pytest_wall_s'] / 60:.1f} min ({passed} passed, "
+        f"{t['failed']} failed), set-up {t['setup_and_startup_s'] / 60:.1f} min (fresh clone of {rec['commit']}; "
+        f"`results/bench/front_door_avx512_test_fast.json`)"
+    ) in text
+    whole = json.loads((ROOT / "results" / "bench" / "front_door_avx512_test.json").read_text())["make_test"]
+    assert f"where the whole suite took {whole['wall_s'] / 60:.1f} min on that host kind" in text
+
+
 def test_contributing_loop_times_are_the_recorded_measurements():
     """CONTRIBUTING's fast loop and distributed-tests rows: their commands and times are the ones
     results/bench/front_door.json recorded (pytest's own summary line)."""
