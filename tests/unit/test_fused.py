@@ -469,6 +469,25 @@ def test_the_native_top_k_ranks_equal_values_by_index_masked_ones_last_and_nan_b
         topk.topk_indices(v, 9)
 
 
+def _scaled_shift(x):  # a piece for the test below: compiled afresh, its graphs its own
+    return x * 2.0 + 1.0
+
+
+@needs_cxx
+@pytest.mark.xdist_group("fused_path")
+def test_a_compiled_piece_compiles_a_graph_for_each_of_more_shapes_than_dynamos_own_limit():
+    """The fused path's pieces meet many shapes in one process (`mohge bench peers`, the tests): each new shape is
+    compiled, past dynamo's default of 8 graphs a function, after which it would run the function eagerly."""
+    from torch._dynamo.utils import counters
+
+    piece = fused.compiled(_scaled_shift)
+    graphs = counters["stats"]["unique_graphs"]
+    shapes = range(1, 11)
+    for n in shapes:
+        torch.testing.assert_close(piece(torch.ones(n)), torch.full((n,), 3.0))
+    assert counters["stats"]["unique_graphs"] - graphs == len(shapes)
+
+
 @needs_cxx
 @pytest.mark.xdist_group("fused_path")
 def test_a_compiled_graph_holds_the_native_top_k_as_one_call():

@@ -68,9 +68,18 @@ def short_causal_attention(q_BHSd: Tensor, k_BHSd: Tensor, v_BHSd: Tensor) -> Te
     return (p_BHSS[..., None] * v_BHSd[..., None, :, :]).sum(-2)
 
 
+# Graphs dynamo keeps for one compiled function before it runs that function eagerly, silently, from then on (its own
+# limit is 8): a graph per shape, dtype and module class (the MoE and MoHGE routers share `_routed`), and one process
+# may train, bench or test many (`mohge bench peers` times 12 of the router's; a test process more)
+RECOMPILE_LIMIT = 64
+
+
 @functools.cache
 def compiled(fn: Callable) -> Callable:
-    """``fn`` compiled by ``torch.compile`` (static shapes: once per shape), one compiled function per ``fn``."""
+    """``fn`` compiled by ``torch.compile`` (static shapes: once per shape), one compiled function per ``fn``; dynamo's
+    recompile limit raised to :data:`RECOMPILE_LIMIT` for the process (never lowered)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(fn, dynamic=False)
 
 
