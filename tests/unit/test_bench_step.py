@@ -173,6 +173,7 @@ def test_under_the_workers_part_and_op_timers_the_fused_path_runs_compiled_and_g
     ops = op_times(trainer._step, *args)
     assert ops["ops_ms"]["mm"] > 0 and "_softmax" not in ops["ops_ms"]
     assert 0 < parts["aten"] < parts["step"] and parts["attention"] == 0  # the attention half: one compiled graph
+    assert parts["experts"] > parts["router"] > 0  # the experts' GEMMs, forward and backward, by the fused function
     graphs = counters["stats"]["unique_graphs"]
     trainer._step(*fused_step(40)[-1])
     assert counters["stats"]["unique_graphs"] > graphs
