@@ -240,7 +240,8 @@ class _GroupedSwiGLU(torch.autograd.Function):
             dout_PD = dys_PD * gate_P[:, None]
         else:  # the gates are inside the kernels' products: each row's gate gradient comes out of their backward
             dgate_P, dout_PD = gate_P.new_zeros(gate_P.shape), dys_PD
-        dxs_PD = torch.empty_like(xs_PD)  # every row belongs to exactly one expert slice
+        need_dx = ctx.needs_input_grad[0]  # an input that needs no gradient (frozen) gets no input-gradient GEMMs
+        dxs_PD = torch.empty_like(xs_PD) if need_dx else None  # every row belongs to exactly one expert slice
         # every weight gradient slice is written by its expert's GEMM; only experts without a token need zeros
         dw1s = [torch.empty_like(w) for w in w1s]
         dw2s = [torch.empty_like(w) for w in w2s]
@@ -269,8 +270,9 @@ class _GroupedSwiGLU(torch.autograd.Function):
             else:
                 ctx.silu.silu_mul_backward(a_CH, u_CH, dact_CH, dh_C2H[:, :H], dh_C2H[:, H:], gate_P[s:t], dgate_P[s:t])
             torch.mm(dh_C2H.t(), xs_PD[s:t], out=dw1s[c][j])
-            torch.mm(dh_C2H, w1_e[e], out=dxs_PD[s:t])
-        dx_TD = lay.sum_by_token(dxs_PD)
+            if need_dx:
+                torch.mm(dh_C2H, w1_e[e], out=dxs_PD[s:t])
+        dx_TD = lay.sum_by_token(dxs_PD) if need_dx else None
         if ctx.silu is not None:
             dgate_A = lay.per_slot(dgate_P)
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)

@@ -93,7 +93,8 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
         dys_PD = lay.gather(dy_TD)
         dgate_A = lay.per_slot((out_PD * dys_PD).sum(-1))
         dout_PD = dys_PD * gate_P[:, None]
-        dxs_PD = torch.empty_like(xs_PD)
+        need_dx = ctx.needs_input_grad[0]  # an input that needs no gradient (frozen) gets no input-gradient GEMMs
+        dxs_PD = torch.empty_like(xs_PD) if need_dx else None
         dw1s, dw2s = [], []
         for (r0, r1), offs, w1, w2, au in zip(rows.spans, rows.offs, w1s, w2s, ctx.pre, strict=True):
             if au is None:  # no row in the whole class
@@ -110,12 +111,14 @@ class _GroupedMMSwiGLU(torch.autograd.Function):
             dh_P2H[:, :H] = torch.ops.aten.silu_backward(dact_PH * u_PH, a_PH)  # d/da of SiLU(a) u
             torch.mul(dact_PH, silu_PH, out=dh_P2H[:, H:])  # d/du
             dw1s.append(F.grouped_mm(dh_P2H.t(), xs_PD[r0:r1], offs=offs))
+            if not need_dx:
+                continue
             dxs_cD = F.grouped_mm(dh_P2H, w1, offs=offs)
             if r1 - r0 == len(dxs_PD):
                 dxs_PD = dxs_cD
             else:
                 dxs_PD[r0:r1] = dxs_cD
-        dx_TD = lay.sum_by_token(dxs_PD)
+        dx_TD = lay.sum_by_token(dxs_PD) if need_dx else None
         dgates_TK = torch.zeros_like(gates_TK).reshape(-1).index_copy_(0, lay.order_A, dgate_A)
         ctx.pre = ctx.lay = ctx.rows = None
         return (dx_TD, None, dgates_TK.view_as(gates_TK), None, *dw1s, *dw2s)

@@ -197,14 +197,16 @@ class _ClassSwiGLU(torch.autograd.Function):
         if grads is None:
             grads = ctx.glue(_combine_backward)(dy_TD, out_PD, row_TK, ctx.lay.tok_P, gate_P)
         dout_PD, dgates_TK = grads
-        dxs_PD = torch.empty_like(xs_PD)
+        need_dx = ctx.needs_input_grad[0]  # an input that needs no gradient (frozen) gets no input-gradient GEMMs
+        dxs_PD = torch.empty_like(xs_PD) if need_dx else None
         dw1s, dw2s = [torch.empty_like(w) for w in w1s], []
         for w1, w2, dw1, (r0, cols, hT_2HR, act_HR) in zip(w1s, w2s, dw1s, ctx.classes, strict=True):
             H = w2.shape[2]
             sizes = [t - s for s, t in cols]
             R = cols[-1][1]
             doutT_j, dout_j = dout_PD[r0 : r0 + R].t().split(sizes, dim=1), dout_PD[r0 : r0 + R].split(sizes)
-            xs_j, dxs_j = xs_PD[r0 : r0 + R].split(sizes), dxs_PD[r0 : r0 + R].split(sizes)
+            xs_j = xs_PD[r0 : r0 + R].split(sizes)
+            dxs_j = dxs_PD[r0 : r0 + R].split(sizes) if need_dx else None
             # narrow classes: each expert's dW2 transposed, [H, D] = act [H, rows] @ dout [rows, D], MKL's GEMM on
             # the row-major operands as they lie, then one copy (dW2 [D, H] as doutT @ actT, both operands
             # transposed, ran 4-6x slower at H <= 11); from DW2_DIRECT_WIDTH that form, into dW2 itself
@@ -233,10 +235,13 @@ class _ClassSwiGLU(torch.autograd.Function):
                 for k, j in enumerate(range(j0, j1)):
                     if sizes[j]:
                         torch.mm(dh_j[k], xs_j[j], out=dw1_j[j])
-                        torch.mm(dhT_j[k], w1_j[j], out=dxs_j[j])
+                        if need_dx:
+                            torch.mm(dhT_j[k], w1_j[j], out=dxs_j[j])
             dw2s.append(dw2 if direct else dw2.transpose(1, 2).contiguous())
-        dx_TD = native.combine(dxs_PD, row_TK, None)
-        dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK) if dx_TD is None else dx_TD
+        dx_TD = None
+        if need_dx:
+            dx_TD = native.combine(dxs_PD, row_TK, None)
+            dx_TD = ctx.glue(_sum_rows)(dxs_PD, row_TK) if dx_TD is None else dx_TD
         ctx.lay = ctx.classes = None
         return (dx_TD, None, dgates_TK, None, *dw1s, *dw2s)
 
