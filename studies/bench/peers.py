@@ -56,6 +56,7 @@ from mohge.model.fused import use_fused
 from mohge.model.moe import MoELayer
 
 from .step import cpu_name
+from .step_worker import op_times
 from .timing import time_fwd_bwd
 
 Tensor = torch.Tensor
@@ -67,6 +68,8 @@ SLOW_FACTOR = 10.0
 # our paths, in the order of the tables
 OURS = ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm", "moe_fused", "mohge_fused")
 MAX_GATHER_BYTES = 2 << 30
+# the aten ops a path's GEMMs reach the dispatcher as (torch.mm, F.linear, torch.bmm, F.grouped_mm and their forms)
+GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STD = 0.02
 
@@ -262,6 +265,15 @@ def time_paths(fns: dict[str, Callable], x: Tensor, reps: int) -> tuple[dict[str
     return {name: statistics.median(ts) for name, ts in times.items()}, skipped
 
 
+def gemm_seconds(fn: Callable[[Tensor], Tensor], x: Tensor) -> float:
+    """Thread CPU seconds of the GEMMs (:data:`GEMM_OPS`) of one forward+backward of ``fn``, each op timed by the op
+    timer of ``mohge bench step`` (:func:`.step_worker.op_times`). A GEMM inside a graph torch.compile made runs unseen
+    (the fused routers' [T, D] @ [D, E], 1-2% of the layer's FLOPs at the shapes here)."""
+    x.grad = None
+    ops = op_times(lambda: fn(x).sum().backward())["ops_ms"]
+    return sum(ms for op, ms in ops.items() if op in GEMM_OPS) / 1e3
+
+
 def is_peer(name: str) -> bool:
     return name == "torchtitan" or name.startswith("hf_")
 
@@ -271,10 +283,11 @@ def expert_dtype(name: str, precision: str) -> str:
     return "bf16" if name == "torchtitan" else precision
 
 
-def ratios(seconds: dict[str, float], precision: str) -> dict[str, float]:
+def ratios(seconds: dict[str, float], precision: str, gemms: dict[str, float] | None = None) -> dict[str, float]:
     """ours / fastest peer per our path of :data:`OURS` timed (also against the fastest peer whose experts compute in
-    ``precision``);
-    our grouped_mm against torchtitan; MoHGE against our MoE (same backend)."""
+    ``precision``, and the time of our path's GEMMs alone against that peer: the ratio the path would have if nothing
+    but its GEMMs took time); our grouped_mm against torchtitan; MoHGE against our MoE (same backend)."""
+    gemms = gemms or {}
     peer = {n: t for n, t in seconds.items() if is_peer(n)}
     same = {n: t for n, t in peer.items() if expert_dtype(n, precision) == precision}
     out = {}
@@ -285,6 +298,8 @@ def ratios(seconds: dict[str, float], precision: str) -> dict[str, float]:
         if same:
             for name in ours:
                 out[f"{name}_over_fastest_same_dtype_peer"] = seconds[name] / min(same.values())
+                if name in gemms:
+                    out[f"{name}_gemms_over_fastest_same_dtype_peer"] = gemms[name] / min(same.values())
         if "torchtitan" in seconds:
             out["moe_grouped_mm_over_torchtitan"] = seconds["moe_grouped_mm"] / seconds["torchtitan"]
     out["mohge_over_moe"] = seconds["mohge"] / seconds["moe"]
@@ -299,19 +314,25 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     x = torch.randn(1, shape.tokens, shape.d_model, generator=torch.Generator().manual_seed(2)).to(dtype)
     agreement = check_agreement(layers, x)
     x.requires_grad_(True)
-    seconds, slow = time_paths({name: forward_fn(layer) for name, layer in layers.items()}, x, reps)
+    fns = {name: forward_fn(layer) for name, layer in layers.items()}
+    seconds, slow = time_paths(fns, x, reps)
     skipped.update(slow)
+    gemms = {name: gemm_seconds(fns[name], x) for name in seconds}  # one more run of each path timed, by op
     flops = 3 * 2 * shape.tokens * shape.topk * 3 * shape.d_model * shape.width  # fwd + bwd of the activated FFN
     for name, t in seconds.items():
-        print(f"  {shape.name:<8} {precision}  {name:<18} {1e3 * t:9.1f} ms  {flops / t / 1e9:6.1f} GFLOP/s")
+        print(
+            f"  {shape.name:<8} {precision}  {name:<18} {1e3 * t:9.1f} ms  {flops / t / 1e9:6.1f} GFLOP/s"
+            f"  (GEMMs {1e3 * gemms[name]:.1f} ms)"
+        )
     for name, why in skipped.items():
         print(f"  {shape.name:<8} {precision}  {name:<18} skipped: {why}")
     return {
         "shape": shape.name,
         "precision": precision,
         "seconds": seconds,
+        "gemm_seconds": gemms,
         "skipped": skipped,
-        "ratios": ratios(seconds, precision),
+        "ratios": ratios(seconds, precision, gemms),
         "max_rel_diff_vs_moe": agreement,
         "expert_dtype": {name: expert_dtype(name, precision) for name in seconds},
     }
@@ -371,6 +392,7 @@ COLUMNS = (
     ("mohge_over_fastest_same_dtype_peer", "MoHGE / fastest same-dtype peer"),
     ("moe_fused_over_fastest_same_dtype_peer", "MoE fused / fastest same-dtype peer"),
     ("mohge_fused_over_fastest_same_dtype_peer", "MoHGE fused / fastest same-dtype peer"),
+    ("mohge_fused_gemms_over_fastest_same_dtype_peer", "MoHGE fused, its GEMMs alone / fastest same-dtype peer"),
     ("moe_grouped_mm_over_torchtitan", "MoE grouped_mm / torchtitan"),
     ("mohge_over_moe", "MoHGE / MoE"),
     ("mohge_grouped_mm_over_moe_grouped_mm", "MoHGE / MoE (grouped_mm)"),
