@@ -54,6 +54,7 @@ from mohge.core.cli import user_errors
 from mohge.core.knobs import ConfigError
 from mohge.model.fused import use_fused
 from mohge.model.moe import MoELayer
+from mohge.train.runtime import keep_freed_memory
 
 from .step import cpu_name
 from .step_worker import op_times
@@ -346,14 +347,16 @@ def machine() -> dict:
 
 
 def run(shapes: Sequence[Shape], precisions: Sequence[str], reps: int, peers: bool = True) -> dict:
-    """Every (shape, precision), in one process; the record :func:`markdown_table` formats. Also this CPU's fp32 and
-    bf16 GEMM speeds (``bf16_gemm``: ``gemm_fp32_over_bf16_time`` > 1 means bf16 GEMMs run faster here)."""
+    """Every (shape, precision), in one process that keeps the memory a step frees, as a training process does
+    (``freed_memory_kept``: whether glibc took the setting); the record :func:`markdown_table` formats. Also this CPU's
+    fp32 and bf16 GEMM speeds (``bf16_gemm``: ``gemm_fp32_over_bf16_time`` > 1 means bf16 GEMMs run faster here)."""
     versions = peer_versions() if peers else {}
+    kept = keep_freed_memory()  # as a training process does (mohge.train.runtime.setup_runtime), for every path
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the clock is then the thread's CPU time
     try:
         results = [bench_one(shape, p, reps, peers) for shape in shapes for p in precisions]
-        record = _record(versions, reps, shapes, results)
+        record = {**_record(versions, reps, shapes, results), "freed_memory_kept": kept}
     finally:
         torch.set_num_threads(threads)
     return record
