@@ -71,6 +71,7 @@ OURS = ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm", "moe_fused", "mohg
 MAX_GATHER_BYTES = 2 << 30
 # the aten ops a path's GEMMs reach the dispatcher as (torch.mm, F.linear, torch.bmm, F.grouped_mm and their forms)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm")
+GEMM_REPS = 3  # op-timed runs of each path, after its timed ones: their median GEMM time
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STD = 0.02
 
@@ -266,13 +267,17 @@ def time_paths(fns: dict[str, Callable], x: Tensor, reps: int) -> tuple[dict[str
     return {name: statistics.median(ts) for name, ts in times.items()}, skipped
 
 
-def gemm_seconds(fn: Callable[[Tensor], Tensor], x: Tensor) -> float:
-    """Thread CPU seconds of the GEMMs (:data:`GEMM_OPS`) of one forward+backward of ``fn``, each op timed by the op
-    timer of ``mohge bench step`` (:func:`.step_worker.op_times`). A GEMM inside a graph torch.compile made runs unseen
-    (the fused routers' [T, D] @ [D, E], 1-2% of the layer's FLOPs at the shapes here)."""
-    x.grad = None
-    ops = op_times(lambda: fn(x).sum().backward())["ops_ms"]
-    return sum(ms for op, ms in ops.items() if op in GEMM_OPS) / 1e3
+def gemm_seconds(fn: Callable[[Tensor], Tensor], x: Tensor, reps: int = GEMM_REPS) -> float:
+    """Thread CPU seconds of the GEMMs (:data:`GEMM_OPS`) of a forward+backward of ``fn``, each op timed by the op
+    timer of ``mohge bench step`` (:func:`.step_worker.op_times`): the median over ``reps`` runs. A GEMM inside a graph
+    torch.compile made runs unseen (the fused routers' [T, D] @ [D, E], 1-2% of the layer's FLOPs at the shapes
+    here)."""
+    runs = []
+    for _ in range(reps):
+        x.grad = None
+        ops = op_times(lambda: fn(x).sum().backward())["ops_ms"]
+        runs.append(sum(ms for op, ms in ops.items() if op in GEMM_OPS) / 1e3)
+    return statistics.median(runs)
 
 
 def is_peer(name: str) -> bool:
@@ -318,7 +323,7 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     fns = {name: forward_fn(layer) for name, layer in layers.items()}
     seconds, slow = time_paths(fns, x, reps)
     skipped.update(slow)
-    gemms = {name: gemm_seconds(fns[name], x) for name in seconds}  # one more run of each path timed, by op
+    gemms = {name: gemm_seconds(fns[name], x) for name in seconds}  # GEMM_REPS more runs of each, by op
     flops = 3 * 2 * shape.tokens * shape.topk * 3 * shape.d_model * shape.width  # fwd + bwd of the activated FFN
     for name, t in seconds.items():
         print(
