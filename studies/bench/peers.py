@@ -71,7 +71,7 @@ OURS = ("moe", "moe_grouped_mm", "mohge", "mohge_grouped_mm", "moe_fused", "mohg
 MAX_GATHER_BYTES = 2 << 30
 # the aten ops a path's GEMMs reach the dispatcher as (torch.mm, F.linear, torch.bmm, F.grouped_mm and their forms)
 GEMM_OPS = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm")
-GEMM_REPS = 3  # op-timed runs of each path, after its timed ones: their median GEMM time
+GEMM_REPS = 3  # op-timed rounds of the paths, after the timed ones: the median share of each
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STD = 0.02
 
@@ -267,17 +267,19 @@ def time_paths(fns: dict[str, Callable], x: Tensor, reps: int) -> tuple[dict[str
     return {name: statistics.median(ts) for name, ts in times.items()}, skipped
 
 
-def gemm_seconds(fn: Callable[[Tensor], Tensor], x: Tensor, reps: int = GEMM_REPS) -> float:
-    """Thread CPU seconds of the GEMMs (:data:`GEMM_OPS`) of a forward+backward of ``fn``, each op timed by the op
-    timer of ``mohge bench step`` (:func:`.step_worker.op_times`): the median over ``reps`` runs. A GEMM inside a graph
-    torch.compile made runs unseen (the fused routers' [T, D] @ [D, E], 1-2% of the layer's FLOPs at the shapes
-    here)."""
-    runs = []
-    for _ in range(reps):
-        x.grad = None
-        ops = op_times(lambda: fn(x).sum().backward())["ops_ms"]
-        runs.append(sum(ms for op, ms in ops.items() if op in GEMM_OPS) / 1e3)
-    return statistics.median(runs)
+def gemm_shares(fns: dict[str, Callable[[Tensor], Tensor]], x: Tensor, reps: int = GEMM_REPS) -> dict[str, float]:
+    """The share of each path's forward+backward spent in its GEMMs (:data:`GEMM_OPS`), each op timed by the op timer
+    of ``mohge bench step`` (:func:`.step_worker.op_times`): GEMM time over the run's time, both of one run under the
+    timer, so a share does not move with the host's speed between runs; the median over ``reps`` rounds, the paths
+    interleaved. A GEMM inside a graph torch.compile made runs unseen (the fused routers' [T, D] @ [D, E], 1-2% of the
+    layer's FLOPs at the shapes here)."""
+    shares: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(reps):
+        for name in sorted(fns, reverse=bool(r % 2)):
+            x.grad = None
+            run = op_times(lambda fn=fns[name]: fn(x).sum().backward())
+            shares[name].append(sum(ms for op, ms in run["ops_ms"].items() if op in GEMM_OPS) / run["step_ms"])
+    return {name: statistics.median(v) for name, v in shares.items()}
 
 
 def is_peer(name: str) -> bool:
@@ -289,11 +291,12 @@ def expert_dtype(name: str, precision: str) -> str:
     return "bf16" if name == "torchtitan" else precision
 
 
-def ratios(seconds: dict[str, float], precision: str, gemms: dict[str, float] | None = None) -> dict[str, float]:
+def ratios(seconds: dict[str, float], precision: str, shares: dict[str, float] | None = None) -> dict[str, float]:
     """ours / fastest peer per our path of :data:`OURS` timed (also against the fastest peer whose experts compute in
-    ``precision``, and the time of our path's GEMMs alone against that peer: the ratio the path would have if nothing
-    but its GEMMs took time); our grouped_mm against torchtitan; MoHGE against our MoE (same backend)."""
-    gemms = gemms or {}
+    ``precision``, and, given the paths' GEMM shares, our path's time times its share against that peer: the ratio the
+    path would have if nothing but its GEMMs took time); our grouped_mm against torchtitan; MoHGE against our MoE (same
+    backend)."""
+    shares = shares or {}
     peer = {n: t for n, t in seconds.items() if is_peer(n)}
     same = {n: t for n, t in peer.items() if expert_dtype(n, precision) == precision}
     out = {}
@@ -304,8 +307,9 @@ def ratios(seconds: dict[str, float], precision: str, gemms: dict[str, float] | 
         if same:
             for name in ours:
                 out[f"{name}_over_fastest_same_dtype_peer"] = seconds[name] / min(same.values())
-                if name in gemms:
-                    out[f"{name}_gemms_over_fastest_same_dtype_peer"] = gemms[name] / min(same.values())
+                if name in shares:
+                    gemms = seconds[name] * shares[name]
+                    out[f"{name}_gemms_over_fastest_same_dtype_peer"] = gemms / min(same.values())
         if "torchtitan" in seconds:
             out["moe_grouped_mm_over_torchtitan"] = seconds["moe_grouped_mm"] / seconds["torchtitan"]
     out["mohge_over_moe"] = seconds["mohge"] / seconds["moe"]
@@ -323,12 +327,12 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     fns = {name: forward_fn(layer) for name, layer in layers.items()}
     seconds, slow = time_paths(fns, x, reps)
     skipped.update(slow)
-    gemms = {name: gemm_seconds(fns[name], x) for name in seconds}  # GEMM_REPS more runs of each, by op
+    shares = gemm_shares({name: fns[name] for name in seconds}, x)
     flops = 3 * 2 * shape.tokens * shape.topk * 3 * shape.d_model * shape.width  # fwd + bwd of the activated FFN
     for name, t in seconds.items():
         print(
             f"  {shape.name:<8} {precision}  {name:<18} {1e3 * t:9.1f} ms  {flops / t / 1e9:6.1f} GFLOP/s"
-            f"  (GEMMs {1e3 * gemms[name]:.1f} ms)"
+            f"  (GEMMs {100 * shares[name]:.0f}%)"
         )
     for name, why in skipped.items():
         print(f"  {shape.name:<8} {precision}  {name:<18} skipped: {why}")
@@ -336,9 +340,9 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
         "shape": shape.name,
         "precision": precision,
         "seconds": seconds,
-        "gemm_seconds": gemms,
+        "gemm_share": shares,
         "skipped": skipped,
-        "ratios": ratios(seconds, precision, gemms),
+        "ratios": ratios(seconds, precision, shares),
         "max_rel_diff_vs_moe": agreement,
         "expert_dtype": {name: expert_dtype(name, precision) for name in seconds},
     }
