@@ -197,28 +197,54 @@ def test_speed_doc_quotes_the_amx_peers_record_against_the_target():
 
 
 def test_speed_and_benchmarks_docs_quote_the_avx512_peers_record_against_the_target():
-    """The AMD EPYC with avx512_bf16: MoHGE's ratios at the four target cells, each path, and its faster path's in
-    docs/speed.md's target row; the verdict "missed at every cell" only where every one is above 0.8."""
+    """The AMD EPYC with avx512_bf16: MoHGE's ratios at the four target cells, each path, the fused path's GEMMs alone,
+    and its faster path's in docs/speed.md's target row; each cell called met or missed as the record has it, and
+    named where even its GEMMs alone are above 0.8 of the peer's time."""
     rec = json.loads((ROOT / "results" / "bench" / "peers_cpu.json").read_text())
     units = rec["bf16_gemm"]
     assert rec["cpu_capability"] == "AVX512" and units["avx512_bf16"] and not units["amx_bf16"]
+    assert rec["freed_memory_kept"]
     by = {(r["shape"], r["precision"]): r["ratios"] for r in rec["results"]}
 
-    def cells(path: str) -> str:
-        return " / ".join(f"{by[c][f'{path}_over_fastest_same_dtype_peer']:.2f}" for c in TARGET_CELLS)
+    def cells(path: str, what: str = "") -> str:
+        return " / ".join(f"{by[c][f'{path}{what}_over_fastest_same_dtype_peer']:.2f}" for c in TARGET_CELLS)
 
+    best = faster_path(rec)
+    missed = [c for c, v in best.items() if v > 0.8]
+    verdict = (
+        "short of the 0.8 target at every one"
+        if len(missed) == len(best)
+        else ("within it at " + ", ".join(f"{s} {p}" for (s, p) in best if (s, p) not in missed))
+    )
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().split())
     assert (
         "MoHGE over the fastest same-dtype peer (d256 fp32 / d256 bf16 / release fp32 / release bf16): "
-        f"{cells('mohge')} eager, {cells('mohge_fused')} on the fused path, short of the 0.8 target at every one."
+        f"{cells('mohge')} eager, {cells('mohge_fused')} on the fused path, {verdict}; the fused path's GEMMs alone "
+        f"{cells('mohge_fused', '_gemms')}."
     ) in text
-    best = faster_path(rec)
-    assert min(best.values()) > 0.8
+    rest = [1 - r["gemm_share"]["mohge_fused"] for r in rec["results"] if (r["shape"], r["precision"]) in TARGET_CELLS]
+    room = 0.8 - by[("d256", "fp32")]["mohge_fused_gemms_over_fastest_same_dtype_peer"]
+    assert (
+        f"(routing, gathers, SiLU, combine: {100 * min(rest):.0f}-{100 * max(rest):.0f}% of its time) is what stands "
+        f"above the target; at d256 fp32 that room is {room:.2f} of the peer's time."
+    ) in text
+    floor = {c: by[c]["mohge_fused_gemms_over_fastest_same_dtype_peer"] for c in TARGET_CELLS}
     row = (
-        f"AMD EPYC with avx512_bf16: {' / '.join(f'{v:.2f}' for v in best.values())}, missed at every cell "
-        "(`results/bench/peers_cpu.json`, docs/benchmarks.md) |"
+        f"AMD EPYC with avx512_bf16: {' / '.join(f'{v:.2f}' for v in best.values())}, "
+        + (
+            "missed at every cell"
+            if len(missed) == len(best)
+            else "missed at " + ", ".join(f"{s} {p}" for (s, p) in missed)
+        )
+        + f"; its fused path's GEMMs alone {' / '.join(f'{v:.2f}' for v in floor.values())} of the peer's time"
+        + (
+            ", above 0.8 at " + ", ".join(f"{s} {p}" for (s, p), v in floor.items() if v > 0.8)
+            if any(v > 0.8 for v in floor.values())
+            else ""
+        )
+        + " (`results/bench/peers_cpu.json`, docs/benchmarks.md) |"
     )
-    assert row in (ROOT / "docs" / "speed.md").read_text()
+    assert row in (ROOT / "docs" / "speed.md").read_text(), row
 
 
 def test_benchmarks_doc_quotes_the_avx2_peers_record():
