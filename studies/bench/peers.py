@@ -29,6 +29,8 @@ Timing as :func:`.timing.time_interleaved`: one torch thread (clock: the thread'
 run, the paths interleaved, median of ``--reps``. Our layers run in training mode, so they also compute their aux
 loss in the forward (not backpropagated); the peers' layers compute none. A path slower than ``SLOW_FACTOR``
 times the fastest after its warm-up, or whose buffers would pass ``MAX_GATHER_BYTES``, is skipped with the reason.
+Then ``GEMM_REPS`` rounds of the paths under an op timer give each one's share of time in its GEMMs
+(:func:`gemm_shares`). The process keeps the memory a run frees, as a training process does.
 """
 
 from __future__ import annotations
