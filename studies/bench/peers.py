@@ -30,7 +30,10 @@ run, the paths interleaved, median of ``--reps``. Our layers run in training mod
 loss in the forward (not backpropagated); the peers' layers compute none. A path slower than ``SLOW_FACTOR``
 times the fastest after its warm-up, or whose buffers would pass ``MAX_GATHER_BYTES``, is skipped with the reason.
 Then ``GEMM_REPS`` rounds of the paths under an op timer give each one's share of time in its GEMMs
-(:func:`gemm_shares`). The process keeps the memory a run frees, as a training process does.
+(:func:`gemm_shares`). Last, the layer's expert GEMMs are timed alone, each shape repeated on operands kept in cache
+(:func:`layer_gemms`, :func:`mohge.kernels.cpu_gemm.gemm_rate`): the time the layer's expert FLOPs take at that rate,
+over the fastest same-dtype peer's time, is what any path computing those FLOPs in those GEMMs would reach if nothing
+else took time (``gemm_floor``). The process keeps the memory a run frees, as a training process does.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
-from mohge.kernels.cpu_gemm import cpu_bf16_support
+from mohge.kernels.cpu_gemm import cpu_bf16_support, gemm_rate
 
 from mohge.config import FFNConfig, LossConfig, RouterConfig, preflight
 from mohge.core.atomic import write_json_atomic
@@ -126,6 +129,20 @@ def peer_versions() -> dict[str, str]:
 
 
 # Our layers
+
+
+def expert_flops(shape: Shape) -> float:
+    """FLOPs of a forward+backward of the layer's routed experts (SwiGLU: [D, 2F] and [F, D] per slot, the backward
+    twice the forward), at the mean width F: MoHGE's under uniform routing over its groups too."""
+    return 3 * 2 * shape.tokens * shape.topk * 3 * shape.d_model * shape.width
+
+
+def layer_gemms(shape: Shape) -> list[tuple[int, int, int, int]]:
+    """The forward GEMMs of the homogeneous layer's experts under uniform routing, as ``(m, k, n, count)`` for
+    :func:`~mohge.kernels.cpu_gemm.gemm_rate`: each expert's rows [C, D] x [D, 2F] and [C, F] x [F, D] (the backward
+    runs the same FLOPs transposed)."""
+    C = max(1, shape.tokens * shape.topk // shape.experts)
+    return [(C, shape.d_model, 2 * shape.width, shape.experts), (C, shape.width, shape.d_model, shape.experts)]
 
 
 def our_layer(shape: Shape, kind: str, backend: str) -> MoELayer:
@@ -293,11 +310,17 @@ def expert_dtype(name: str, precision: str) -> str:
     return "bf16" if name == "torchtitan" else precision
 
 
-def ratios(seconds: dict[str, float], precision: str, shares: dict[str, float] | None = None) -> dict[str, float]:
+def ratios(
+    seconds: dict[str, float],
+    precision: str,
+    shares: dict[str, float] | None = None,
+    floor: float | None = None,
+) -> dict[str, float]:
     """ours / fastest peer per our path of :data:`OURS` timed (also against the fastest peer whose experts compute in
     ``precision``, and, given the paths' GEMM shares, our path's time times its share against that peer: the ratio the
-    path would have if nothing but its GEMMs took time); our grouped_mm against torchtitan; MoHGE against our MoE (same
-    backend)."""
+    path would have if nothing but its GEMMs took time); given ``floor`` (seconds: the experts' FLOPs at the GEMM rate
+    measured alone), ``gemm_floor_over_fastest_same_dtype_peer``; our grouped_mm against torchtitan; MoHGE against our
+    MoE (same backend)."""
     shares = shares or {}
     peer = {n: t for n, t in seconds.items() if is_peer(n)}
     same = {n: t for n, t in peer.items() if expert_dtype(n, precision) == precision}
@@ -312,6 +335,8 @@ def ratios(seconds: dict[str, float], precision: str, shares: dict[str, float] |
                 if name in shares:
                     gemms = seconds[name] * shares[name]
                     out[f"{name}_gemms_over_fastest_same_dtype_peer"] = gemms / min(same.values())
+            if floor is not None:
+                out["gemm_floor_over_fastest_same_dtype_peer"] = floor / min(same.values())
         if "torchtitan" in seconds:
             out["moe_grouped_mm_over_torchtitan"] = seconds["moe_grouped_mm"] / seconds["torchtitan"]
     out["mohge_over_moe"] = seconds["mohge"] / seconds["moe"]
@@ -330,12 +355,14 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
     seconds, slow = time_paths(fns, x, reps)
     skipped.update(slow)
     shares = gemm_shares({name: fns[name] for name in seconds}, x)
-    flops = 3 * 2 * shape.tokens * shape.topk * 3 * shape.d_model * shape.width  # fwd + bwd of the activated FFN
+    flops = expert_flops(shape)
+    rate = gemm_rate(layer_gemms(shape), dtype)
     for name, t in seconds.items():
         print(
             f"  {shape.name:<8} {precision}  {name:<18} {1e3 * t:9.1f} ms  {flops / t / 1e9:6.1f} GFLOP/s"
             f"  (GEMMs {100 * shares[name]:.0f}%)"
         )
+    print(f"  {shape.name:<8} {precision}  {'GEMMs alone':<18} {1e3 * flops / rate:9.1f} ms  {rate / 1e9:6.1f} GFLOP/s")
     for name, why in skipped.items():
         print(f"  {shape.name:<8} {precision}  {name:<18} skipped: {why}")
     return {
@@ -343,8 +370,10 @@ def bench_one(shape: Shape, precision: str, reps: int, peers: bool) -> dict:
         "precision": precision,
         "seconds": seconds,
         "gemm_share": shares,
+        "expert_flops": flops,
+        "gemm_rate": rate,
         "skipped": skipped,
-        "ratios": ratios(seconds, precision, shares),
+        "ratios": ratios(seconds, precision, shares, flops / rate),
         "max_rel_diff_vs_moe": agreement,
         "expert_dtype": {name: expert_dtype(name, precision) for name in seconds},
     }
@@ -407,6 +436,10 @@ COLUMNS = (
     ("moe_fused_over_fastest_same_dtype_peer", "MoE fused / fastest same-dtype peer"),
     ("mohge_fused_over_fastest_same_dtype_peer", "MoHGE fused / fastest same-dtype peer"),
     ("mohge_fused_gemms_over_fastest_same_dtype_peer", "MoHGE fused, its GEMMs alone / fastest same-dtype peer"),
+    (
+        "gemm_floor_over_fastest_same_dtype_peer",
+        "expert FLOPs at the GEMM rate alone / fastest same-dtype peer",
+    ),
     ("moe_grouped_mm_over_torchtitan", "MoE grouped_mm / torchtitan"),
     ("mohge_over_moe", "MoHGE / MoE"),
     ("mohge_grouped_mm_over_moe_grouped_mm", "MoHGE / MoE (grouped_mm)"),

@@ -69,6 +69,9 @@ SCHEMA = {
                         "type": "object",
                         "additionalProperties": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
                     },
+                    # records before the GEMMs were timed alone lack these
+                    "expert_flops": {"type": "number", "exclusiveMinimum": 0},
+                    "gemm_rate": {"type": "number", "exclusiveMinimum": 0},
                     "skipped": _STRINGS,
                     "ratios": {**_SECONDS, "required": ["mohge_over_moe", "mohge_grouped_mm_over_moe_grouped_mm"]},
                     "max_rel_diff_vs_moe": {"type": "object", "additionalProperties": {"type": "number"}},
@@ -88,6 +91,7 @@ def test_record_of_our_layers_fits_the_schema_and_formats():
     for r in record["results"]:
         assert r["max_rel_diff_vs_moe"]["moe_grouped_mm"] < (1e-5 if r["precision"] == "fp32" else 1e-2)
         assert r["gemm_share"].keys() == r["seconds"].keys()
+        assert r["expert_flops"] == peers.expert_flops(TINY) and r["gemm_rate"] > 0
     if preflight.cpp_compiler() is not None:  # the fused path, our weights: the same function, rounded otherwise
         for r in record["results"]:
             assert {"moe_fused", "mohge_fused"} <= set(r["seconds"])
@@ -107,6 +111,19 @@ def test_the_gemm_timer_counts_the_matrix_products_of_forward_and_backward_and_n
     shares = peers.gemm_shares({"none": lambda x: (x.exp() * 2).tanh(), "mm": lambda x: (x @ w).exp()}, x, reps=1)
     assert shares["none"] == 0.0 and 0 < shares["mm"] < 1
     assert w.grad is not None and x.grad is not None
+
+
+def test_the_gemm_floor_is_the_layers_expert_flops_at_the_rate_of_its_own_gemm_shapes():
+    """The GEMMs timed alone hold exactly the experts' FLOPs (forward, and the backward twice over), and the floor is
+    their time at that rate over the fastest peer computing in the row's dtype (torchtitan's fp32 row is bf16)."""
+    for shape in (TINY, *peers.SHAPES.values()):
+        forward = sum(2 * m * k * n * count for m, k, n, count in peers.layer_gemms(shape))
+        assert 3 * forward == peers.expert_flops(shape), shape.name
+    seconds = {"moe": 1.0, "moe_grouped_mm": 1.0, "mohge": 1.0, "mohge_grouped_mm": 1.0}
+    seconds |= {"torchtitan": 0.25, "hf_grouped_mm": 2.0, "hf_eager": 4.0}
+    assert peers.ratios(seconds, "fp32", floor=0.5)["gemm_floor_over_fastest_same_dtype_peer"] == 0.25
+    assert peers.ratios(seconds, "bf16", floor=0.5)["gemm_floor_over_fastest_same_dtype_peer"] == 2.0
+    assert "gemm_floor_over_fastest_same_dtype_peer" not in peers.ratios(seconds, "fp32")
 
 
 def test_a_doc_without_the_records_marker_is_refused_before_any_timing(tmp_path, caplog, monkeypatch):
@@ -157,6 +174,8 @@ def test_peers_compute_our_function_on_a_tiny_shape():
     same = {n for n in r["seconds"] if n in peers.OURS}  # each of our paths against the fastest same-dtype peer
     assert {f"{n}_over_fastest_same_dtype_peer" for n in same} <= set(r["ratios"])
     assert {f"{n}_gemms_over_fastest_same_dtype_peer" for n in same} <= set(r["ratios"])
+    floor = r["expert_flops"] / r["gemm_rate"] / min(t for n, t in r["seconds"].items() if n.startswith("hf_"))
+    assert r["ratios"]["gemm_floor_over_fastest_same_dtype_peer"] == pytest.approx(floor, rel=1e-12)
 
 
 TARGET_CELLS = [("d256", "fp32"), ("d256", "bf16"), ("release", "fp32"), ("release", "bf16")]
