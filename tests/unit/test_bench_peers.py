@@ -239,7 +239,31 @@ def test_speed_and_benchmarks_docs_quote_the_avx512_peers_record_against_the_tar
     assert (
         "MoHGE over the fastest same-dtype peer (d256 fp32 / d256 bf16 / release fp32 / release bf16): "
         f"{cells('mohge')} eager, {cells('mohge_fused')} on the fused path, {verdict}; the fused path's GEMMs alone "
-        f"{cells('mohge_fused', '_gemms')}."
+        f"{cells('mohge_fused', '_gemms')}; the experts' FLOPs at the rate of their GEMMs timed alone "
+        f"{cells('gemm_floor')}."
+    ) in text
+    # the floor: the layer's FLOPs at its GEMMs' rate alone; how fast the fused layer's GEMMs run inside it, how far the
+    # fastest peer and the target are from the floor, and what the target leaves for the layer's other work
+    cell = {(r["shape"], r["precision"]): r for r in rec["results"]}
+    floor_s = {c: cell[c]["expert_flops"] / cell[c]["gemm_rate"] for c in TARGET_CELLS}
+    fused = {c: (cell[c]["gemm_share"]["mohge_fused"], cell[c]["seconds"]["mohge_fused"]) for c in TARGET_CELLS}
+    gemms = {c: share * t / floor_s[c] for c, (share, t) in fused.items()}
+    other = {c: (1 - share) * t / floor_s[c] for c, (share, t) in fused.items()}
+    peer = {c: 1 / by[c]["gemm_floor_over_fastest_same_dtype_peer"] for c in TARGET_CELLS}
+    target = {c: 0.8 * v for c, v in peer.items()}
+
+    def span(v: dict) -> str:
+        return f"{min(v.values()):.2f}-{max(v.values()):.2f}"
+
+    def each(v: dict) -> str:
+        return " / ".join(f"{x:.2f}" for x in v.values())
+
+    assert (
+        f"Inside the fused layer its GEMMs run at {span({c: 1 / g for c, g in gemms.items()})} of that rate. The "
+        f"fastest same-dtype peer takes {span(peer)}x the time of those FLOPs at that rate, so the target asks of our "
+        f"layer {each(target)}x it; with its GEMMs as fast as in this run, that leaves "
+        f"{each({c: target[c] - gemms[c] for c in TARGET_CELLS})}x for all its other work, which takes "
+        f"{each(other)}x now."
     ) in text
     rest = [1 - r["gemm_share"]["mohge_fused"] for r in rec["results"] if (r["shape"], r["precision"]) in TARGET_CELLS]
     room = 0.8 - by[("d256", "fp32")]["mohge_fused_gemms_over_fastest_same_dtype_peer"]
@@ -262,6 +286,7 @@ def test_speed_and_benchmarks_docs_quote_the_avx512_peers_record_against_the_tar
             if any(v > 0.8 for v in floor.values())
             else ""
         )
+        + f", the experts' FLOPs at the rate of their GEMMs timed alone {cells('gemm_floor')}"
         + " (`results/bench/peers_cpu.json`, docs/benchmarks.md) |"
     )
     assert row in (ROOT / "docs" / "speed.md").read_text(), row
