@@ -32,8 +32,9 @@ times the fastest after its warm-up, or whose buffers would pass ``MAX_GATHER_BY
 Then ``GEMM_REPS`` rounds of the paths under an op timer give each one's share of time in its GEMMs
 (:func:`gemm_shares`). Last, the layer's expert GEMMs are timed alone, each shape repeated on operands kept in cache
 (:func:`layer_gemms`, :func:`mohge.kernels.cpu_gemm.gemm_rate`): the time the layer's expert FLOPs take at that rate,
-over the fastest same-dtype peer's time, is what any path computing those FLOPs in those GEMMs would reach if nothing
-else took time (``gemm_floor``). The process keeps the memory a run frees, as a training process does.
+over the fastest same-dtype peer's time (``gemm_floor_over_fastest_same_dtype_peer``), is what any path computing those
+FLOPs in those GEMMs would reach if nothing else took time. The process keeps the memory a run frees, as a training
+process does.
 """
 
 from __future__ import annotations
